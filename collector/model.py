@@ -1,0 +1,191 @@
+"""Domain records that flow from the sources to the hub, the rings, storage and the API.
+
+Plain dataclasses with no I/O: every source turns what it reads into these, and nothing
+downstream knows which source produced a record except through its ``source`` field.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class EventKind(str, enum.Enum):
+    """What an event says happened. Stored as its value; stable names for the API."""
+
+    XID = "xid"  # a GPU Xid error (kernel log and/or NVML event)
+    GPU_LOST = "gpu_lost"  # NVML says the GPU fell off the bus (NVMLError_GpuIsLost)
+    CUDA_ERROR = "cuda_error"  # a CUDA error line or traceback in an engine log
+    NCCL_ERROR = "nccl_error"
+    ENGINE_FATAL = "engine_fatal"  # "EngineCore encountered a fatal error"
+    ENGINE_DEAD = "engine_dead"  # EngineDeadError, or a "died unexpectedly" line
+    ENGINE_DOWN = "engine_down"  # /health or /metrics failing K scrapes in a row
+    RECORDER_SILENT = "recorder_silent"  # the in-engine channel stopped with the process gone
+    CRASH_DUMP = "crash_dump"  # vLLM's own "Dumping scheduler output/stats" lines
+    ANOMALY = "anomaly"  # a detector's state change
+    MANUAL = "manual"  # POST /api/v1/snapshots
+    LOG = "log"  # any other matched log line worth keeping
+
+
+class Severity(str, enum.Enum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(slots=True)
+class RequestRow:
+    """One running request's state at one engine step (from the RecordingScheduler)."""
+
+    request_id: str
+    prompt_len: int
+    computed_tokens: int
+    output_tokens: int = 0
+    preemptions: int = 0
+    status: str = "running"
+    mirror_rows: int | None = None  # host-mirror rows held by the connector, when known
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One engine step as the in-engine recorder (or the simulator) reports it."""
+
+    engine: str  # sidecar-side engine name (e.g. "decode-0")
+    ts: float  # unix seconds
+    step: int  # engine step counter
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0  # 0..1
+    preemptions: int = 0  # preemptions in this step
+    prompt_tokens: int = 0  # prompt tokens computed in this step
+    generation_tokens: int = 0  # tokens generated in this step
+    finished: int = 0  # requests finished in this step
+    waiting_by_reason: dict[str, int] = field(default_factory=dict)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    connector: dict[str, Any] = field(default_factory=dict)  # kv_connector_stats, flattened
+    requests: list[RequestRow] | None = None  # per-request rows, when recorded
+    engine_index: int = 0  # vLLM's DP engine index
+    worker: str | None = None  # process that reported it, when known
+
+    @property
+    def mirror_rows(self) -> int | None:
+        if self.requests:
+            rows = [r.mirror_rows for r in self.requests if r.mirror_rows is not None]
+            if rows:
+                return sum(rows)
+        value = self.connector.get("mirror_rows")
+        return int(value) if isinstance(value, (int, float)) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One NVML poll of one GPU. ``None`` means not supported or not read this time."""
+
+    gpu: str  # GPU UUID when known, else "gpu<index>"
+    index: int
+    ts: float
+    bus_id: str | None = None  # normalised PCI bus id, e.g. "0000:00:06.0"
+    name: str | None = None
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None
+    utilization: float | None = None  # percent
+    memory_utilization: float | None = None
+    temperature: float | None = None  # Celsius
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    clock_event_reasons: int | None = None  # bit mask (nvmlClocksEventReason*)
+    ecc_volatile_uncorrected: int | None = None
+    ecc_volatile_corrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    pcie_replay: int | None = None
+    processes: list[dict[str, Any]] = field(default_factory=list)  # [{"pid":..,"used_memory":..}]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Event:
+    """Something that happened: a fault, a death, an anomaly, a manual request."""
+
+    kind: EventKind
+    ts: float
+    source: str  # "kmsg", "nvml", "log", "scrape", "recorder", "api", "detector", "sim"
+    message: str
+    severity: Severity = Severity.WARNING
+    engine: str | None = None  # sidecar engine name, when the event belongs to one
+    gpu: str | None = None  # normalised bus id or UUID
+    xid: int | None = None
+    pid: int | None = None
+    process: str | None = None  # vLLM process prefix, e.g. "Worker_TP1"
+    frames: list[dict[str, Any]] = field(default_factory=list)  # traceback frames
+    lines: list[str] = field(default_factory=list)  # raw log lines, traceback included
+    data: dict[str, Any] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # every source that reported it (merged)
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            self.sources = [self.source]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kind"] = self.kind.value
+        out["severity"] = self.severity.value
+        return out
+
+
+@dataclass(slots=True)
+class MetricsScrape:
+    """Values kept from one /metrics scrape of one engine (vLLM families, by engine label)."""
+
+    engine: str
+    ts: float
+    values: dict[str, float]  # e.g. {"num_requests_running": 3.0, "kv_cache_usage_perc": 0.1}
+    rates: dict[str, float] = field(default_factory=dict)  # per-second rates of counters
+    model_name: str | None = None
+
+
+@dataclass(slots=True)
+class Fingerprint:
+    """Deployment facts of one engine (vLLM version, connectors, block size, env...)."""
+
+    engine: str
+    ts: float
+    facts: dict[str, Any]
+
+
+@dataclass(slots=True)
+class LogLine:
+    """A raw engine log line, kept in the per-engine log ring for snapshots."""
+
+    engine: str
+    ts: float
+    line: str
+
+
+@dataclass(slots=True)
+class SourceStatus:
+    """A source's own health, as data (served on /api/v1/sources and as a gauge)."""
+
+    name: str
+    up: bool
+    supported: bool = True
+    reason: str = ""
+    last_ok: float | None = None
+    errors: int = 0
+
+
+Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine
+
+
+def now() -> float:
+    return time.time()
