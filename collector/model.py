@@ -182,6 +182,7 @@ class SourceStatus:
     reason: str = ""
     last_ok: float | None = None
     errors: int = 0
+    details: dict[str, Any] = field(default_factory=dict)  # source-specific figures (durations...)
 
 
 Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine
