@@ -1,0 +1,53 @@
+"""Alembic environment: the URL comes from the caller (``flightrec db upgrade`` passes the
+settings' database) or from ``alembic -x db=URL``; runs on SQLite (batch mode) and Postgres."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from collector.storage.db import is_sqlite, make_engine
+from collector.storage.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    x = context.get_x_argument(as_dictionary=True)
+    url = x.get("db") or config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise SystemExit("no database URL: pass -x db=URL or use 'flightrec db upgrade'")
+    return url
+
+
+def run_migrations_offline() -> None:
+    url = _url()
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True,
+                      render_as_batch=is_sqlite(url))
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    url = _url()
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection, url)
+        return
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        _run(conn, url)
+    engine.dispose()
+
+
+def _run(connection, url: str) -> None:  # type: ignore[no-untyped-def]
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      render_as_batch=is_sqlite(url))
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

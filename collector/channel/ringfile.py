@@ -1,0 +1,207 @@
+"""A single-writer, many-reader ring of length-prefixed records in a memory-mapped file.
+
+Layout (little endian)::
+
+    header (64 bytes)
+      0  magic      8s   b"FLRING01"
+      8  version    u32  1
+     12  hdr_size   u32  64
+     16  capacity   u64  size of the data area in bytes
+     24  head       u64  logical offset one past the last complete record (monotonic)
+     32  tail       u64  logical offset of the oldest record still intact
+     40  pid        u32  writer's pid
+     44  reserved   u32
+     48  created    f64  unix time the writer created the file
+     56  reserved   8s
+    data area (capacity bytes); logical offset L lives at 64 + L % capacity
+
+    record = u32 length | u32 crc32(payload) | payload     (8-byte aligned)
+    a length of 0xFFFFFFFF is padding: the rest of the area up to the wrap is unused
+
+The writer publishes a record by writing it first and moving ``head`` after, so a reader never
+sees a half-written record below ``head``. Before overwriting old bytes it moves ``tail`` past
+the records it is about to destroy. A reader copies a record, then re-reads ``tail``: if the
+writer lapped it meanwhile, the copy is discarded and counted as lost (a seqlock, in effect).
+The CRC catches anything else (a torn copy, a file from a crashed writer).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"FLRING01"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQQQIId8s")
+HEADER_SIZE = 64
+REC = struct.Struct("<II")
+PAD = 0xFFFFFFFF
+ALIGN = 8
+DEFAULT_CAPACITY = 16 * 1024 * 1024  # ~thousands of steps with per-request rows
+_HEAD_AT = 24
+_TAIL_AT = 32
+_U64 = struct.Struct("<Q")
+
+
+class RingCorrupt(Exception):
+    """The file is not a ring file of a version we read."""
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+class RingWriter:
+    """Appends records; never blocks, never raises on a full ring (old records are dropped)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 4096 or capacity % ALIGN:
+            raise ValueError("capacity must be a multiple of 8 and at least 4096")
+        self.path = Path(path)
+        self.capacity = capacity
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_SIZE + capacity)
+            self._mm = mmap.mmap(fd, HEADER_SIZE + capacity)
+        finally:
+            os.close(fd)
+        HEADER.pack_into(
+            self._mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, 0, 0, os.getpid(), 0, time.time(), b""
+        )
+        os.replace(tmp, self.path)  # readers never see a file without its header
+        self._head = 0
+        self._tail = 0
+
+    def append(self, payload: bytes) -> None:
+        n = len(payload)
+        size = _aligned(REC.size + n)
+        if size > self.capacity // 2:
+            raise ValueError(f"record of {n} bytes is too large for a ring of {self.capacity}")
+        cap = self.capacity
+        pos = self._head
+        phys = pos % cap
+        if phys + size > cap:
+            # Not enough room before the wrap: pad to the end and start at 0.
+            self._make_room(pos + (cap - phys) + size)
+            if cap - phys >= REC.size:
+                REC.pack_into(self._mm, HEADER_SIZE + phys, PAD, 0)
+            pos += cap - phys
+            phys = 0
+        else:
+            self._make_room(pos + size)
+        base = HEADER_SIZE + phys
+        self._mm[base + REC.size : base + REC.size + n] = payload
+        REC.pack_into(self._mm, base, n, zlib.crc32(payload))
+        self._head = pos + size
+        _U64.pack_into(self._mm, _HEAD_AT, self._head)
+
+    def _make_room(self, new_head: int) -> None:
+        """Advance tail past every record that the bytes up to ``new_head`` will overwrite."""
+        limit = new_head - self.capacity
+        if self._tail >= limit:
+            return
+        cap = self.capacity
+        tail = self._tail
+        while tail < limit and tail < self._head:
+            phys = tail % cap
+            if cap - phys < REC.size:
+                tail += cap - phys
+                continue
+            length, _ = REC.unpack_from(self._mm, HEADER_SIZE + phys)
+            if length == PAD:
+                tail += cap - phys
+            else:
+                tail += _aligned(REC.size + length)
+        self._tail = max(tail, limit) if tail >= self._head else tail
+        _U64.pack_into(self._mm, _TAIL_AT, self._tail)
+
+    def close(self) -> None:
+        try:
+            self._mm.flush()
+            self._mm.close()
+        except (ValueError, OSError):
+            pass
+
+
+@dataclass(slots=True)
+class RingInfo:
+    capacity: int
+    head: int
+    tail: int
+    pid: int
+    created: float
+
+
+class RingReader:
+    """Reads the records a writer published since the last call. Starts at the ring's tail."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise RingCorrupt(f"{self.path}: cannot map: {exc}") from exc
+        info = self.info()
+        if len(self._mm) != HEADER_SIZE + info.capacity:
+            raise RingCorrupt(f"{self.path}: size does not match its header")
+        self.pos = info.tail
+        self.lost_bytes = 0
+        self.corrupt_records = 0
+
+    def info(self) -> RingInfo:
+        if len(self._mm) < HEADER_SIZE:
+            raise RingCorrupt(f"{self.path}: shorter than a header")
+        magic, version, hdr, cap, head, tail, pid, _, created, _ = HEADER.unpack_from(self._mm, 0)
+        if magic != MAGIC or version != VERSION or hdr != HEADER_SIZE or cap <= 0:
+            raise RingCorrupt(f"{self.path}: not a flight-recorder ring (magic {magic!r})")
+        return RingInfo(cap, head, tail, pid, created)
+
+    def read(self, max_records: int = 100_000) -> list[bytes]:
+        info = self.info()
+        cap = info.capacity
+        out: list[bytes] = []
+        if self.pos < info.tail:
+            self.lost_bytes += info.tail - self.pos
+            self.pos = info.tail
+        head = info.head
+        while self.pos < head and len(out) < max_records:
+            phys = self.pos % cap
+            if cap - phys < REC.size:
+                self.pos += cap - phys
+                continue
+            length, crc = REC.unpack_from(self._mm, HEADER_SIZE + phys)
+            if length == PAD:
+                self.pos += cap - phys
+                continue
+            if length > cap - phys - REC.size:
+                # Impossible for a sound record: the writer lapped us mid-read or the file is bad.
+                self.corrupt_records += 1
+                self.pos = max(self.pos + ALIGN, _U64.unpack_from(self._mm, _TAIL_AT)[0])
+                continue
+            start = HEADER_SIZE + phys + REC.size
+            payload = self._mm[start : start + length]
+            tail_now = _U64.unpack_from(self._mm, _TAIL_AT)[0]
+            if tail_now > self.pos:
+                # Overwritten while we copied it: drop and resync at the new tail.
+                self.lost_bytes += tail_now - self.pos
+                self.pos = tail_now
+                continue
+            if zlib.crc32(payload) != crc:
+                self.corrupt_records += 1
+            else:
+                out.append(payload)
+            self.pos += _aligned(REC.size + length)
+        return out
+
+    def close(self) -> None:
+        try:
+            self._mm.close()
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,196 @@
+"""The one settings object: defaults < YAML file (``--config``) < ``FLIGHTREC_*`` variables <
+command-line flags. Read once in the CLI and passed down; nothing else reads the environment
+(the in-engine recorder, which runs inside vLLM, reads only ``FLIGHTREC_RECORDER_DIR`` and
+``FLIGHTREC_ENGINE_NAME`` through ``recorder_dir_from_env``/``engine_name_from_env`` below).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
+ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
+
+
+def default_recorder_dir() -> Path:
+    """``/dev/shm/flightrec`` where there is a /dev/shm (RAM: a ring write is a memcpy, and the
+    bytes outlive a killed engine), else ``<tmp>/flightrec``."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / "flightrec"
+    return Path(tempfile.gettempdir()) / "flightrec"
+
+
+def recorder_dir_from_env(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    value = env.get(RECORDER_DIR_ENV)
+    return Path(value) if value else default_recorder_dir()
+
+
+def engine_name_from_env(environ: dict[str, str] | None = None) -> str | None:
+    env = os.environ if environ is None else environ
+    return env.get(ENGINE_NAME_ENV) or None
+
+
+class SettingsError(Exception):
+    """Invalid settings. ``str()`` is one line per problem, each naming the key."""
+
+
+class EngineConfig(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
+    url: str = Field(description="base URL; /metrics and /health live under it")
+    log: str | None = Field(default=None, description="engine log file to follow, or '-' for stdin")
+    gpus: list[int] | None = Field(default=None, description="GPU indices this engine uses")
+    pair: str | None = Field(default=None, description="P/D pair name, to group prefill and decode")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class RetentionConfig(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    steps_hours: float = Field(default=24.0, gt=0, description="continuous per-step series")
+    gpu_samples_hours: float = Field(default=24.0, gt=0)
+    events_days: float = Field(default=30.0, gt=0)
+    snapshots_days: float | None = Field(default=None, description="None keeps snapshots forever")
+    interval_s: float = Field(default=300.0, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLIGHTREC_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    engines: list[EngineConfig] = Field(default_factory=list)
+    scrape_interval: float = Field(default=1.0, gt=0, le=3600)
+    scrape_timeout: float = Field(default=2.0, gt=0)
+    health_fail_threshold: int = Field(default=3, ge=1)
+    database: str = "sqlite:///flightrec.db"
+    alertmanager: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    ring_steps: int = Field(default=4096, ge=16, le=1_000_000)
+    gpu_ring_seconds: float = Field(default=600.0, gt=0)
+    log_ring_lines: int = Field(default=2000, ge=10)
+    api_token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    public_url: str | None = Field(default=None, description="base URL used in alert links")
+    nvml: Literal["auto", "on", "off"] = "auto"
+    gpu_poll_interval: float = Field(default=1.0, gt=0)
+    kmsg: str = Field(default="auto", description="auto | on | off | a file path to follow")
+    recorder_dir: Path = Field(default_factory=recorder_dir_from_env)
+    recorder: Literal["auto", "off"] = "auto"
+    write_batch_interval: float = Field(default=0.5, gt=0)
+    snapshot_gpu_seconds: float = Field(default=300.0, gt=0)
+    snapshot_settle_s: float = Field(default=1.0, ge=0, description="wait for late evidence")
+    incident_window_s: float = Field(default=30.0, gt=0)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    host_name: str | None = Field(default=None, description="this node's name; default hostname")
+    detectors: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("database")
+    @classmethod
+    def _db_url(cls, v: str) -> str:
+        if not v.startswith(("sqlite", "postgresql")):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        if v.startswith("postgresql://"):
+            v = "postgresql+psycopg://" + v[len("postgresql://") :]
+        return v
+
+    @field_validator("kmsg")
+    @classmethod
+    def _kmsg(cls, v: str) -> str:
+        if v in ("auto", "on", "off"):
+            return v
+        if not v.strip():
+            raise ValueError("must be auto, on, off or a file path")
+        return v
+
+    @field_validator("alertmanager", mode="before")
+    @classmethod
+    def _am_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [u.strip() for u in v.split(",") if u.strip()]
+        return v
+
+    @field_validator("alertmanager")
+    @classmethod
+    def _am_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in v]
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if _CONFIG_FILE is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_CONFIG_FILE))
+        return tuple(sources)
+
+
+_CONFIG_FILE: Path | None = None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        lines.append(f"{key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build the settings; raise SettingsError with a message naming each bad key."""
+    global _CONFIG_FILE
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise SettingsError(f"--config: no such file: {path}")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(f"--config: {path} is not valid YAML: {exc}") from exc
+        if data is not None and not isinstance(data, dict):
+            raise SettingsError(f"--config: {path} must hold a mapping of settings")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    _CONFIG_FILE = Path(config_file) if config_file is not None else None
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    finally:
+        _CONFIG_FILE = None

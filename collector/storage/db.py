@@ -1,0 +1,53 @@
+"""Database engine creation: SQLite in WAL mode, or Postgres through psycopg 3.
+
+Errors from the driver enter our code here and in ``repo``/``writer`` as ``StorageError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+
+class StorageError(Exception):
+    """The database is unreachable or refused a statement."""
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    if is_sqlite(url):
+        path = url.split("///", 1)[-1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 15, "check_same_thread": False}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoint; WAL keeps commits
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=15000")
+            cur.close()
+
+        return engine
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, connect_args={"connect_timeout": 5}, **kwargs)
+
+
+def check(engine: Engine) -> None:
+    """Raise StorageError if the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except SQLAlchemyError as exc:
+        raise StorageError(f"database unreachable: {exc.__class__.__name__}: {exc}") from exc

@@ -1,0 +1,179 @@
+"""Tables. Times are unix seconds (double precision) everywhere: cheap to write, and a Grafana
+SQL panel turns them into timestamps with ``to_timestamp(ts)``.
+
+Continuous series (``engine_steps``, ``gpu_samples``, ``events``) are written in batches and
+pruned by retention. A snapshot is one ``snapshots`` row (the summary every list shows) and a
+few ``snapshot_parts`` rows, each a gzip JSON document (steps, per-request rows, GPU samples,
+events, log lines): a 4096-step x 64-request snapshot is 262k request rows, which would take
+seconds to insert row by row on Postgres but is a few compressed blobs in one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY, so big ids are BIGINT on Postgres only.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class EngineRow(Base):
+    __tablename__ = "engines"
+    __table_args__ = (UniqueConstraint("host", "name", name="uq_engines_host_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(128))
+    url: Mapped[str | None] = mapped_column(String(1024))
+    pair: Mapped[str | None] = mapped_column(String(128))
+    vllm_version: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(32), default="unknown")
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+
+
+class GpuRow(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("host", "gpu", name="uq_gpus_host_gpu"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    gpu: Mapped[str] = mapped_column(String(128))  # UUID, or gpu<index>
+    index: Mapped[int] = mapped_column(Integer)
+    bus_id: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128))
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+
+
+class EngineStepRow(Base):
+    __tablename__ = "engine_steps"
+    __table_args__ = (Index("ix_engine_steps_engine_ts", "engine_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Double)
+    step: Mapped[int] = mapped_column(BigInteger)
+    running: Mapped[int] = mapped_column(Integer)
+    waiting: Mapped[int] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float] = mapped_column(Double)
+    preemptions: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    generation_tokens: Mapped[int] = mapped_column(Integer)
+    mirror_rows: Mapped[int | None] = mapped_column(Integer)
+
+
+class GpuSampleRow(Base):
+    __tablename__ = "gpu_samples"
+    __table_args__ = (Index("ix_gpu_samples_gpu_ts", "gpu_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Double)
+    memory_used: Mapped[int | None] = mapped_column(BigInteger)
+    memory_total: Mapped[int | None] = mapped_column(BigInteger)
+    utilization: Mapped[float | None] = mapped_column(Double)
+    temperature: Mapped[float | None] = mapped_column(Double)
+    power_w: Mapped[float | None] = mapped_column(Double)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Double)
+    clock_event_reasons: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_volatile_uncorrected: Mapped[int | None] = mapped_column(BigInteger)
+    remapped_rows_uncorrectable: Mapped[int | None] = mapped_column(Integer)
+    pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class IncidentRow(Base):
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_opened", "opened_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255))
+    title: Mapped[str] = mapped_column(Text)
+    opened_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    trigger_kind: Mapped[str] = mapped_column(String(32))
+    hosts: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    engines: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    snapshot_count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class SnapshotRow(Base):
+    __tablename__ = "snapshots"
+    __table_args__ = (
+        Index("ix_snapshots_created", "created_at"),
+        Index("ix_snapshots_engine", "engine"),
+        Index("ix_snapshots_trigger", "trigger_kind"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    host: Mapped[str] = mapped_column(String(255))
+    engine: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Double)
+    fault_ts: Mapped[float] = mapped_column(Double)
+    trigger_kind: Mapped[str] = mapped_column(String(32))
+    trigger_source: Mapped[str] = mapped_column(String(32))
+    trigger_message: Mapped[str] = mapped_column(Text)
+    step_count: Mapped[int] = mapped_column(Integer)
+    request_rows: Mapped[int] = mapped_column(Integer)
+    first_step: Mapped[int | None] = mapped_column(BigInteger)
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    summary: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+
+class SnapshotPartRow(Base):
+    __tablename__ = "snapshot_parts"
+
+    snapshot_id: Mapped[int] = mapped_column(
+        ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True
+    )
+    part: Mapped[str] = mapped_column(String(32), primary_key=True)
+    encoding: Mapped[str] = mapped_column(String(16))  # "json+gzip"
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_ts", "ts"),
+        Index("ix_events_kind_ts", "kind", "ts"),
+        Index("ix_events_engine_ts", "engine", "ts"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Double)
+    host: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    engine: Mapped[str | None] = mapped_column(String(128))
+    gpu: Mapped[str | None] = mapped_column(String(128))
+    xid: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    process: Mapped[str | None] = mapped_column(String(128))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    snapshot_id: Mapped[int | None] = mapped_column(
+        ForeignKey("snapshots.id", ondelete="SET NULL"), nullable=True
+    )

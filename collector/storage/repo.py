@@ -1,0 +1,382 @@
+"""Reads and writes the API, the CLI and the sidecar need. Driver errors become StorageError."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from collector.snapshot_doc import PARTS, SnapshotDoc, pack, unpack
+from collector.storage.db import StorageError
+from collector.storage.models import (
+    EngineRow,
+    EngineStepRow,
+    EventRow,
+    GpuRow,
+    GpuSampleRow,
+    IncidentRow,
+    SnapshotPartRow,
+    SnapshotRow,
+)
+
+
+class NotFound(StorageError):
+    pass
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def encode_cursor(created_at: float, id_: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at, id_]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, id_ = json.loads(raw)
+        return float(created), int(id_)
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise BadCursor("cursor is not one this API returned") from exc
+
+
+@dataclass
+class SnapshotFilter:
+    engine: str | None = None
+    host: str | None = None
+    trigger: str | None = None
+    incident_id: int | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+SUMMARY_COLUMNS = (
+    SnapshotRow.id, SnapshotRow.incident_id, SnapshotRow.host, SnapshotRow.engine,
+    SnapshotRow.created_at, SnapshotRow.fault_ts, SnapshotRow.trigger_kind,
+    SnapshotRow.trigger_source, SnapshotRow.trigger_message, SnapshotRow.step_count,
+    SnapshotRow.request_rows, SnapshotRow.first_step, SnapshotRow.last_step, SnapshotRow.summary,
+)  # fmt: skip
+
+
+class Repository:
+    def __init__(self, engine: Engine, *, host: str) -> None:
+        self.engine = engine
+        self.host = host
+        self._engine_ids: dict[str, int] = {}
+        self._gpu_ids: dict[str, int] = {}
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except NotFound:
+            raise
+        except SQLAlchemyError as exc:
+            raise StorageError(f"{exc.__class__.__name__}: {str(exc).splitlines()[0]}") from exc
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    # -- engines and GPUs -------------------------------------------------------------------
+    def engine_id(self, conn: Connection, name: str, *, url: str | None = None, pair: str | None = None) -> int:
+        cached = self._engine_ids.get(name)
+        if cached is not None:
+            return cached
+        row = conn.execute(
+            select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)
+        ).first()
+        if row is None:
+            now = time.time()
+            try:
+                with conn.begin_nested():
+                    new_id = conn.execute(
+                        insert(EngineRow).values(host=self.host, name=name, url=url, pair=pair,
+                                                 state="unknown", first_seen=now, last_seen=now)
+                        .returning(EngineRow.id)
+                    ).scalar_one()  # fmt: skip
+            except IntegrityError:
+                new_id = conn.execute(
+                    select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)
+                ).scalar_one()
+        else:
+            new_id = row[0]
+        self._engine_ids[name] = new_id
+        return new_id
+
+    def register_engine(self, name: str, *, url: str | None, pair: str | None) -> int:
+        with self._tx() as conn:
+            eid = self.engine_id(conn, name, url=url, pair=pair)
+            conn.execute(update(EngineRow).where(EngineRow.id == eid).values(url=url, pair=pair))
+            return eid
+
+    def update_engine(self, name: str, **values: Any) -> None:
+        with self._tx() as conn:
+            eid = self.engine_id(conn, name)
+            conn.execute(update(EngineRow).where(EngineRow.id == eid).values(**values))
+
+    def gpu_id(self, conn: Connection, gpu: str, *, index: int, bus_id: str | None, name: str | None) -> int:
+        cached = self._gpu_ids.get(gpu)
+        if cached is not None:
+            return cached
+        row = conn.execute(select(GpuRow.id).where(GpuRow.host == self.host, GpuRow.gpu == gpu)).first()
+        if row is None:
+            now = time.time()
+            new_id = conn.execute(
+                insert(GpuRow).values(host=self.host, gpu=gpu, index=index, bus_id=bus_id, name=name,
+                                      first_seen=now, last_seen=now).returning(GpuRow.id)
+            ).scalar_one()  # fmt: skip
+        else:
+            new_id = row[0]
+        self._gpu_ids[gpu] = new_id
+        return new_id
+
+    # -- continuous series ------------------------------------------------------------------
+    def write_batch(
+        self,
+        steps: Sequence[dict[str, Any]],
+        gpu_samples: Sequence[dict[str, Any]],
+        events: Sequence[dict[str, Any]],
+        seen: dict[str, float] | None = None,
+    ) -> None:
+        """One transaction for a batch of the continuous series (the writer's flush)."""
+        with self._tx() as conn:
+            if steps:
+                rows = []
+                for s in steps:
+                    s = dict(s)
+                    s["engine_id"] = self.engine_id(conn, s.pop("engine"))
+                    rows.append(s)
+                conn.execute(insert(EngineStepRow), rows)
+            if gpu_samples:
+                rows = []
+                for g in gpu_samples:
+                    g = dict(g)
+                    g["gpu_id"] = self.gpu_id(conn, g.pop("gpu"), index=g.pop("index"),
+                                              bus_id=g.pop("bus_id"), name=g.pop("name"))  # fmt: skip
+                    rows.append(g)
+                conn.execute(insert(GpuSampleRow), rows)
+            if events:
+                conn.execute(insert(EventRow), [dict(e, host=self.host) for e in events])
+            for name, ts in (seen or {}).items():
+                eid = self.engine_id(conn, name)
+                conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))
+
+    def prune(self, *, steps_before: float, gpu_before: float, events_before: float,
+              snapshots_before: float | None) -> dict[str, int]:  # fmt: skip
+        counts = {}
+        with self._tx() as conn:
+            counts["engine_steps"] = conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < steps_before)).rowcount
+            counts["gpu_samples"] = conn.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < gpu_before)).rowcount
+            counts["events"] = conn.execute(
+                delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))
+            ).rowcount
+            if snapshots_before is not None:
+                old = select(SnapshotRow.id).where(SnapshotRow.created_at < snapshots_before)
+                conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id.in_(old)))
+                counts["snapshots"] = conn.execute(
+                    delete(SnapshotRow).where(SnapshotRow.created_at < snapshots_before)
+                ).rowcount
+        return counts
+
+    # -- snapshots and incidents -----------------------------------------------------------
+    def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str) -> tuple[int, int]:
+        """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
+
+        Snapshots whose faults are within ``incident_window_s`` of an open incident join it:
+        TP workers at one step, the P and D engines of a pair, several hosts on one Postgres.
+        """
+        blobs = {name: pack(doc.part(name)) for name in PARTS}  # compress outside the transaction
+        with self._tx() as conn:
+            if self.dialect == "postgresql":
+                # Several sidecars may file the same fault at once: one incident, not two.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": 0x46_4C_52_45_43})
+            incident_id = self._incident_for(conn, doc, incident_window_s, incident_key)
+            summary = dict(doc.summary)
+            summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
+            snap_id = conn.execute(
+                insert(SnapshotRow).values(
+                    incident_id=incident_id, host=doc.host, engine=doc.engine, created_at=doc.created_at,
+                    fault_ts=doc.fault_ts, trigger_kind=str(doc.trigger.get("kind")),
+                    trigger_source=str(doc.trigger.get("source")),
+                    trigger_message=str(doc.trigger.get("message", ""))[:4000],
+                    step_count=len(doc.steps), request_rows=len(doc.requests),
+                    first_step=doc.steps[0]["step"] if doc.steps else None,
+                    last_step=doc.steps[-1]["step"] if doc.steps else None,
+                    summary=summary, fingerprint=doc.fingerprint,
+                ).returning(SnapshotRow.id)
+            ).scalar_one()  # fmt: skip
+            conn.execute(
+                insert(SnapshotPartRow),
+                [{"snapshot_id": snap_id, "part": n, "encoding": "json+gzip", "payload": b} for n, b in blobs.items()],
+            )
+            conn.execute(
+                update(IncidentRow).where(IncidentRow.id == incident_id)
+                .values(snapshot_count=IncidentRow.snapshot_count + 1)
+            )  # fmt: skip
+        doc.id, doc.incident_id = snap_id, incident_id
+        return snap_id, incident_id
+
+    def _incident_for(self, conn: Connection, doc: SnapshotDoc, window: float, key: str) -> int:
+        row = conn.execute(
+            select(IncidentRow).where(IncidentRow.updated_at >= doc.fault_ts - window)
+            .order_by(IncidentRow.updated_at.desc()).limit(1)
+        ).scalars().first()  # fmt: skip
+        if row is not None:
+            hosts = sorted(set(row.hosts or []) | {doc.host})
+            engines = sorted(set(row.engines or []) | {f"{doc.host}/{doc.engine}"})
+            conn.execute(
+                update(IncidentRow).where(IncidentRow.id == row.id)
+                .values(updated_at=max(row.updated_at, doc.fault_ts), hosts=hosts, engines=engines)
+            )  # fmt: skip
+            return row.id
+        title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
+        return conn.execute(
+            insert(IncidentRow).values(
+                key=key, title=title, opened_at=doc.fault_ts, updated_at=doc.fault_ts,
+                trigger_kind=str(doc.trigger.get("kind")), hosts=[doc.host],
+                engines=[f"{doc.host}/{doc.engine}"], snapshot_count=0,
+            ).returning(IncidentRow.id)
+        ).scalar_one()  # fmt: skip
+
+    def list_snapshots(self, flt: SnapshotFilter, *, limit: int = 50, cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        q = select(*SUMMARY_COLUMNS)
+        if flt.engine:
+            q = q.where(SnapshotRow.engine == flt.engine)
+        if flt.host:
+            q = q.where(SnapshotRow.host == flt.host)
+        if flt.trigger:
+            q = q.where(SnapshotRow.trigger_kind == flt.trigger)
+        if flt.incident_id is not None:
+            q = q.where(SnapshotRow.incident_id == flt.incident_id)
+        if flt.since is not None:
+            q = q.where(SnapshotRow.created_at >= flt.since)
+        if flt.until is not None:
+            q = q.where(SnapshotRow.created_at < flt.until)
+        if cursor:
+            c_created, c_id = decode_cursor(cursor)
+            q = q.where(
+                (SnapshotRow.created_at < c_created)
+                | ((SnapshotRow.created_at == c_created) & (SnapshotRow.id < c_id))
+            )
+        q = q.order_by(SnapshotRow.created_at.desc(), SnapshotRow.id.desc()).limit(limit + 1)
+        with self._tx() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(q)]
+        nxt = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            nxt = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
+        return rows, nxt
+
+    def get_snapshot(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> SnapshotDoc:
+        with self._tx() as conn:
+            row = conn.execute(select(SnapshotRow).where(SnapshotRow.id == snap_id)).scalars().first()
+            if row is None:
+                raise NotFound(f"snapshot {snap_id} not found")
+            blobs = {
+                p.part: p.payload
+                for p in conn.execute(
+                    select(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id,
+                                                  SnapshotPartRow.part.in_(list(parts)))
+                ).scalars()
+            }  # fmt: skip
+            trigger_ev = conn.execute(
+                select(EventRow).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)
+            ).scalars().first()  # fmt: skip
+        doc = SnapshotDoc(
+            host=row.host, engine=row.engine, created_at=row.created_at, fault_ts=row.fault_ts,
+            trigger=dict(row.summary.get("trigger") or {"kind": row.trigger_kind, "source": row.trigger_source,
+                                                        "message": row.trigger_message}),
+            summary=row.summary, fingerprint=row.fingerprint, id=row.id, incident_id=row.incident_id,
+        )  # fmt: skip
+        if trigger_ev is not None:
+            doc.trigger.setdefault("event_id", trigger_ev.id)
+        for name, blob in blobs.items():
+            try:
+                setattr(doc, name, unpack(blob))
+            except (OSError, zlib.error, ValueError) as exc:
+                raise StorageError(f"snapshot {snap_id} part {name} is unreadable: {exc}") from exc
+        return doc
+
+    def snapshot_count(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(select(func.count()).select_from(SnapshotRow)).scalar_one())
+
+    def list_incidents(self, *, limit: int = 50, before_id: int | None = None) -> list[dict[str, Any]]:
+        q = select(IncidentRow).order_by(IncidentRow.id.desc()).limit(limit)
+        if before_id is not None:
+            q = q.where(IncidentRow.id < before_id)
+        with self._tx() as conn:
+            return [_incident_dict(r) for r in conn.execute(q).scalars()]
+
+    def get_incident(self, incident_id: int) -> dict[str, Any]:
+        with self._tx() as conn:
+            row = conn.execute(select(IncidentRow).where(IncidentRow.id == incident_id)).scalars().first()
+            if row is None:
+                raise NotFound(f"incident {incident_id} not found")
+            out = _incident_dict(row)
+            out["snapshots"] = [
+                dict(r._mapping)
+                for r in conn.execute(
+                    select(*SUMMARY_COLUMNS).where(SnapshotRow.incident_id == incident_id).order_by(SnapshotRow.id)
+                )
+            ]
+        return out
+
+    def list_events(self, *, kind: str | None = None, engine: str | None = None, since: float | None = None,
+                    until: float | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+        if kind:
+            q = q.where(EventRow.kind == kind)
+        if engine:
+            q = q.where(EventRow.engine == engine)
+        if since is not None:
+            q = q.where(EventRow.ts >= since)
+        if until is not None:
+            q = q.where(EventRow.ts < until)
+        if before_id is not None:
+            q = q.where(EventRow.id < before_id)
+        with self._tx() as conn:
+            return [_row_dict(r) for r in conn.execute(q).scalars()]
+
+    def insert_event(self, ev: dict[str, Any], *, snapshot_id: int | None = None) -> int:
+        with self._tx() as conn:
+            return int(
+                conn.execute(
+                    insert(EventRow).values(**ev, host=self.host, snapshot_id=snapshot_id).returning(EventRow.id)
+                ).scalar_one()
+            )
+
+    def list_engines(self) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [_row_dict(r) for r in conn.execute(select(EngineRow).order_by(EngineRow.host, EngineRow.name)).scalars()]
+
+    def list_gpus(self) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [_row_dict(r) for r in conn.execute(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).scalars()]
+
+    def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            q = (select(EngineStepRow).join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
+                 .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
+                 .order_by(EngineStepRow.ts))  # fmt: skip
+            return [_row_dict(r) for r in conn.execute(q).scalars()]
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    return {c.key: getattr(row, c.key) for c in row.__table__.columns}
+
+
+def _incident_dict(row: IncidentRow) -> dict[str, Any]:
+    return _row_dict(row)
