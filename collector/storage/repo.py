@@ -232,15 +232,15 @@ class Repository:
         row = conn.execute(
             select(IncidentRow).where(IncidentRow.updated_at >= doc.fault_ts - window)
             .order_by(IncidentRow.updated_at.desc()).limit(1)
-        ).scalars().first()  # fmt: skip
+        ).mappings().first()  # fmt: skip
         if row is not None:
-            hosts = sorted(set(row.hosts or []) | {doc.host})
-            engines = sorted(set(row.engines or []) | {f"{doc.host}/{doc.engine}"})
+            hosts = sorted(set(row["hosts"] or []) | {doc.host})
+            engines = sorted(set(row["engines"] or []) | {f"{doc.host}/{doc.engine}"})
             conn.execute(
-                update(IncidentRow).where(IncidentRow.id == row.id)
-                .values(updated_at=max(row.updated_at, doc.fault_ts), hosts=hosts, engines=engines)
+                update(IncidentRow).where(IncidentRow.id == row["id"])
+                .values(updated_at=max(row["updated_at"], doc.fault_ts), hosts=hosts, engines=engines)
             )  # fmt: skip
-            return row.id
+            return int(row["id"])
         title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
         return conn.execute(
             insert(IncidentRow).values(
@@ -281,33 +281,59 @@ class Repository:
 
     def get_snapshot(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> SnapshotDoc:
         with self._tx() as conn:
-            row = conn.execute(select(SnapshotRow).where(SnapshotRow.id == snap_id)).scalars().first()
+            row = conn.execute(select(SnapshotRow).where(SnapshotRow.id == snap_id)).mappings().first()
             if row is None:
                 raise NotFound(f"snapshot {snap_id} not found")
             blobs = {
-                p.part: p.payload
+                p["part"]: p["payload"]
                 for p in conn.execute(
                     select(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id,
                                                   SnapshotPartRow.part.in_(list(parts)))
-                ).scalars()
+                ).mappings()
             }  # fmt: skip
             trigger_ev = conn.execute(
                 select(EventRow).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)
-            ).scalars().first()  # fmt: skip
+            ).mappings().first()  # fmt: skip
         doc = SnapshotDoc(
-            host=row.host, engine=row.engine, created_at=row.created_at, fault_ts=row.fault_ts,
-            trigger=dict(row.summary.get("trigger") or {"kind": row.trigger_kind, "source": row.trigger_source,
-                                                        "message": row.trigger_message}),
-            summary=row.summary, fingerprint=row.fingerprint, id=row.id, incident_id=row.incident_id,
+            host=row["host"], engine=row["engine"], created_at=row["created_at"], fault_ts=row["fault_ts"],
+            trigger=dict(row["summary"].get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"],
+                                                           "message": row["trigger_message"]}),
+            summary=dict(row["summary"]), fingerprint=dict(row["fingerprint"] or {}), id=row["id"],
+            incident_id=row["incident_id"],
         )  # fmt: skip
         if trigger_ev is not None:
-            doc.trigger.setdefault("event_id", trigger_ev.id)
+            doc.trigger.setdefault("event_id", trigger_ev["id"])
         for name, blob in blobs.items():
             try:
                 setattr(doc, name, unpack(blob))
             except (OSError, zlib.error, ValueError) as exc:
                 raise StorageError(f"snapshot {snap_id} part {name} is unreadable: {exc}") from exc
         return doc
+
+    def amend_snapshot(self, snap_id: int, doc: SnapshotDoc) -> None:
+        """Replace a snapshot's parts and summary with a later freeze of the same fault."""
+        blobs = {name: pack(doc.part(name)) for name in PARTS}
+        with self._tx() as conn:
+            old = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == snap_id)).scalar_one_or_none()
+            if old is None:
+                raise NotFound(f"snapshot {snap_id} not found")
+            summary = dict(doc.summary)
+            summary["trigger"] = old.get("trigger")
+            summary["amended_at"] = time.time()
+            conn.execute(
+                update(SnapshotRow).where(SnapshotRow.id == snap_id).values(
+                    summary=summary, fingerprint=doc.fingerprint, step_count=len(doc.steps),
+                    request_rows=len(doc.requests),
+                    first_step=doc.steps[0]["step"] if doc.steps else None,
+                    last_step=doc.steps[-1]["step"] if doc.steps else None,
+                )
+            )  # fmt: skip
+            for name, blob in blobs.items():
+                conn.execute(
+                    update(SnapshotPartRow)
+                    .where(SnapshotPartRow.snapshot_id == snap_id, SnapshotPartRow.part == name)
+                    .values(payload=blob)
+                )
 
     def snapshot_count(self) -> int:
         with self._tx() as conn:
@@ -318,11 +344,11 @@ class Repository:
         if before_id is not None:
             q = q.where(IncidentRow.id < before_id)
         with self._tx() as conn:
-            return [_incident_dict(r) for r in conn.execute(q).scalars()]
+            return [_incident_dict(r) for r in conn.execute(q).mappings()]
 
     def get_incident(self, incident_id: int) -> dict[str, Any]:
         with self._tx() as conn:
-            row = conn.execute(select(IncidentRow).where(IncidentRow.id == incident_id)).scalars().first()
+            row = conn.execute(select(IncidentRow).where(IncidentRow.id == incident_id)).mappings().first()
             if row is None:
                 raise NotFound(f"incident {incident_id} not found")
             out = _incident_dict(row)
@@ -348,7 +374,7 @@ class Repository:
         if before_id is not None:
             q = q.where(EventRow.id < before_id)
         with self._tx() as conn:
-            return [_row_dict(r) for r in conn.execute(q).scalars()]
+            return [_row_dict(r) for r in conn.execute(q).mappings()]
 
     def insert_event(self, ev: dict[str, Any], *, snapshot_id: int | None = None) -> int:
         with self._tx() as conn:
@@ -360,23 +386,24 @@ class Repository:
 
     def list_engines(self) -> list[dict[str, Any]]:
         with self._tx() as conn:
-            return [_row_dict(r) for r in conn.execute(select(EngineRow).order_by(EngineRow.host, EngineRow.name)).scalars()]
+            return [_row_dict(r) for r in conn.execute(select(EngineRow).order_by(EngineRow.host, EngineRow.name)).mappings()]
 
     def list_gpus(self) -> list[dict[str, Any]]:
         with self._tx() as conn:
-            return [_row_dict(r) for r in conn.execute(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).scalars()]
+            return [_row_dict(r) for r in conn.execute(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).mappings()]
 
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         with self._tx() as conn:
             q = (select(EngineStepRow).join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
                  .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
                  .order_by(EngineStepRow.ts))  # fmt: skip
-            return [_row_dict(r) for r in conn.execute(q).scalars()]
+            return [_row_dict(r) for r in conn.execute(q).mappings()]
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
-    return {c.key: getattr(row, c.key) for c in row.__table__.columns}
+    return dict(row)
 
 
-def _incident_dict(row: IncidentRow) -> dict[str, Any]:
-    return _row_dict(row)
+def _incident_dict(row: Any) -> dict[str, Any]:
+    return dict(row)
+

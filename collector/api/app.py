@@ -1,0 +1,197 @@
+"""The FastAPI application. Everything it serves comes from the hub (live state) or the
+repository (stored snapshots, incidents, events); handlers that touch the database run in
+FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loop."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.middleware.base import BaseHTTPMiddleware
+
+from collector import __version__
+from collector.api import schemas
+from collector.api.auth import require_read, require_write
+from collector.api.metrics import SidecarCollector
+from collector.storage.db import StorageError
+from collector.storage.repo import BadCursor, NotFound, SnapshotFilter
+
+MAX_BODY = 64 * 1024
+Read = Depends(require_read)
+Write = Depends(require_write)
+
+
+class BodyLimit(BaseHTTPMiddleware):
+    """Refuse oversized bodies before they are read (413), whatever the route."""
+
+    async def dispatch(self, request: Request, call_next: Any) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > MAX_BODY
+            except ValueError:
+                return JSONResponse({"detail": "bad Content-Length"}, status_code=400)
+            if too_big:
+                return JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)
+        elif request.method in ("POST", "PUT", "PATCH") and request.headers.get("transfer-encoding"):
+            return JSONResponse({"detail": "chunked request bodies are not accepted"}, status_code=411)
+        return await call_next(request)
+
+
+def _summary(row: dict[str, Any], request: Request) -> dict[str, Any]:
+    row = dict(row)
+    row["url"] = str(request.url_for("snapshot_page", snapshot_id=row["id"]))
+    return row
+
+
+def create_app(ctx: Any) -> FastAPI:
+    app = FastAPI(
+        title="vLLM Flight Recorder",
+        version=__version__,
+        description="Crash snapshots of vLLM engines: the last steps before a fault, per request, "
+        "joined with the GPU's state and the fault.",
+    )
+    app.state.ctx = ctx
+    app.add_middleware(BodyLimit)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(ctx))
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        if isinstance(exc, NotFound):
+            return JSONResponse({"detail": str(exc)}, status_code=404)
+        return JSONResponse({"detail": f"database unavailable: {exc}"}, status_code=503)
+
+    @app.exception_handler(BadCursor)
+    async def _bad_cursor(_: Request, exc: BadCursor) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.get("/healthz", response_model=schemas.Health)
+    def healthz() -> dict[str, Any]:
+        statuses = [s.__dict__ for s in ctx.source_statuses()]
+        degraded = ctx.writer.db_up is False or any(s["supported"] and not s["up"] for s in statuses)
+        return {
+            "status": "degraded" if degraded else "ok",
+            "version": __version__,
+            "database_up": ctx.writer.db_up,
+            "sources": statuses,
+            "snapshots_committed": ctx.snapshots.committed,
+        }
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(_: None = Read) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/v1/engines", response_model=list[schemas.EngineOut])
+    def engines(_: None = Read) -> list[dict[str, Any]]:
+        stored = {(e["host"], e["name"]): e for e in ctx.repo.list_engines()}
+        out = []
+        for name, st in sorted(ctx.hub.engines.items()):
+            last = st.ring.last()
+            row = stored.pop((ctx.hub.host, name), {})
+            out.append({
+                "name": name, "host": ctx.hub.host, "url": st.url, "pair": st.pair, "up": st.up,
+                "last_seen": st.last_seen, "steps_in_ring": len(st.ring),
+                "last_step": last.step if last else None, "running": last.running if last else None,
+                "waiting": last.waiting if last else None,
+                "kv_cache_usage": last.kv_cache_usage if last else None,
+                "vllm_version": st.fingerprint.get("vllm_version") or row.get("vllm_version"),
+                "fingerprint": st.fingerprint or row.get("fingerprint"),
+            })  # fmt: skip
+        for row in stored.values():  # engines other sidecars (or earlier runs) stored
+            out.append({k: row.get(k) for k in ("name", "host", "url", "pair", "last_seen", "vllm_version", "fingerprint")})
+        return out
+
+    @app.get("/api/v1/gpus", response_model=list[schemas.GpuOut])
+    def gpus(_: None = Read) -> list[dict[str, Any]]:
+        out = []
+        for gpu, s in sorted(ctx.hub.gpu_meta.items()):
+            out.append({"gpu": gpu, "host": ctx.hub.host, "index": s.index, "bus_id": s.bus_id, "name": s.name,
+                        "last_sample": s.to_dict()})  # fmt: skip
+        live = {g["gpu"] for g in out}
+        for row in ctx.repo.list_gpus():
+            if row["gpu"] not in live or row["host"] != ctx.hub.host:
+                out.append({k: row.get(k) for k in ("gpu", "host", "index", "bus_id", "name")})
+        return out
+
+    @app.get("/api/v1/snapshots", response_model=schemas.SnapshotList)
+    def list_snapshots(
+        request: Request,
+        engine: Annotated[str | None, Query(max_length=128)] = None,
+        host: Annotated[str | None, Query(max_length=255)] = None,
+        trigger: Annotated[str | None, Query(max_length=32, description="trigger kind, e.g. xid")] = None,
+        incident_id: Annotated[int | None, Query(ge=1)] = None,
+        since: Annotated[float | None, Query(description="unix seconds, inclusive")] = None,
+        until: Annotated[float | None, Query(description="unix seconds, exclusive")] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        _: None = Read,
+    ) -> dict[str, Any]:
+        if since is not None and until is not None and until <= since:
+            raise HTTPException(400, "until must be after since")
+        rows, nxt = ctx.repo.list_snapshots(
+            SnapshotFilter(engine=engine, host=host, trigger=trigger, incident_id=incident_id, since=since, until=until),
+            limit=limit, cursor=cursor,
+        )  # fmt: skip
+        return {"items": [_summary(r, request) for r in rows], "next_cursor": nxt}
+
+    @app.get("/api/v1/snapshots/{snapshot_id}", response_model=schemas.SnapshotDocOut, response_model_by_alias=True)
+    def get_snapshot(snapshot_id: int, _: None = Read) -> Response:
+        doc = ctx.repo.get_snapshot(snapshot_id)
+        # Serialised directly: a 4096x64 snapshot is 262k rows, and re-validating them through
+        # the response model would cost more than the database read.
+        return Response(json.dumps(doc.to_export(), separators=(",", ":"), default=str), media_type="application/json")
+
+    @app.get("/api/v1/snapshots/{snapshot_id}/export")
+    def export_snapshot(snapshot_id: int, _: None = Read) -> Response:
+        doc = ctx.repo.get_snapshot(snapshot_id)
+        body = gzip.compress(json.dumps(doc.to_export(), separators=(",", ":"), default=str).encode(), compresslevel=6)
+        return Response(
+            body, media_type="application/gzip",
+            headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
+        )  # fmt: skip
+
+    @app.post("/api/v1/snapshots", status_code=202, response_model=schemas.ManualSnapshotOut)
+    def manual_snapshot(body: schemas.ManualSnapshotIn, _: None = Write) -> dict[str, Any]:
+        if body.engine is not None and body.engine not in ctx.hub.engines:
+            raise HTTPException(404, f"no engine named {body.engine!r}")
+        if body.engine is None and not ctx.hub.engines:
+            raise HTTPException(409, "no engines are watched")
+        names = [body.engine] if body.engine else sorted(ctx.hub.engines)
+        ctx.loop.call_soon_threadsafe(ctx.hub.manual_trigger, body.engine, body.reason)
+        return {"engines": names, "status": "accepted"}
+
+    @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
+    def incidents(
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        before_id: Annotated[int | None, Query(ge=1)] = None,
+        _: None = Read,
+    ) -> list[dict[str, Any]]:
+        return ctx.repo.list_incidents(limit=limit, before_id=before_id)
+
+    @app.get("/api/v1/incidents/{incident_id}", response_model=schemas.IncidentOut)
+    def incident(incident_id: int, request: Request, _: None = Read) -> dict[str, Any]:
+        out = ctx.repo.get_incident(incident_id)
+        out["snapshots"] = [_summary(r, request) for r in out["snapshots"]]
+        return out
+
+    @app.get("/api/v1/events", response_model=list[schemas.EventOut])
+    def events(
+        kind: Annotated[str | None, Query(max_length=32)] = None,
+        engine: Annotated[str | None, Query(max_length=128)] = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        before_id: Annotated[int | None, Query(ge=1)] = None,
+        _: None = Read,
+    ) -> list[dict[str, Any]]:
+        return ctx.repo.list_events(kind=kind, engine=engine, since=since, until=until, limit=limit, before_id=before_id)
+
+    from collector.api.pages import add_pages
+
+    add_pages(app, ctx)
+    return app

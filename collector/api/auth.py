@@ -1,0 +1,40 @@
+"""Bearer-token checks. Writes always need the token; reads need it when the sidecar is bound
+beyond loopback. Compared in constant time."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import HTTPException, Request, status
+
+
+def _presented(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value:
+        return value.strip()
+    return None
+
+
+def check_token(request: Request, *, write: bool) -> None:
+    ctx = request.app.state.ctx
+    token = ctx.settings.api_token.get_secret_value() if ctx.settings.api_token else None
+    needed = write or not ctx.settings.loopback_only
+    if not needed:
+        return
+    if token is None:
+        if write:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "writes are disabled: set api_token to enable them")
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "api_token is required when bound beyond loopback")
+    got = _presented(request)
+    if got is None or not hmac.compare_digest(got.encode(), token.encode()):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+
+def require_read(request: Request) -> None:
+    check_token(request, write=False)
+
+
+def require_write(request: Request) -> None:
+    check_token(request, write=True)

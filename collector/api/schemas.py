@@ -1,0 +1,125 @@
+"""Response and request models (they are the OpenAPI contract)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok, or degraded when the database or a source is failing")
+    version: str
+    database_up: bool | None
+    sources: list[dict[str, Any]]
+    snapshots_committed: int
+
+
+class EngineOut(BaseModel):
+    name: str
+    host: str
+    url: str | None = None
+    pair: str | None = None
+    up: bool | None = None
+    last_seen: float | None = None
+    steps_in_ring: int = 0
+    last_step: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache_usage: float | None = None
+    vllm_version: str | None = None
+    fingerprint: dict[str, Any] | None = None
+
+
+class GpuOut(BaseModel):
+    gpu: str
+    host: str
+    index: int
+    bus_id: str | None = None
+    name: str | None = None
+    last_sample: dict[str, Any] | None = None
+
+
+class SnapshotSummary(BaseModel):
+    id: int
+    incident_id: int | None
+    host: str
+    engine: str
+    created_at: float
+    fault_ts: float
+    trigger_kind: str
+    trigger_source: str
+    trigger_message: str
+    step_count: int
+    request_rows: int
+    first_step: int | None
+    last_step: int | None
+    summary: dict[str, Any]
+    url: str = Field(description="the snapshot's page")
+
+
+class SnapshotList(BaseModel):
+    items: list[SnapshotSummary]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class SnapshotDocOut(BaseModel):
+    schema_: str = Field(alias="schema")
+    id: int
+    incident_id: int | None
+    host: str
+    engine: str
+    created_at: float
+    fault_ts: float
+    trigger: dict[str, Any]
+    summary: dict[str, Any]
+    fingerprint: dict[str, Any]
+    steps: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+    gpu_samples: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    log_lines: list[dict[str, Any]]
+
+    model_config = {"populate_by_name": True}
+
+
+class ManualSnapshotIn(BaseModel):
+    engine: str | None = Field(default=None, max_length=128, description="one engine, or all when absent")
+    reason: str = Field(default="manual snapshot", max_length=1000)
+
+    model_config = {"extra": "forbid"}
+
+
+class ManualSnapshotOut(BaseModel):
+    engines: list[str]
+    status: str = "accepted"
+
+
+class IncidentOut(BaseModel):
+    id: int
+    key: str
+    title: str
+    opened_at: float
+    updated_at: float
+    trigger_kind: str
+    hosts: list[str]
+    engines: list[str]
+    snapshot_count: int
+    snapshots: list[SnapshotSummary] | None = None
+
+
+class EventOut(BaseModel):
+    id: int
+    ts: float
+    host: str
+    kind: str
+    source: str
+    severity: str
+    engine: str | None
+    gpu: str | None
+    xid: int | None
+    pid: int | None
+    process: str | None
+    message: str
+    data: dict[str, Any]
+    snapshot_id: int | None

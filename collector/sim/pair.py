@@ -1,0 +1,162 @@
+"""The simulated P/D pair: a load client, a prefill and a decode engine, a simulated kernel
+log and a simulated NVML, driven in accelerated time until the decode engine dies."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collector.settings import EngineConfig
+from collector.sim import vllm_logs
+from collector.sim.engine import SimEngine
+from collector.sim.scenario import LoadClient, Scenario
+from collector.sources.nvml_backend import FakeGpu, FakeNvmlBackend
+
+log = logging.getLogger(__name__)
+
+# The decode engine's GPU is the one of the shared H200 capture (PCI 0000:00:06).
+GPU_BUSES = ("00000000:00:05.0", "00000000:00:06.0")
+GPU_UUIDS = ("GPU-5a1c0000-0000-4000-8000-00000000p0d0", "GPU-5a1c0000-0000-4000-8000-00000000d0d1")
+
+
+@dataclass
+class PairConfig:
+    workdir: Path
+    recorder_dir: Path
+    prefill_port: int = 0
+    decode_port: int = 0
+    steps_per_second: float = 1500.0
+    tick_s: float = 0.01
+    log_every_s: float = 2.0
+    scenario: Scenario = field(default_factory=Scenario)
+
+
+class SimPair:
+    def __init__(self, cfg: PairConfig) -> None:
+        self.cfg = cfg
+        sc = cfg.scenario
+        cfg.workdir.mkdir(parents=True, exist_ok=True)
+        self.kmsg_path = cfg.workdir / "kmsg.log"
+        self.kmsg_path.write_text("")
+        self.prefill = SimEngine(name="prefill-0", role="prefill", scenario=sc, port=cfg.prefill_port,
+                                 recorder_dir=cfg.recorder_dir, log_path=cfg.workdir / "prefill.log",
+                                 gpu_index=0, fake_pid=2911)  # fmt: skip
+        self.decode = SimEngine(name="decode-0", role="decode", scenario=sc, port=cfg.decode_port,
+                                recorder_dir=cfg.recorder_dir, log_path=cfg.workdir / "decode.log",
+                                gpu_index=1, fake_pid=3107)  # fmt: skip
+        self.client = LoadClient(sc)
+        self.nvml = FakeNvmlBackend([FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)")
+                                     for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)])  # fmt: skip
+        self.crashed_at: float | None = None
+        self.crash_step: int | None = None
+        self.done = asyncio.Event()
+        self._extra_steps: int | None = None
+        self._kmsg_seq = 1000
+        self._boot = time.time() - 86400.0
+
+    def engine_configs(self) -> list[EngineConfig]:
+        return [
+            EngineConfig(name="prefill-0", url=f"http://127.0.0.1:{self.prefill.port}",
+                         log=str(self.cfg.workdir / "prefill.log"), gpus=[0], pair="pd-0"),
+            EngineConfig(name="decode-0", url=f"http://127.0.0.1:{self.decode.port}",
+                         log=str(self.cfg.workdir / "decode.log"), gpus=[1], pair="pd-0"),
+        ]  # fmt: skip
+
+    async def start(self) -> None:
+        await self.prefill.start_http()
+        await self.decode.start_http()
+
+    async def run(self) -> None:
+        """Drive the ramp until the decode engine has died (then keep prefill serving)."""
+        cfg = self.cfg
+        per_tick = max(1, round(cfg.steps_per_second * cfg.tick_s))
+        last_log = time.monotonic()
+        try:
+            while self.crashed_at is None:
+                t0 = time.monotonic()
+                for _ in range(per_tick):
+                    if self._one_step():
+                        break
+                self._gpu_values()
+                if time.monotonic() - last_log >= cfg.log_every_s:
+                    last_log = time.monotonic()
+                    self.prefill.log_throughput()
+                    self.decode.log_throughput()
+                await asyncio.sleep(max(0.0, cfg.tick_s - (time.monotonic() - t0)))
+            await self._die()
+        finally:
+            self.done.set()
+
+    def _one_step(self) -> bool:
+        sc = self.cfg.scenario
+        for r in self.client.to_send():
+            self.prefill.waiting.append(r)
+        if self.prefill.waiting or self.prefill.running:
+            moved, _ = self.prefill.step()
+            for r in moved:
+                r.ready_at_step = self.decode.step_counter + sc.transfer_steps
+                r.status = "waiting"
+                self.decode.waiting.append(r)
+        if self.decode.waiting or self.decode.running:
+            finished, _ = self.decode.step()
+            if finished:
+                self.client.finished(len(finished))
+        if self.client.phase_index == sc.crash_phase and self.client.done_in_phase >= sc.crash_after_done:
+            self._extra_steps = (self._extra_steps or 0) + 1
+            if self._extra_steps >= sc.crash_extra_steps:
+                self.crashed_at = time.time()
+                self.crash_step = self.decode.step_counter
+                return True
+        return self.client.phase is None
+
+    def _gpu_values(self) -> None:
+        for gpu, eng in zip(self.nvml.gpus, (self.prefill, self.decode), strict=True):
+            busy = 1.0 if eng.running else 0.0
+            load = min(1.0, len(eng.running) / 16)
+            gpu.values.update(
+                utilization=(round(20 + 75 * busy * (0.6 + 0.4 * load), 1), round(10 + 50 * load, 1)),
+                memory=(int((40 + 90 * load) * 2**30), 141 * 2**30),
+                temperature=round(38 + 30 * load, 1),
+                power_w=round(120 + 480 * busy * (0.5 + 0.5 * load), 1),
+                compute_processes=[{"pid": eng.pids["Worker_TP0"], "used_memory": int((40 + 90 * load) * 2**30)}],
+            )  # fmt: skip
+
+    async def _die(self) -> None:
+        """The fault, as a real one shows: the Xid first (kernel log and NVML, ~40 ms after the
+        launch), the workers' CUDA errors ~0.4 s later, then the engine core's crash dump and
+        fatal error, EngineDeadError in the API server, and /metrics and /health gone."""
+        sc = self.cfg.scenario
+        d = self.decode
+        await asyncio.sleep(0.04)
+        self._kmsg_seq += 1
+        usec = int((time.time() - self._boot) * 1e6)
+        with open(self.kmsg_path, "a") as f:
+            f.write(vllm_logs.kmsg_xid(self._kmsg_seq, usec, "0000:00:06", sc.xid, d.pids["Worker_TP0"]) + "\n")
+        self.nvml.push_xid(1, sc.xid)
+        await asyncio.sleep(0.4)
+        ts = time.time()
+        d.write_lines(vllm_logs.worker_failure("Worker_TP0", d.pids["Worker_TP0"], ts, vllm_logs.TRACEBACK_TP0))
+        d.write_lines(vllm_logs.worker_failure("Worker_TP1", d.pids["Worker_TP1"], ts, vllm_logs.TRACEBACK_TP1))
+        d.write_lines(vllm_logs.crash_dump(d.pids["EngineCore_DP0"], ts, self.crash_step or 0, d.running,
+                                           len(d.waiting), d.kv_usage(), sc.model, "0.11.1"))  # fmt: skip
+        done, failed = self.client.fail_rest()
+        await asyncio.sleep(0.05)
+        d.write_lines(vllm_logs.api_server_death(d.pids["APIServer"], time.time()))
+        d.write("APIServer", "INFO", "api_server.py:1990", f"C{sc.phases[sc.crash_phase].concurrency} phase: {done} done / {failed} failed")
+        d.alive = False
+        await d.stop_http()
+        log.warning("simulated decode engine died at step %s", self.crash_step)
+
+    def status(self) -> dict[str, Any]:
+        return {"decode_step": self.decode.step_counter, "prefill_step": self.prefill.step_counter,
+                "phase": self.client.phase_index, "done": self.client.done_total}  # fmt: skip
+
+    async def close(self) -> None:
+        await self.prefill.stop_http()
+        await self.decode.stop_http()
+        self.prefill.close()
+        self.decode.close()

@@ -1,0 +1,71 @@
+"""The table of sources: one builder per source, each taking the settings and returning the
+sources it asks for (none when the source is off). The service supervises whatever these
+return; adding a source is one line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from collector.settings import Settings
+
+
+def _metrics(settings: Settings) -> list[Any]:
+    from collector.sources.vllm_metrics import VllmMetricsSource
+
+    if not settings.engines:
+        return []
+    return [
+        VllmMetricsSource(
+            engines=settings.engines,
+            interval=settings.scrape_interval,
+            timeout=settings.scrape_timeout,
+            health_fail_threshold=settings.health_fail_threshold,
+        )
+    ]
+
+
+def _nvml(settings: Settings) -> list[Any]:
+    from collector.sources.nvml import nvml_source_from_setting
+
+    src = nvml_source_from_setting(settings.nvml, interval=settings.gpu_poll_interval)
+    return [src] if src is not None else []
+
+
+def _kmsg(settings: Settings) -> list[Any]:
+    from collector.sources.kmsg import kmsg_source_from_setting
+
+    src = kmsg_source_from_setting(settings.kmsg)
+    return [src] if src is not None else []
+
+
+def _engine_logs(settings: Settings) -> list[Any]:
+    import sys
+
+    from collector.sources.engine_log import EngineLogSource
+
+    out = []
+    for eng in settings.engines:
+        if eng.log == "-":
+            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer))
+        elif eng.log:
+            out.append(EngineLogSource(eng.name, Path(eng.log)))
+    return out
+
+
+def _recorder(settings: Settings) -> list[Any]:
+    from collector.sources.recorder import RecorderSource
+
+    if settings.recorder == "off":
+        return []
+    return [RecorderSource(settings.recorder_dir)]
+
+
+SOURCES: list[tuple[str, Callable[[Settings], list[Any]]]] = [
+    ("recorder", _recorder),
+    ("vllm_metrics", _metrics),
+    ("engine_log", _engine_logs),
+    ("kmsg", _kmsg),
+    ("nvml", _nvml),
+]

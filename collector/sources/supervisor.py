@@ -1,0 +1,60 @@
+"""Runs one source, restarting it with backoff when it fails, so one failing source never
+stops the others; keeps its health as data for /healthz and ``flightrec_source_up``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from collector.model import SourceStatus
+from collector.sources.base import Sink, SourceUnsupported
+
+log = logging.getLogger(__name__)
+
+
+class SupervisedSource:
+    def __init__(self, source: Any, *, min_backoff: float = 0.5, max_backoff: float = 30.0) -> None:
+        self.source = source
+        self.name: str = getattr(source, "name", type(source).__name__)
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.status = SourceStatus(name=self.name, up=True)
+
+    def statuses(self) -> list[SourceStatus]:
+        """The source's own detailed statuses when it has them, else ours."""
+        if not self.status.supported or not self.status.up:
+            return [self.status]
+        own = getattr(self.source, "status", None)
+        if callable(own):
+            try:
+                got = own()
+                items = got if isinstance(got, list) else [got]
+                return [s for s in items if isinstance(s, SourceStatus)] or [self.status]
+            except Exception:  # a status method must not break /healthz
+                return [self.status]
+        return [self.status]
+
+    async def run(self, sink: Sink) -> None:
+        backoff = self.min_backoff
+        while True:
+            started = time.monotonic()
+            try:
+                self.status.up = True
+                await self.source.run(sink)
+                return
+            except asyncio.CancelledError:
+                raise
+            except SourceUnsupported as exc:
+                self.status.supported, self.status.up, self.status.reason = False, False, str(exc)
+                log.info("source %s unsupported here: %s", self.name, exc)
+                return
+            except Exception as exc:
+                self.status.up, self.status.reason = False, f"{type(exc).__name__}: {exc}"
+                self.status.errors += 1
+                log.warning("source %s failed (%s); restarting in %.1fs", self.name, self.status.reason, backoff)
+            if time.monotonic() - started > 60:
+                backoff = self.min_backoff
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff)
