@@ -1,0 +1,256 @@
+"""Alerts as data, and the builders that turn events and detector states into them.
+
+Labels follow the usual conventions: CamelCase ``alertname``, ``severity`` (critical pages,
+warning, info), and ``engine``, ``host``, ``gpu`` where they apply. Two alerts with the same
+label set are the same alert to Alertmanager, so the label set is the key: a CUDA error line and
+the EngineDeadError that follows it page once, as ``VllmEngineCrashed`` for that engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from collector.detectors.base import DetectorState, Level, Transition
+from collector.model import Event, EventKind, Severity
+
+AlertKey = frozenset[tuple[str, str]]
+
+CRASH_KINDS = frozenset({EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.CUDA_ERROR})
+
+# alertname per detector name
+DETECTOR_ALERTS: dict[str, str] = {
+    "engine_stall": "VllmEngineStalled",
+    "kv_cache_jump": "VllmKvCacheUsageJump",
+    "preemption_storm": "VllmPreemptionStorm",
+    "mirror_rows_growth": "VllmMirrorRowsGrowing",
+    "throughput_collapse": "VllmThroughputCollapse",
+    "itl_regression": "VllmInterTokenLatencyRegression",
+    "gpu_throttling": "GpuThrottling",
+    "gpu_memory_errors": "GpuMemoryErrors",
+    "scrape_target_gone": "FlightrecScrapeTargetGone",
+}
+
+
+@dataclass(slots=True)
+class Alert:
+    name: str  # alertname, CamelCase
+    severity: Severity
+    labels: dict[str, str] = field(default_factory=dict)  # beyond alertname and severity
+    annotations: dict[str, str] = field(default_factory=dict)
+    starts_at: float = 0.0  # unix seconds
+    ends_at: float | None = None  # set when resolved
+    generator_url: str | None = None
+    # One-off events (a crash, an Xid) resolve on their own after this time; None: until resolve().
+    expires_at: float | None = None
+
+    def label_set(self) -> dict[str, str]:
+        out = {k: v for k, v in self.labels.items() if v}
+        out["alertname"] = self.name
+        out["severity"] = self.severity.value
+        return out
+
+    @property
+    def key(self) -> AlertKey:
+        return frozenset(self.label_set().items())
+
+    def payload(self, ends_at: float) -> dict[str, Any]:
+        """One element of the JSON array POSTed to /api/v2/alerts."""
+        body: dict[str, Any] = {
+            "labels": self.label_set(),
+            "annotations": {k: v for k, v in self.annotations.items() if v},
+            "startsAt": rfc3339(self.starts_at),
+            "endsAt": rfc3339(ends_at),
+        }
+        if self.generator_url:
+            body["generatorURL"] = self.generator_url
+        return body
+
+
+def rfc3339(ts: float) -> str:
+    stamp = datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
+
+
+def is_uri(url: str) -> bool:
+    parts = urlsplit(url)
+    return bool(parts.scheme) and bool(parts.netloc)
+
+
+def _link(public_url: str, path: str) -> str | None:
+    if not public_url:
+        return None
+    url = public_url.rstrip("/") + path
+    return url if is_uri(url) else None
+
+
+def _runbook(runbook_base: str, alertname: str) -> str:
+    return f"{runbook_base}#{alertname.lower()}" if runbook_base else ""
+
+
+def _annotations(summary: str, description: str, runbook_base: str, alertname: str, **extra: str) -> dict[str, str]:
+    out = {"summary": summary, "description": description, "runbook_url": _runbook(runbook_base, alertname)}
+    out.update(extra)
+    return out
+
+
+def alert_for_event(
+    event: Event,
+    *,
+    host: str,
+    public_url: str,
+    snapshot_id: str | int | None = None,
+    runbook_base: str = "",
+    hold: float = 3600.0,
+) -> Alert | None:
+    """The alert an event pages with, or None for events that do not page on their own."""
+    snapshot_path = f"/snapshots/{quote(str(snapshot_id))}" if snapshot_id is not None else "/"
+    generator = _link(public_url, snapshot_path)
+    snapshot_note = {"snapshot_url": generator} if (generator and snapshot_id is not None) else {}
+    engine = event.engine or ""
+    base_labels = {"host": host, "engine": engine}
+    first_line = event.message.strip().splitlines()[0][:300] if event.message.strip() else event.kind.value
+    where = f"engine {engine}" if engine else f"host {host}"
+
+    if event.kind in CRASH_KINDS:
+        name = "VllmEngineCrashed"
+        process = f" ({event.process})" if event.process else ""
+        return Alert(
+            name=name,
+            severity=Severity.CRITICAL,
+            labels=base_labels,
+            annotations=_annotations(
+                f"vLLM {where} crashed: {first_line}",
+                f"{event.kind.value} from {event.source}{process}: {event.message[:2000]}",
+                runbook_base,
+                name,
+                **snapshot_note,
+            ),
+            starts_at=event.ts,
+            generator_url=generator,
+            expires_at=event.ts + hold,
+        )
+    if event.kind is EventKind.XID:
+        name = "GpuXidError"
+        xid = "" if event.xid is None else str(event.xid)
+        return Alert(
+            name=name,
+            severity=event.severity,
+            labels={**base_labels, "gpu": event.gpu or "", "xid": xid},
+            annotations=_annotations(
+                f"GPU {event.gpu or '?'} on {host} raised Xid {xid or '?'}",
+                event.message[:2000],
+                runbook_base,
+                name,
+                **snapshot_note,
+            ),
+            starts_at=event.ts,
+            generator_url=generator,
+            expires_at=event.ts + hold,
+        )
+    if event.kind is EventKind.GPU_LOST:
+        name = "GpuLost"
+        return Alert(
+            name=name,
+            severity=Severity.CRITICAL,
+            labels={**base_labels, "gpu": event.gpu or ""},
+            annotations=_annotations(
+                f"GPU {event.gpu or '?'} on {host} fell off the bus", event.message[:2000], runbook_base, name,
+                **snapshot_note,
+            ),
+            starts_at=event.ts,
+            generator_url=generator,
+            expires_at=event.ts + hold,
+        )
+    if event.kind is EventKind.ENGINE_DOWN:
+        # Resolved by the caller when the engine answers again, not by a hold.
+        name = "VllmEngineDown"
+        return Alert(
+            name=name,
+            severity=Severity.CRITICAL,
+            labels=base_labels,
+            annotations=_annotations(
+                f"vLLM {where} is down: /health or /metrics not answering", event.message[:2000], runbook_base,
+                name, **snapshot_note,
+            ),
+            starts_at=event.ts,
+            generator_url=generator,
+        )
+    if event.kind is EventKind.NCCL_ERROR:
+        name = "VllmNcclError"
+        return Alert(
+            name=name,
+            severity=Severity.WARNING if event.severity is not Severity.CRITICAL else Severity.CRITICAL,
+            labels=base_labels,
+            annotations=_annotations(f"NCCL error on {where}: {first_line}", event.message[:2000], runbook_base, name,
+                                     **snapshot_note),
+            starts_at=event.ts,
+            generator_url=generator,
+            expires_at=event.ts + hold,
+        )
+    if event.kind is EventKind.ANOMALY and "detector" in event.data:
+        level = Level(event.data.get("state", event.severity.value))
+        if level is Level.OK:
+            return None
+        state = DetectorState(
+            name=str(event.data["detector"]),
+            state=level,
+            reason=event.message,
+            suggested_action=str(event.data.get("suggested_action", "")),
+            labels={k: str(v) for k, v in dict(event.data.get("labels", {})).items()},
+            ts=event.ts,
+        )
+        return alert_for_state(state, host=host, public_url=public_url, runbook_base=runbook_base,
+                               snapshot_id=snapshot_id)
+    return None
+
+
+def alert_for_state(
+    state: DetectorState,
+    *,
+    host: str,
+    public_url: str,
+    runbook_base: str = "",
+    snapshot_id: str | int | None = None,
+) -> Alert:
+    """The alert of a detector state that is not OK (its severity is the state's level)."""
+    if state.state is Level.OK:
+        raise ValueError("an OK detector state has no alert")
+    name = DETECTOR_ALERTS.get(state.name) or "".join(p.capitalize() for p in state.name.split("_"))
+    path = f"/snapshots/{quote(str(snapshot_id))}" if snapshot_id is not None else "/"
+    subject = ", ".join(f"{k}={v}" for k, v in sorted(state.labels.items())) or host
+    extra = {"value": f"{state.value:g}"} if state.value is not None else {}
+    return Alert(
+        name=name,
+        severity=Severity(state.state.value),
+        labels={"host": host, **state.labels},
+        annotations=_annotations(
+            f"{name} on {subject}: {state.reason}"[:300],
+            f"{state.reason}. Suggested action: {state.suggested_action}" if state.suggested_action else state.reason,
+            runbook_base,
+            name,
+            **extra,
+        ),
+        starts_at=state.ts,
+        generator_url=_link(public_url, path),
+    )
+
+
+def alerts_for_transition(
+    transition: Transition, *, host: str, public_url: str, runbook_base: str = ""
+) -> tuple[Alert | None, AlertKey | None]:
+    """(alert to fire, key to resolve) for one detector transition.
+
+    warning -> critical resolves the warning alert and fires the critical one, as two
+    Prometheus rules with different severities would.
+    """
+    fire = None
+    resolve = None
+    if transition.current.state is not Level.OK:
+        fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base)
+    if transition.previous.state is not Level.OK:
+        resolve = alert_for_state(transition.previous, host=host, public_url=public_url,
+                                  runbook_base=runbook_base).key
+    return fire, resolve

@@ -1,0 +1,29 @@
+"""Alerting settings (mounted by the application settings as ``alerting:``).
+
+The Alertmanager URLs themselves are the top-level ``alertmanager:`` list.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class AlertingSettings(BaseModel):
+    # Where people reach this sidecar: generatorURL links to {public_url}/snapshots/{id}.
+    # Empty: alerts carry no generatorURL (Alertmanager rejects one that is not a URI).
+    public_url: str = ""
+    # Base of the runbook links: an alert's runbook_url is {runbook_base}#{alertname lower-cased}.
+    runbook_base: str = ""
+    # The `host` label; empty means the machine's host name.
+    host: str = ""
+    # Like Prometheus: resend firing alerts every minute with endsAt 4 intervals ahead,
+    # and resend resolved ones for 15 minutes.
+    resend_interval: float = Field(60.0, gt=0)
+    resolved_resend_for: float = Field(900.0, ge=0)
+    # How long an alert built from a one-off event (crash, Xid) keeps firing before it resolves.
+    event_hold: float = Field(3600.0, gt=0)
+    batch_max: int = Field(64, ge=1)
+    queue_max: int = Field(10000, ge=1)
+    backoff_min: float = Field(0.1, gt=0)
+    backoff_max: float = Field(10.0, gt=0)
+    timeout: float = Field(5.0, gt=0)

@@ -1,0 +1,90 @@
+"""Detector thresholds (mounted by the application settings as ``detectors:``).
+
+Times are seconds; the runner evaluates once a second, so ``enter_after``/``exit_after`` are
+also roughly seconds.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class StallThresholds(BaseModel):
+    enabled: bool = True
+    warning_after_s: float = Field(10.0, gt=0)  # waiting > 0 and no token computed for this long
+    critical_after_s: float = Field(30.0, gt=0)
+
+
+class KvJumpThresholds(BaseModel):
+    enabled: bool = True
+    delta: float = Field(0.3, gt=0, le=1)  # rise of kv_cache_usage (0..1) ...
+    window_s: float = Field(5.0, gt=0)  # ... within this long
+
+
+class PreemptionThresholds(BaseModel):
+    enabled: bool = True
+    window_s: float = Field(10.0, gt=0)
+    warning_per_s: float = Field(1.0, gt=0)
+    critical_per_s: float = Field(5.0, gt=0)
+
+
+class MirrorRowsThresholds(BaseModel):
+    enabled: bool = True
+    window_s: float = Field(60.0, gt=0)
+    growth_ratio: float = Field(1.5, gt=1)  # rows in the last quarter / first quarter of the window
+    load_tolerance: float = Field(0.2, ge=0)  # running requests may change this much and count as steady
+    min_points: int = Field(8, ge=4)
+
+
+class ThroughputThresholds(BaseModel):
+    enabled: bool = True
+    window_s: float = Field(10.0, gt=0)
+    baseline_s: float = Field(120.0, gt=0)
+    warning_ratio: float = Field(0.3, gt=0, lt=1)  # current tokens/s below this share of the baseline
+    critical_ratio: float = Field(0.1, gt=0, lt=1)
+    min_baseline_tokens_per_s: float = Field(1.0, ge=0)
+    min_load_ratio: float = Field(0.5, ge=0)  # demand must still be at least this share of the baseline's
+
+
+class LatencyThresholds(BaseModel):
+    enabled: bool = True
+    window_s: float = Field(30.0, gt=0)
+    baseline_s: float = Field(300.0, gt=0)
+    warning_ratio: float = Field(2.0, gt=1)  # mean inter-token latency over the baseline's
+    critical_ratio: float = Field(4.0, gt=1)
+    min_count: int = Field(20, ge=1)  # tokens in the window and in the baseline
+
+
+class ThrottlingThresholds(BaseModel):
+    enabled: bool = True
+    temperature_warning_c: float = 85.0
+    temperature_critical_c: float = 92.0
+    temperature_exit_margin_c: float = Field(5.0, ge=0)  # leave a level this far below its threshold
+    # NVML clock-event reasons: HW slowdown 0x8 | HW thermal 0x40 | HW power brake 0x80
+    critical_reasons: int = 0x8 | 0x40 | 0x80
+    # SW thermal slowdown 0x20. SW power cap (0x4) is normal under full load: not included.
+    warning_reasons: int = 0x20
+
+
+class EccThresholds(BaseModel):
+    enabled: bool = True
+    window_s: float = Field(600.0, gt=0)  # an increase keeps the state raised this long
+
+
+class ScrapeGoneThresholds(BaseModel):
+    enabled: bool = True
+    after_s: float = Field(5.0, gt=0)  # no successful scrape of a known engine for this long
+
+
+class DetectorThresholds(BaseModel):
+    enter_after: int = Field(2, ge=1)  # evaluations in a row before a worse state is published
+    exit_after: int = Field(5, ge=1)  # evaluations in a row before a better state is published
+    stall: StallThresholds = StallThresholds()
+    kv_jump: KvJumpThresholds = KvJumpThresholds()
+    preemption: PreemptionThresholds = PreemptionThresholds()
+    mirror_rows: MirrorRowsThresholds = MirrorRowsThresholds()
+    throughput: ThroughputThresholds = ThroughputThresholds()
+    latency: LatencyThresholds = LatencyThresholds()
+    throttling: ThrottlingThresholds = ThrottlingThresholds()
+    ecc: EccThresholds = EccThresholds()
+    scrape_gone: ScrapeGoneThresholds = ScrapeGoneThresholds()

@@ -1,0 +1,182 @@
+"""Runs every detector over the live series once a call, and reports published state changes.
+
+The hub calls ``evaluate`` about once a second with what its rings hold; the runner keeps a
+``Hysteresis`` per (detector, labels) and returns only ``Transition``s, which the hub turns
+into ``fire``/``resolve`` calls. Per-step records are preferred where an engine has them;
+scrapes cover the rest (and an engine that stopped stepping).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from collector.detectors import series as S
+from collector.detectors.base import DetectorState, Hysteresis, Level, Transition, since
+from collector.detectors.config import DetectorThresholds
+from collector.detectors.ecc import detect_memory_errors
+from collector.detectors.kv_jump import detect_kv_jump
+from collector.detectors.latency import detect_itl_regression
+from collector.detectors.mirror_rows import detect_mirror_rows_growth
+from collector.detectors.preemption import detect_preemption_storm
+from collector.detectors.scrape_gone import detect_scrape_gone
+from collector.detectors.stall import detect_stall
+from collector.detectors.throttling import NAME as THROTTLING, detect_throttling
+from collector.detectors.throughput import detect_throughput_collapse
+from collector.model import GpuSample, MetricsScrape, StepRecord
+
+T = TypeVar("T")
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _group(items: Mapping[str, Sequence[T]] | Iterable[T], key: Callable[[T], str]) -> dict[str, list[T]]:
+    if isinstance(items, Mapping):
+        return {k: list(v) for k, v in items.items()}
+    out: dict[str, list[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+class DetectorRunner:
+    def __init__(self, thresholds: DetectorThresholds | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.thr = thresholds or DetectorThresholds()
+        self._clock = clock
+        self._hysteresis: dict[Key, Hysteresis] = {}
+        self._published: dict[Key, DetectorState] = {}
+        self._last_scrape: dict[str, float] = {}
+        self._last_raw: dict[Key, dict[Level, DetectorState]] = {}
+
+    def states(self) -> list[DetectorState]:
+        """The published state of every (detector, labels) seen, for the API."""
+        return list(self._published.values())
+
+    def _history_s(self) -> float:
+        t = self.thr
+        return max(
+            t.stall.critical_after_s * 2,
+            t.kv_jump.window_s,
+            t.preemption.window_s,
+            t.mirror_rows.window_s,
+            t.throughput.window_s + t.throughput.baseline_s,
+            t.latency.window_s + t.latency.baseline_s,
+            t.ecc.window_s,
+        ) + 1.0
+
+    def evaluate(
+        self,
+        engine_steps: Mapping[str, Sequence[StepRecord]],
+        gpu_samples: Mapping[str, Sequence[GpuSample]] | Iterable[GpuSample] = (),
+        scrapes: Mapping[str, Sequence[MetricsScrape]] | Iterable[MetricsScrape] = (),
+        *,
+        now: float | None = None,
+    ) -> list[Transition]:
+        now = self._clock() if now is None else now
+        start = now - self._history_s()
+        raw: list[DetectorState] = []
+        by_engine = _group(scrapes, lambda s: s.engine)
+        for engine, items in by_engine.items():
+            if items:
+                self._last_scrape[engine] = max(self._last_scrape.get(engine, 0.0), items[-1].ts)
+        engines = set(engine_steps) | set(by_engine) | set(self._last_scrape)
+        for engine in sorted(engines):
+            steps = since(engine_steps.get(engine, ()), start, lambda s: s.ts)
+            engine_scrapes = since(by_engine.get(engine, ()), start, lambda s: s.ts)
+            raw += self._engine_states(engine, steps, engine_scrapes, now)
+        for gpu, samples in _group(gpu_samples, lambda s: s.gpu).items():
+            raw += self._gpu_states(gpu, since(samples, start, lambda s: s.ts), now)
+        return self._publish(raw)
+
+    def _engine_states(
+        self, engine: str, steps: list[StepRecord], scrapes: list[MetricsScrape], now: float
+    ) -> list[DetectorState]:
+        t = self.thr
+        labels = {"engine": engine}
+        out = []
+        # Steps when the recorder runs; scrapes otherwise. A hung engine stops stepping but its
+        # /metrics still answers, so the stall check merges both.
+        if steps:
+            waiting = [(s.ts, float(s.waiting)) for s in steps]
+            tokens = S.step_tokens(steps)
+            kv = [(s.ts, s.kv_cache_usage) for s in steps]
+            preempt = [(s.ts, float(s.preemptions)) for s in steps]
+            demand = [(s.ts, float(s.running + s.waiting)) for s in steps]
+        else:
+            waiting = S.gauge(scrapes, S.WAITING)
+            tokens = S.token_amounts(scrapes)
+            kv = S.gauge(scrapes, S.KV_USAGE)
+            preempt = S.deltas(S.counter(scrapes, S.PREEMPTIONS))
+            demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING))]
+        if t.stall.enabled:
+            stall_waiting = sorted(waiting + S.gauge(scrapes, S.WAITING)) if steps else waiting
+            stall_tokens = sorted(tokens + S.token_amounts(scrapes)) if steps else tokens
+            out.append(detect_stall(stall_waiting, stall_tokens, now=now, labels=labels, thr=t.stall))
+        if t.kv_jump.enabled:
+            out.append(detect_kv_jump(kv, now=now, labels=labels, thr=t.kv_jump))
+        if t.preemption.enabled:
+            out.append(detect_preemption_storm(preempt, now=now, labels=labels, thr=t.preemption))
+        if t.mirror_rows.enabled and steps:
+            rows = [(s.ts, float(m)) for s in steps if (m := s.mirror_rows) is not None]
+            if rows:
+                running = [(s.ts, float(s.running)) for s in steps]
+                out.append(detect_mirror_rows_growth(rows, running, now=now, labels=labels, thr=t.mirror_rows))
+        if t.throughput.enabled:
+            # scrapes reach further back than a step ring at hundreds of steps a second
+            long_tokens = S.token_amounts(scrapes) if len(scrapes) >= 2 else tokens
+            long_demand = (
+                [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING))]
+                if len(scrapes) >= 2
+                else demand
+            )
+            out.append(detect_throughput_collapse(long_tokens, long_demand, now=now, labels=labels, thr=t.throughput))
+        if t.latency.enabled and scrapes:
+            out.append(
+                detect_itl_regression(
+                    S.counter(scrapes, S.ITL_SUM), S.counter(scrapes, S.ITL_COUNT), now=now, labels=labels,
+                    thr=t.latency,
+                )
+            )
+        if t.scrape_gone.enabled:
+            out.append(detect_scrape_gone(self._last_scrape.get(engine), now=now, labels=labels, thr=t.scrape_gone))
+        return out
+
+    def _gpu_states(self, gpu: str, samples: list[GpuSample], now: float) -> list[DetectorState]:
+        t = self.thr
+        labels = {"gpu": gpu}
+        out = []
+        if t.throttling.enabled:
+            published = self._published.get((THROTTLING, (("gpu", gpu),)))
+            previous = published.state if published else Level.OK
+            out.append(
+                detect_throttling(samples[-1] if samples else None, previous=previous, now=now, labels=labels,
+                                  thr=t.throttling)
+            )
+        if t.ecc.enabled:
+            out.append(detect_memory_errors(samples, now=now, labels=labels, thr=t.ecc))
+        return out
+
+    def _publish(self, raw: list[DetectorState]) -> list[Transition]:
+        transitions = []
+        for state in raw:
+            key = state.key
+            gate = self._hysteresis.get(key)
+            if gate is None:
+                gate = self._hysteresis[key] = Hysteresis(enter_after=self.thr.enter_after, exit_after=self.thr.exit_after)
+            level = gate.update(state.state)
+            seen = self._last_raw.setdefault(key, {})
+            seen[state.state] = state
+            previous = self._published.get(key) or DetectorState(state.name, Level.OK, labels=state.labels, ts=state.ts)
+            if level is state.state:
+                current = state
+            elif level is previous.state:
+                current = previous  # held: keep what was published (its reason) until it moves
+            else:
+                # moved to a level the raw state is not at now (the mildest of a streak):
+                # say why with the last raw state that was at that level
+                current = seen.get(level) or DetectorState(state.name, level, state.reason, state.suggested_action,
+                                                           state.value, state.labels, state.ts)
+            self._published[key] = current
+            if current.state is not previous.state:
+                transitions.append(Transition(previous=previous, current=current))
+        return transitions

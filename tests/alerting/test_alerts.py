@@ -1,0 +1,127 @@
+"""Alert builders: labels, severities, links, keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.alerting.alerts import (
+    alert_for_event,
+    alert_for_state,
+    alerts_for_transition,
+    is_uri,
+    rfc3339,
+)
+from collector.detectors.base import DetectorState, Level, Transition
+from collector.model import Event, EventKind, Severity
+
+# A real kernel-log Xid line (fixtures/kmsg-h200-xid.txt) and a real vLLM worker error line.
+XID_LINE = "NVRM: Xid (PCI:0000:00:06): 31, pid=444, name=python3, channel 0x0000000a, intr 00000000."
+CUDA_LINE = ("(Worker_TP0 pid=3107) ERROR 09-13 10:41:07 [multiproc_executor.py:1063] "
+             "torch.AcceleratorError: CUDA error: unspecified launch failure")
+
+KW = dict(host="node-1", public_url="http://flightrec.local:8080", runbook_base="https://docs.example/alerting")
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [EventKind.CUDA_ERROR, EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD],
+)
+def test_crash_kinds_page_as_one_critical_alert_per_engine(kind: EventKind) -> None:
+    event = Event(kind=kind, ts=1757760067.5, source="log", message=CUDA_LINE, engine="decode-0",
+                  process="Worker_TP0")
+    alert = alert_for_event(event, snapshot_id=42, **KW)
+    assert alert is not None
+    assert alert.label_set() == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0",
+                                 "host": "node-1"}
+    assert alert.generator_url == "http://flightrec.local:8080/snapshots/42"
+    assert alert.annotations["runbook_url"] == "https://docs.example/alerting#vllmenginecrashed"
+    assert "unspecified launch failure" in alert.annotations["summary"]
+    assert "Worker_TP0" in alert.annotations["description"]
+    assert alert.expires_at is not None and alert.expires_at > event.ts
+
+
+def test_a_cuda_error_and_the_engine_death_after_it_are_the_same_alert() -> None:
+    cuda = Event(kind=EventKind.CUDA_ERROR, ts=1.0, source="log", message=CUDA_LINE, engine="decode-0")
+    dead = Event(kind=EventKind.ENGINE_DEAD, ts=2.0, source="log", message="EngineDeadError", engine="decode-0")
+    other = Event(kind=EventKind.ENGINE_DEAD, ts=2.0, source="log", message="EngineDeadError", engine="prefill-0")
+    a, b, c = (alert_for_event(e, **KW) for e in (cuda, dead, other))
+    assert a is not None and b is not None and c is not None
+    assert a.key == b.key != c.key
+
+
+@pytest.mark.parametrize("severity", [Severity.CRITICAL, Severity.WARNING, Severity.INFO])
+def test_xid_takes_the_catalog_severity_and_carries_gpu_and_xid(severity: Severity) -> None:
+    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=severity,
+                  gpu="0000:00:06.0", xid=31, pid=444)
+    alert = alert_for_event(event, **KW)
+    assert alert is not None
+    labels = alert.label_set()
+    assert labels["alertname"] == "GpuXidError"
+    assert labels["severity"] == severity.value
+    assert labels["gpu"] == "0000:00:06.0" and labels["xid"] == "31"
+    assert "engine" not in labels  # unknown engine: no empty label
+    assert alert.generator_url == "http://flightrec.local:8080/"
+
+
+def test_engine_down_has_no_hold_and_gpu_lost_is_critical() -> None:
+    down = alert_for_event(Event(kind=EventKind.ENGINE_DOWN, ts=1.0, source="scrape", message="refused",
+                                 engine="decode-0"), **KW)
+    lost = alert_for_event(Event(kind=EventKind.GPU_LOST, ts=1.0, source="nvml", message="GPU is lost",
+                                 gpu="0000:00:06.0"), **KW)
+    assert down is not None and down.name == "VllmEngineDown" and down.expires_at is None
+    assert lost is not None and lost.name == "GpuLost" and lost.severity is Severity.CRITICAL
+
+
+@pytest.mark.parametrize("kind", [EventKind.LOG, EventKind.MANUAL, EventKind.CRASH_DUMP, EventKind.RECORDER_SILENT])
+def test_events_that_do_not_page(kind: EventKind) -> None:
+    assert alert_for_event(Event(kind=kind, ts=1.0, source="log", message="x"), **KW) is None
+
+
+@pytest.mark.parametrize("public_url", ["", "not a url", "flightrec.local:8080"])
+def test_no_generator_url_unless_it_is_a_uri(public_url: str) -> None:
+    event = Event(kind=EventKind.ENGINE_DEAD, ts=1.0, source="log", message="dead", engine="e")
+    alert = alert_for_event(event, host="h", public_url=public_url, snapshot_id=1)
+    assert alert is not None
+    assert "generatorURL" not in alert.payload(2.0)
+
+
+def test_payload_is_what_alertmanager_v2_takes() -> None:
+    event = Event(kind=EventKind.ENGINE_DEAD, ts=1757760067.25, source="log", message="dead", engine="e")
+    alert = alert_for_event(event, snapshot_id="a b", **KW)
+    assert alert is not None
+    body = alert.payload(1757760367.25)
+    assert body["startsAt"] == "2025-09-13T10:41:07.250Z"
+    assert body["endsAt"] == "2025-09-13T10:46:07.250Z"
+    assert is_uri(body["generatorURL"]) and body["generatorURL"].endswith("/snapshots/a%20b")
+    assert all(isinstance(v, str) and v for v in body["labels"].values())
+    assert all(isinstance(v, str) and v for v in body["annotations"].values())
+
+
+def test_anomaly_event_and_detector_state_build_the_same_alert() -> None:
+    state = DetectorState("engine_stall", Level.CRITICAL, "3 requests waiting and no token computed for 31s",
+                          "py-spy dump", 31.0, {"engine": "decode-0"}, 100.0)
+    event = Event(kind=EventKind.ANOMALY, ts=100.0, source="detector", message=state.reason,
+                  severity=Severity.CRITICAL,
+                  data={"detector": "engine_stall", "state": "critical", "labels": {"engine": "decode-0"}})
+    from_state = alert_for_state(state, **KW)
+    from_event = alert_for_event(event, **KW)
+    assert from_event is not None
+    assert from_state.key == from_event.key
+    assert from_state.label_set()["alertname"] == "VllmEngineStalled"
+    assert "py-spy dump" in from_state.annotations["description"]
+
+
+def test_transitions_fire_the_new_level_and_resolve_the_old_one() -> None:
+    ok = DetectorState("preemption_storm", Level.OK, labels={"engine": "d"})
+    warn = DetectorState("preemption_storm", Level.WARNING, "6 preemptions", labels={"engine": "d"}, ts=5.0)
+    crit = DetectorState("preemption_storm", Level.CRITICAL, "60 preemptions", labels={"engine": "d"}, ts=6.0)
+    fire, resolve = alerts_for_transition(Transition(ok, warn), **KW)
+    assert fire is not None and fire.severity is Severity.WARNING and resolve is None
+    fire2, resolve2 = alerts_for_transition(Transition(warn, crit), **KW)
+    assert fire2 is not None and fire2.severity is Severity.CRITICAL and resolve2 == fire.key
+    fire3, resolve3 = alerts_for_transition(Transition(crit, ok), **KW)
+    assert fire3 is None and resolve3 == fire2.key
+
+
+def test_rfc3339_is_utc_with_milliseconds() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"

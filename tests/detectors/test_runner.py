@@ -1,0 +1,83 @@
+"""DetectorRunner: transitions only, hysteresis per (detector, labels), steps and scrapes merged."""
+
+from __future__ import annotations
+
+import random
+
+from detector_synth import gpu, noisy, scrapes, steps
+
+from collector.detectors.base import Level
+from collector.detectors.config import DetectorThresholds
+from collector.detectors.runner import DetectorRunner
+from collector.model import MetricsScrape
+
+T0 = 1_000_000.0
+
+
+def replay(runner: DetectorRunner, records, *, until: float, gpu_samples=(), scrape_list=(), every: float = 1.0):
+    """Evaluate once per `every` seconds over what had arrived by then, as the hub does."""
+    out = []
+    t = T0 + every
+    while t <= until:
+        seen = [r for r in records if r.ts <= t]
+        seen_gpu = [g for g in gpu_samples if g.ts <= t]
+        seen_scrapes = [s for s in scrape_list if s.ts <= t]
+        for tr in runner.evaluate({"decode-0": seen} if seen else {}, seen_gpu, seen_scrapes, now=t):
+            out.append((t - T0, tr.current.name, tr.previous.state, tr.current.state))
+        t += every
+    return out
+
+
+def test_a_stall_fires_once_and_resolves_once() -> None:
+    # 30 s of work, then the queue waits with no tokens for 40 s, then work again
+    records = steps(T0, 110, per_s=5, waiting=lambda t: 4,
+                    tokens=lambda t: 0 if 30 <= t < 70 else 8)
+    runner = DetectorRunner(DetectorThresholds(enter_after=2, exit_after=3))
+    out = [e for e in replay(runner, records, until=T0 + 110) if e[1] == "engine_stall"]
+    assert [(prev, cur) for _, _, prev, cur in out] == [
+        (Level.OK, Level.WARNING), (Level.WARNING, Level.CRITICAL), (Level.CRITICAL, Level.OK)]
+    fired_at = out[0][0]
+    assert 40 <= fired_at <= 43  # 10 s without tokens + 2 evaluations of hysteresis
+
+
+def test_noisy_healthy_engine_raises_nothing() -> None:
+    rng = random.Random(11)
+    records = steps(T0, 240, per_s=10, running=lambda t: int(noisy(rng, 12, 4)),
+                    waiting=lambda t: int(noisy(rng, 2, 2)), kv=lambda t: noisy(rng, 0.5, 0.1),
+                    tokens=lambda t: int(noisy(rng, 12, 6)), preemptions=lambda t: 1 if rng.random() < 0.01 else 0)
+    runner = DetectorRunner()
+    assert replay(runner, records, until=T0 + 240) == []
+
+
+def test_scrapes_alone_drive_the_engine_detectors_and_scrape_gone() -> None:
+    def values(t: float) -> dict[str, float]:
+        return {"num_requests_running": 8, "num_requests_waiting": 3, "kv_cache_usage_perc": 0.4,
+                "num_preemptions_total": 2.0 * t, "generation_tokens_total": 100.0 * t}
+
+    scrape_list = scrapes(T0, 40, values=values)  # scrapes stop at 40 s
+    runner = DetectorRunner()
+    out = replay(runner, [], scrape_list=scrape_list, until=T0 + 60)
+    kinds = [(name, cur) for _, name, _, cur in out]
+    assert ("preemption_storm", Level.WARNING) in kinds  # 2/s >= 1/s
+    gone = [t for t, name, _, cur in out if name == "scrape_target_gone" and cur is Level.CRITICAL]
+    assert gone and 44 <= gone[0] <= 47
+
+
+def test_gpu_detectors_are_per_gpu() -> None:
+    samples = [gpu(T0 + t, temperature=95.0 if t >= 10 else 60.0, clock_event_reasons=0) for t in range(30)]
+    runner = DetectorRunner()
+    out = replay(runner, [], gpu_samples=samples, until=T0 + 30)
+    assert [(name, cur) for _, name, _, cur in out] == [("gpu_throttling", Level.CRITICAL)]
+    state = next(s for s in runner.states() if s.name == "gpu_throttling")
+    assert state.labels == {"gpu": "0000:00:06.0"} and "95C" in state.reason
+
+
+def test_disabled_detectors_do_not_run() -> None:
+    thr = DetectorThresholds()
+    thr.preemption.enabled = False
+    thr.scrape_gone.enabled = False
+    scrape = [MetricsScrape("e", T0 + t, {"num_preemptions_total": 100.0 * t}) for t in range(20)]
+    runner = DetectorRunner(thr)
+    for t in range(1, 40):
+        runner.evaluate({}, [], [s for s in scrape if s.ts <= T0 + t], now=T0 + t)
+    assert {s.name for s in runner.states()}.isdisjoint({"preemption_storm", "scrape_target_gone"})

@@ -1,0 +1,52 @@
+"""The Prometheus rules file passes `promtool check rules` and its unit tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "rules" / "flightrec-alerts.yml"
+TESTS = sorted((ROOT / "rules" / "tests").glob("*.yml"))
+PROMTOOL = shutil.which("promtool")
+
+pytestmark = [pytest.mark.promtool, pytest.mark.skipif(PROMTOOL is None, reason="no promtool binary")]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PROMTOOL), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_check_rules() -> None:
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("test_file", TESTS, ids=lambda p: p.name)
+def test_rule_unit_tests(test_file: Path) -> None:
+    result = promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_in_the_rules_has_a_severity_and_a_runbook() -> None:
+    import yaml
+
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    rules = [r for g in groups for r in g["rules"] if "alert" in r]
+    assert rules
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+        assert rule["alert"][0].isupper() and "_" not in rule["alert"]
+        assert rule["annotations"]["runbook_url"].startswith("docs/alerting.md#")
+
+
+def test_every_unit_test_group_sets_its_interval() -> None:
+    import yaml
+
+    for test_file in TESTS:
+        for group in yaml.safe_load(test_file.read_text())["tests"]:
+            assert "interval" in group, test_file.name
