@@ -55,7 +55,7 @@ class NvmlConfig(BaseModel):
     """``nvml: auto | on | off`` and the polling periods."""
 
     nvml: Literal["auto", "on", "off"] | bool = "auto"  # YAML reads a bare on/off as a bool
-    gpu_interval: float = Field(DEFAULT_INTERVAL, gt=0, description="seconds between GPU samples")
+    gpu_poll_interval: float = Field(DEFAULT_INTERVAL, gt=0, description="seconds between GPU samples")
     pcie_interval: float = Field(DEFAULT_PCIE_INTERVAL, gt=0, description="seconds between PCIe replay reads")
     gpu_lost_retry: float = Field(DEFAULT_LOST_RETRY, gt=0, description="seconds between retries of a lost GPU")
     xid_events: bool = True

@@ -56,6 +56,30 @@ def test_h200_kmsg_fixture(line: str, expected: tuple[object, ...] | None) -> No
         assert not got.gpu_lost
 
 
+# The same H200 seen through dmesg during the GPU drill (docs/gpu-runs): "[seconds] message".
+DMESG = Path(__file__).parent.parent / "fixtures" / "dmesg-h200-xid-drill.txt"
+DMESG_LINES = DMESG.read_text().splitlines()
+EXPECTED_DMESG = [None, None, None, ("uuid", 35319961)] + [None] + [
+    ("xid", xid, pid) for xid, pid in [(43, 448), (31, 472), (43, 494), (31, 520), (43, 542), (31, 564), (43, 590)]
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), list(zip(DMESG_LINES, EXPECTED_DMESG, strict=True)))
+def test_h200_dmesg_drill_fixture(line: str, expected: tuple[object, ...] | None) -> None:
+    got = parse_line(line)
+    if expected is None:
+        assert got is None
+    elif expected[0] == "uuid":
+        assert isinstance(got, GpuUuidRecord) and got.bus_id == "0000:00:06.0"
+        assert got.record.usec == expected[1]
+    else:
+        assert isinstance(got, XidRecord)
+        assert (got.xid, got.pid, got.name, got.bus_id, got.channel) == (expected[1], expected[2], "python3",
+                                                                          "0000:00:06.0", "0x0000000a")
+        assert got.record.usec is not None and got.record.usec > 35_000_000
+        assert ("MMU Fault" in got.detail) == (expected[1] == 31)
+
+
 def test_mmu_fault_detail_is_kept() -> None:
     got = parse_line(KMSG_LINES[6])
     assert isinstance(got, XidRecord)

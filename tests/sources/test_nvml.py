@@ -299,7 +299,7 @@ def test_setting_off_is_no_source(setting: str | bool) -> None:
 
 def test_config_defaults() -> None:
     cfg = NvmlConfig()
-    assert (cfg.nvml, cfg.gpu_interval, cfg.pcie_interval) == ("auto", 1.0, 30.0)
+    assert (cfg.nvml, cfg.gpu_poll_interval, cfg.pcie_interval) == ("auto", 1.0, 30.0)
 
 
 def test_stop_returns_while_thread_waits() -> None:
