@@ -70,6 +70,9 @@ class StepRecord:
     requests: list[RequestRow] | None = None  # per-request rows, when recorded
     engine_index: int = 0  # vLLM's DP engine index
     worker: str | None = None  # process that reported it, when known
+    # requests that finished in this step, with vLLM's per-request figures (request_id,
+    # finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens, ...)
+    finished_requests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mirror_rows(self) -> int | None:
@@ -152,6 +155,8 @@ class MetricsScrape:
     values: dict[str, float]  # e.g. {"num_requests_running": 3.0, "kv_cache_usage_perc": 0.1}
     rates: dict[str, float] = field(default_factory=dict)  # per-second rates of counters
     model_name: str | None = None
+    # "scrape" for /metrics; "log" for the engine log's 10 s stat line (a fallback series)
+    origin: str = "scrape"
 
 
 @dataclass(slots=True)

@@ -1,23 +1,42 @@
 """What travels in a ring record, and how it becomes the sidecar's domain records.
 
-A payload is one tag byte and a body. ``J`` is a JSON object with a ``t`` field:
+A payload is one tag byte and a body. Two tags are binary, because they are written on vLLM's
+per-step path and must cost microseconds; the rare records are JSON.
+
+``S``: one engine step from the stat logger (little endian)::
+
+    <QdHIIIdIIIIQQ  step, ts, engine_index, running, waiting, deferred, kv_cache_usage,
+                    preemptions, prompt_tokens, generation_tokens, finished,
+                    prefix_cache_queries, prefix_cache_hits
+    [JSON object]   only when there is more: {"connector": {...}, "finished_requests": [...],
+                    "waiting_by_reason": {...}, "worker": ...}
+
+``waiting`` counts every waiting request; ``waiting_by_reason`` is rebuilt from ``waiting -
+deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` uses.
+
+``R``: the running requests of one step, from the RecordingScheduler, self-contained (a reader
+that starts anywhere in the ring decodes it alone)::
+
+    <QdIB           step, ts, n, flags (bit 0: a mirror-rows column follows)
+    u32[n] prompt_len, u32[n] computed, u32[n] output, u32[n] preemptions, u8[n] status code,
+    [i32[n] mirror_rows, -1 where unknown], then the n request ids, UTF-8, joined by NUL
+
+``J``: a JSON object with a ``t`` field, for everything else::
 
     {"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234,
      "vllm_version": "0.32.0"}
-    {"t": "fp", "engine": ..., "facts": {...}}                       deployment fingerprint
-    {"t": "step", "engine": ..., "step": 812, "ts": ..., "running": 4, ...StepRecord fields}
-    {"t": "req", "engine": ..., "step": 812, "ts": ...,
-     "cols": ["id", "prompt_len", "computed", "output", "preempt", "status", "mirror_rows"],
-     "rows": [["req-1", 32000, 32512, 512, 0, "running", 8], ...]}
-    {"t": "ev", "engine": ..., "kind": "cuda_error", "ts": ..., "message": ..., ...Event fields}
-
-Rows are lists, not objects, because the per-request record is the hot one: at 256 running
-requests it is most of the bytes a step writes.
+    {"t": "fp", "engine": ..., "ts": ..., "facts": {...}}           deployment fingerprint
+    {"t": "ev", "engine": ..., "kind": "cuda_error", "ts": ..., ...Event fields}
+    {"t": "step", ...StepRecord fields}  and  {"t": "req", "cols": [...], "rows": [[...]]}
+    (the JSON forms of the two binary records, still read)
 """
 
 from __future__ import annotations
 
 import json
+import struct
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from collector.model import (
@@ -31,11 +50,26 @@ from collector.model import (
 )
 
 TAG_JSON = b"J"
+TAG_STEP = b"S"
+TAG_REQS = b"R"
 REQ_COLS = ("id", "prompt_len", "computed", "output", "preempt", "status", "mirror_rows")
+STEP_HEAD = struct.Struct("<QdHIIIdIIIIQQ")
+REQS_HEAD = struct.Struct("<QdIB")
+FLAG_MIRROR = 1
+# Request status codes on the wire. Ours, not vLLM's enum values, which may be renumbered.
+STATUSES = (
+    "running", "preempted", "waiting", "waiting_for_remote_kvs",
+    "waiting_for_structured_output_grammar", "waiting_for_streaming_req", "finished_stopped",
+    "finished_length_capped", "finished_aborted", "finished_ignored", "finished_error",
+    "finished_repetition", "unknown",
+)  # fmt: skip
+STATUS_CODE = {name: i for i, name in enumerate(STATUSES)}
+UNKNOWN_STATUS = STATUS_CODE["unknown"]
+_U32_MAX = 0xFFFFFFFF
 _STEP_FIELDS = {
     "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
     "finished", "waiting_by_reason", "prefix_cache_queries", "prefix_cache_hits", "connector",
-    "engine_index", "worker",
+    "engine_index", "worker", "finished_requests",
 }  # fmt: skip
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
@@ -48,28 +82,103 @@ def encode(obj: dict[str, Any]) -> bytes:
     return TAG_JSON + _dumps(obj).encode()
 
 
+def _u32(v: int) -> int:
+    return v if 0 <= v <= _U32_MAX else (0 if v < 0 else _U32_MAX)
+
+
+def encode_step_fields(
+    step: int,
+    ts: float,
+    engine_index: int,
+    running: int,
+    waiting: int,
+    deferred: int,
+    kv_cache_usage: float,
+    preemptions: int,
+    prompt_tokens: int,
+    generation_tokens: int,
+    finished: int,
+    prefix_cache_queries: int,
+    prefix_cache_hits: int,
+    extras: dict[str, Any] | None = None,
+) -> bytes:
+    """The hot path of the stat logger: one struct, JSON only when there are extras."""
+    head = STEP_HEAD.pack(
+        step, ts, engine_index & 0xFFFF, _u32(running), _u32(waiting), _u32(deferred),
+        kv_cache_usage, _u32(preemptions), _u32(prompt_tokens), _u32(generation_tokens),
+        _u32(finished), prefix_cache_queries, prefix_cache_hits,
+    )  # fmt: skip
+    if extras:
+        return TAG_STEP + head + _dumps(extras).encode()
+    return TAG_STEP + head
+
+
 def encode_step(step: StepRecord) -> bytes:
-    body: dict[str, Any] = {"t": "step", "engine": step.engine, "step": step.step, "ts": step.ts}
-    for name in _STEP_FIELDS:
-        body[name] = getattr(step, name)
-    return encode(body)
+    deferred = int(step.waiting_by_reason.get("deferred", 0))
+    extras: dict[str, Any] = {}
+    if step.connector:
+        extras["connector"] = step.connector
+    if step.finished_requests:
+        extras["finished_requests"] = step.finished_requests
+    other = {k: v for k, v in step.waiting_by_reason.items() if k not in ("capacity", "deferred")}
+    if other:
+        extras["waiting_by_reason"] = other
+    if step.worker is not None:
+        extras["worker"] = step.worker
+    return encode_step_fields(
+        step.step, step.ts, step.engine_index, step.running, step.waiting, deferred,
+        step.kv_cache_usage, step.preemptions, step.prompt_tokens, step.generation_tokens,
+        step.finished, step.prefix_cache_queries, step.prefix_cache_hits, extras,
+    )  # fmt: skip
+
+
+def encode_request_columns(
+    step: int,
+    ts: float,
+    ids_blob: bytes,
+    prompt_lens: bytes,
+    computed: Sequence[int],
+    output: Sequence[int],
+    preemptions: Sequence[int],
+    status_codes: bytes,
+    mirror_rows: Sequence[int] | None = None,
+) -> bytes:
+    """The hot path of the scheduler: columns in, one payload out.
+
+    ``ids_blob`` (ids joined by NUL, UTF-8) and ``prompt_lens`` (u32 array bytes) are passed
+    pre-encoded so that a writer can reuse them while the running set does not change.
+    """
+    n = len(computed)
+    parts = [
+        TAG_REQS,
+        REQS_HEAD.pack(step, ts, n, FLAG_MIRROR if mirror_rows is not None else 0),
+        prompt_lens,
+        array("I", computed).tobytes(),
+        array("I", output).tobytes(),
+        array("I", preemptions).tobytes(),
+        status_codes,
+    ]
+    if mirror_rows is not None:
+        parts.append(array("i", mirror_rows).tobytes())
+    parts.append(ids_blob)
+    return b"".join(parts)
 
 
 def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -> bytes:
-    return encode(
-        {
-            "t": "req",
-            "engine": engine,
-            "step": step,
-            "ts": ts,
-            "cols": list(REQ_COLS),
-            "rows": [
-                [r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.preemptions,
-                 r.status, r.mirror_rows]
-                for r in rows
-            ],
-        }
-    )  # fmt: skip
+    """Encode RequestRows (tests, simulators); the scheduler uses encode_request_columns."""
+    del engine  # the ring's meta record names the engine
+    has_mirror = any(r.mirror_rows is not None for r in rows)
+    return encode_request_columns(
+        step,
+        ts,
+        "\0".join(r.request_id for r in rows).encode(),
+        array("I", [_u32(r.prompt_len) for r in rows]).tobytes(),
+        [_u32(r.computed_tokens) for r in rows],
+        [_u32(r.output_tokens) for r in rows],
+        [_u32(r.preemptions) for r in rows],
+        bytes(STATUS_CODE.get(r.status, UNKNOWN_STATUS) for r in rows),
+        [(-1 if r.mirror_rows is None else r.mirror_rows) for r in rows] if has_mirror else None,
+    )
 
 
 def encode_fingerprint(fp: Fingerprint) -> bytes:
@@ -83,9 +192,16 @@ def encode_event(ev: Event) -> bytes:
 
 
 def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
-    """Return (meta, observation): exactly one is set. ``engine`` overrides the record's name."""
-    if not payload or payload[:1] != TAG_JSON:
-        raise CodecError(f"unknown record tag {payload[:1]!r}")
+    """Return (meta, observation): exactly one is set. ``engine`` names the engine of binary
+    records (which do not carry it) and overrides the name in JSON ones."""
+    tag = payload[:1]
+    name = engine or "unknown"
+    if tag == TAG_STEP:
+        return None, _decode_step_binary(name, payload)
+    if tag == TAG_REQS:
+        return None, _decode_requests_binary(name, payload)
+    if tag != TAG_JSON:
+        raise CodecError(f"unknown record tag {tag!r}")
     try:
         body = json.loads(payload[1:])
     except ValueError as exc:
@@ -101,7 +217,7 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
             fields = {k: body[k] for k in _STEP_FIELDS if k in body}
             return None, StepRecord(engine=name, ts=float(body["ts"]), step=int(body["step"]), **fields)
         if kind == "req":
-            return None, _decode_requests(name, body)
+            return None, _decode_requests_json(name, body)
         if kind == "fp":
             return None, Fingerprint(engine=name, ts=float(body.get("ts", 0.0)), facts=dict(body["facts"]))
         if kind == "ev":
@@ -111,7 +227,75 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
     raise CodecError(f"unknown record type {kind!r}")
 
 
-def _decode_requests(engine: str, body: dict[str, Any]) -> StepRecord:
+def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
+    end = 1 + STEP_HEAD.size
+    if len(payload) < end:
+        raise CodecError("short step record")
+    (step, ts, engine_index, running, waiting, deferred, kv, preempt, prompt, gen, finished,
+     pq, ph) = STEP_HEAD.unpack_from(payload, 1)  # fmt: skip
+    extras: dict[str, Any] = {}
+    if len(payload) > end:
+        try:
+            extras = json.loads(payload[end:])
+        except ValueError as exc:
+            raise CodecError(f"bad step extras: {exc}") from exc
+        if not isinstance(extras, dict):
+            raise CodecError("step extras are not an object")
+    by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
+    more = extras.get("waiting_by_reason")
+    if isinstance(more, dict):
+        by_reason.update(more)
+    connector = extras.get("connector")
+    finished_requests = extras.get("finished_requests")
+    return StepRecord(
+        engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
+        preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
+        waiting_by_reason=by_reason, prefix_cache_queries=pq, prefix_cache_hits=ph,
+        connector=connector if isinstance(connector, dict) else {},
+        engine_index=engine_index, worker=extras.get("worker"),
+        finished_requests=finished_requests if isinstance(finished_requests, list) else [],
+    )  # fmt: skip
+
+
+def _decode_requests_binary(engine: str, payload: bytes) -> StepRecord:
+    if len(payload) < 1 + REQS_HEAD.size:
+        raise CodecError("short request record")
+    step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
+    pos = 1 + REQS_HEAD.size
+    has_mirror = bool(flags & FLAG_MIRROR)
+    need = n * (4 * 4 + 1 + (4 if has_mirror else 0))
+    if len(payload) < pos + need:
+        raise CodecError(f"request record of {n} rows is truncated")
+
+    def column(code: str) -> array[int]:
+        nonlocal pos
+        col = array(code)
+        col.frombytes(payload[pos : pos + n * col.itemsize])
+        pos += n * col.itemsize
+        return col
+
+    prompt, computed, output, preempt = column("I"), column("I"), column("I"), column("I")
+    status = payload[pos : pos + n]
+    pos += n
+    mirror = column("i") if has_mirror else None
+    ids = payload[pos:].decode("utf-8", "replace").split("\0") if n else []
+    if len(ids) != n:
+        raise CodecError(f"request record has {len(ids)} ids for {n} rows")
+    last = len(STATUSES) - 1
+    rows = [
+        RequestRow(
+            request_id=ids[i], prompt_len=prompt[i], computed_tokens=computed[i],
+            output_tokens=output[i], preemptions=preempt[i],
+            status=STATUSES[min(status[i], last)],
+            mirror_rows=None if mirror is None or mirror[i] < 0 else mirror[i],
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    running = sum(1 for r in rows if r.status == "running")
+    return StepRecord(engine=engine, ts=ts, step=step, running=running, requests=rows)
+
+
+def _decode_requests_json(engine: str, body: dict[str, Any]) -> StepRecord:
     cols = body.get("cols") or list(REQ_COLS)
     idx = {c: i for i, c in enumerate(cols)}
     rows: list[RequestRow] = []

@@ -27,6 +27,7 @@ The CRC catches anything else (a torn copy, a file from a crashed writer).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -56,21 +57,52 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-class RingWriter:
-    """Appends records; never blocks, never raises on a full ring (old records are dropped)."""
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the file's blocks now. A sparse file on a full tmpfs (/dev/shm is 64 MiB in a
+    default container) would fail later with SIGBUS on a store into the mapping, killing the
+    engine; failing here raises OSError while the caller can still give up cleanly."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
+    try:
+        fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # file system without fallocate: nothing more we can check
+        raise
 
-    def __init__(self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY) -> None:
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+class RingWriter:
+    """Appends records; never blocks, never raises on a full ring (old records are dropped).
+
+    The constructor raises OSError when the file cannot be created or its space reserved.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY, mode: int = 0o644
+    ) -> None:
         if capacity < 4096 or capacity % ALIGN:
             raise ValueError("capacity must be a multiple of 8 and at least 4096")
         self.path = Path(path)
         self.capacity = capacity
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
         try:
             os.ftruncate(fd, HEADER_SIZE + capacity)
+            _reserve(fd, HEADER_SIZE + capacity)
             self._mm = mmap.mmap(fd, HEADER_SIZE + capacity)
-        finally:
+        except OSError:
             os.close(fd)
+            _unlink(tmp)
+            raise
+        os.close(fd)
         HEADER.pack_into(
             self._mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, 0, 0, os.getpid(), 0, time.time(), b""
         )
@@ -78,8 +110,15 @@ class RingWriter:
         self._head = 0
         self._tail = 0
 
+    @property
+    def head(self) -> int:
+        """Logical offset one past the last published record; ``head // capacity`` counts wraps."""
+        return self._head
+
     def append(self, payload: bytes) -> None:
         n = len(payload)
+        if n == 0:
+            raise ValueError("empty record")  # length 0 marks a corrupt header to readers
         size = _aligned(REC.size + n)
         if size > self.capacity // 2:
             raise ValueError(f"record of {n} bytes is too large for a ring of {self.capacity}")
@@ -180,10 +219,13 @@ class RingReader:
             if length == PAD:
                 self.pos += cap - phys
                 continue
-            if length > cap - phys - REC.size:
-                # Impossible for a sound record: the writer lapped us mid-read or the file is bad.
+            if length == 0 or length > cap - phys - REC.size:
+                # Impossible for a sound record: the writer lapped us mid-read, or the bytes are
+                # bad. Record boundaries cannot be found by scanning (payload bytes may look like
+                # a header), so resync at the tail if it moved, else give up on this stretch.
                 self.corrupt_records += 1
-                self.pos = max(self.pos + ALIGN, _U64.unpack_from(self._mm, _TAIL_AT)[0])
+                tail_now = _U64.unpack_from(self._mm, _TAIL_AT)[0]
+                self.pos = tail_now if tail_now > self.pos else head
                 continue
             start = HEADER_SIZE + phys + REC.size
             payload = self._mm[start : start + length]

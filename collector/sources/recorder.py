@@ -19,6 +19,7 @@ from pathlib import Path
 
 from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import CodecError, decode
+from collector.channel.naming import parse_ring_file_name
 from collector.model import Event, EventKind, Severity, SourceStatus
 from collector.sources.base import Sink
 
@@ -101,6 +102,12 @@ class RecorderSource:
                 except RingCorrupt as exc:
                     log.debug("skipping %s: %s", path, exc)
                     continue
+                # The file name names the writer until its meta record is read (a ring that
+                # wrapped may hold records written before the last copy of that record).
+                parsed = parse_ring_file_name(path.name)
+                if parsed is not None:
+                    tail.engine = self.name_map(parsed.engine)
+                    tail.role = parsed.role
                 self._tails[path] = tail
             emitted += self._drain(path, tail, sink)
         for path in [p for p in self._tails if p not in paths]:
@@ -131,7 +138,7 @@ class RecorderSource:
                 tail.role = str(meta.get("role", "unknown"))
                 continue
             assert obs is not None
-            engine = tail.engine or self.name_map(str(getattr(obs, "engine", path.stem.split(".")[0])))
+            engine = tail.engine or self.name_map(str(getattr(obs, "engine", None) or path.stem.split(".")[0]))
             obs.engine = engine
             tail.newest_ts = max(tail.newest_ts, float(getattr(obs, "ts", 0.0)))
             sink.emit(obs)

@@ -1,0 +1,132 @@
+"""Record payloads: every record the recorder writes decodes to the observation it describes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from collector.channel.codec import (
+    STATUSES,
+    CodecError,
+    decode,
+    encode,
+    encode_event,
+    encode_fingerprint,
+    encode_requests,
+    encode_step,
+    encode_step_fields,
+)
+from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord
+
+
+def test_binary_step_round_trip_without_extras() -> None:
+    payload = encode_step_fields(812, 1.5e9, 1, 4, 7, 2, 0.032, 1, 300, 16, 2, 640, 128)
+    assert payload[:1] == b"S" and len(payload) < 80  # no JSON on the common path
+    meta, step = decode(payload, engine="decode-0")
+    assert meta is None and isinstance(step, StepRecord)
+    assert (step.engine, step.step, step.ts, step.engine_index) == ("decode-0", 812, 1.5e9, 1)
+    assert (step.running, step.waiting, step.preemptions) == (4, 7, 1)
+    assert step.kv_cache_usage == pytest.approx(0.032)
+    assert (step.prompt_tokens, step.generation_tokens, step.finished) == (300, 16, 2)
+    assert (step.prefix_cache_queries, step.prefix_cache_hits) == (640, 128)
+    assert step.waiting_by_reason == {"capacity": 5, "deferred": 2}
+    assert step.requests is None and step.connector == {} and step.finished_requests == []
+
+
+def test_step_record_round_trip_with_extras() -> None:
+    rec = StepRecord(
+        engine="d", ts=12.25, step=9, running=3, waiting=2, kv_cache_usage=0.5, preemptions=2,
+        prompt_tokens=10, generation_tokens=3, finished=1,
+        waiting_by_reason={"capacity": 1, "deferred": 1, "kv_fetch_in_progress": 4},
+        prefix_cache_queries=5, prefix_cache_hits=4, connector={"Nixl.num_failed": 1, "mirror_rows": 12},
+        engine_index=2, worker="Worker_TP1",
+        finished_requests=[{"request_id": "r1", "finish_reason": "length", "e2e_latency": 1.5}],
+    )  # fmt: skip
+    _, back = decode(encode_step(rec), engine="d")
+    assert back == rec
+    assert back.mirror_rows == 12
+
+
+def test_request_rows_round_trip_with_and_without_mirror_rows() -> None:
+    rows = [
+        RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 8),
+        RequestRow("cmpl-é-1", 300, 0, 0, 2, "preempted", None),
+        RequestRow("x", 5, 5, 1, 0, "waiting_for_remote_kvs", 0),
+    ]
+    _, step = decode(encode_requests("d", 77, 3.5, rows), engine="decode-0")
+    assert step is not None and step.requests == rows
+    assert (step.engine, step.step, step.ts, step.running) == ("decode-0", 77, 3.5, 1)
+    plain = [RequestRow("a", 1, 2, 3, 4), RequestRow("b", 5, 6)]
+    _, step = decode(encode_requests("d", 1, 0.0, plain))
+    assert step is not None and step.requests == plain
+    _, empty = decode(encode_requests("d", 2, 0.0, []))
+    assert empty is not None and empty.requests == [] and empty.running == 0
+
+
+def test_unknown_status_survives_as_unknown() -> None:
+    _, step = decode(encode_requests("d", 1, 0.0, [RequestRow("a", 1, 1, status="made_up")]))
+    assert step is not None and step.requests is not None
+    assert step.requests[0].status == "unknown"
+
+
+@given(
+    st.lists(
+        st.builds(
+            RequestRow,
+            request_id=st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=40),
+            prompt_len=st.integers(0, 2**32 - 1),
+            computed_tokens=st.integers(0, 2**32 - 1),
+            output_tokens=st.integers(0, 2**32 - 1),
+            preemptions=st.integers(0, 2**32 - 1),
+            status=st.sampled_from(STATUSES),
+            mirror_rows=st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+        ),
+        max_size=40,
+    ),
+    st.integers(0, 2**63),
+)
+def test_request_rows_round_trip_property(rows: list[RequestRow], step: int) -> None:
+    _, back = decode(encode_requests("d", step, 1.0, rows))
+    assert back is not None and back.requests == rows and back.step == step
+
+
+def test_json_records_still_decode() -> None:
+    meta, obs = decode(encode({"t": "meta", "engine": "e", "role": "stats", "pid": 3}))
+    assert obs is None and meta == {"t": "meta", "engine": "e", "role": "stats", "pid": 3}
+    legacy_req = encode(
+        {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed", "gpu_rows"],
+         "rows": [["r", 10, 11, 3]]}
+    )  # fmt: skip
+    _, step = decode(legacy_req)
+    assert step is not None and step.requests == [RequestRow("r", 10, 11, extras={"gpu_rows": 3})]
+    _, js = decode(encode({"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3}))
+    assert js == StepRecord(engine="e", ts=2.0, step=5, running=3)
+    fp = Fingerprint(engine="e", ts=1.0, facts={"block_size": 64, "env": {"NCCL_NET_PLUGIN": "x"}})
+    assert decode(encode_fingerprint(fp))[1] == fp
+    ev = Event(kind=EventKind.CUDA_ERROR, ts=3.0, source="recorder", message="boom",
+               severity=Severity.CRITICAL, engine="e", frames=[{"file": "a.py", "line": 1}])  # fmt: skip
+    assert decode(encode_event(ev))[1] == ev
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"Z{}",
+        b"J[1,2]",
+        b"J{not json",
+        b'J{"t":"nope"}',
+        b'J{"t":"step","engine":"e"}',
+        b"S\x01\x02",
+        encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[1]",
+        encode_requests("e", 1, 0.0, [RequestRow("a", 1, 1), RequestRow("b", 1, 1)])[:-3],
+        encode_requests("e", 1, 0.0, [RequestRow("a", 1, 1)]) + b"\0extra",
+    ],
+)
+def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
+    with pytest.raises(CodecError):
+        decode(payload)
+

@@ -1,0 +1,185 @@
+"""The ring file: what a reader gets back whatever the writer did (wrapped, lapped the reader,
+was SIGKILLed mid-stream) and whatever happened to the bytes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collector.channel.ringfile import HEADER_SIZE, REC, RingCorrupt, RingReader, RingWriter
+
+SEQ = struct.Struct("<Q")
+
+
+def rec(i: int, size: int = 0) -> bytes:
+    return SEQ.pack(i) + bytes([i % 251]) * size
+
+
+def seqs(payloads: list[bytes]) -> list[int]:
+    return [SEQ.unpack_from(p)[0] for p in payloads]
+
+
+def test_reader_gets_records_in_order(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    for i in range(10):
+        w.append(rec(i, i))
+    r = RingReader(tmp_path / "a.ring")
+    got = r.read()
+    assert seqs(got) == list(range(10))
+    assert got[7] == rec(7, 7)
+    assert r.read() == []  # nothing new
+
+
+def test_wrap_around_with_a_reader_that_keeps_up(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    r = RingReader(tmp_path / "a.ring")
+    got: list[bytes] = []
+    for i in range(2000):  # about 40 times the capacity, sizes crossing the wrap point
+        w.append(rec(i, (i * 37) % 300))
+        if i % 5 == 4:
+            got.extend(r.read())
+    got.extend(r.read())
+    assert seqs(got) == list(range(2000))
+    assert r.lost_bytes == 0 and r.corrupt_records == 0
+    assert w.head > 10 * 4096
+
+
+def test_lapped_reader_gets_a_contiguous_newest_suffix(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    r = RingReader(tmp_path / "a.ring")
+    for i in range(1000):
+        w.append(rec(i, 50))
+    got = seqs(r.read())
+    assert got[-1] == 999
+    assert got == list(range(got[0], 1000))
+    assert got[0] > 0 and r.lost_bytes > 0
+    # everything that fits is still there (the ring holds whole records only)
+    size = (REC.size + SEQ.size + 50 + 7) & ~7
+    assert len(got) >= 4096 // size - 1
+
+
+def test_corrupt_payload_is_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "a.ring"
+    w = RingWriter(path, capacity=4096)
+    for i in range(5):
+        w.append(rec(i, 16))
+    w.close()
+    record_size = (REC.size + 8 + 16 + 7) & ~7
+    with open(path, "r+b") as f:  # flip one byte inside record 2's payload
+        f.seek(HEADER_SIZE + 2 * record_size + REC.size + 10)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    r = RingReader(path)
+    assert seqs(r.read()) == [0, 1, 3, 4]
+    assert r.corrupt_records == 1
+
+
+def test_impossible_length_resyncs(tmp_path: Path) -> None:
+    path = tmp_path / "a.ring"
+    w = RingWriter(path, capacity=4096)
+    for i in range(3):
+        w.append(rec(i, 16))
+    with open(path, "r+b") as f:  # record 0's length field now points past the area
+        f.seek(HEADER_SIZE)
+        f.write(struct.pack("<I", 100_000))
+    r = RingReader(path)
+    assert r.read() == []  # the stretch after a bad header cannot be trusted
+    assert r.corrupt_records == 1
+    w.append(rec(3, 16))
+    assert seqs(r.read()) == [3]  # and reading goes on with what comes next
+
+
+def test_not_a_ring_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.ring"
+    path.write_bytes(b"hello" * 100)
+    with pytest.raises(RingCorrupt):
+        RingReader(path)
+
+
+def test_restarted_reader_rereads_what_the_ring_holds(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=8192)
+    for i in range(300):
+        w.append(rec(i, 20))
+    first = RingReader(tmp_path / "a.ring").read()
+    second = RingReader(tmp_path / "a.ring").read()
+    assert first == second and seqs(first)[-1] == 299
+    w.append(rec(300, 20))
+    third = RingReader(tmp_path / "a.ring").read()
+    assert seqs(third)[-1] == 300
+
+
+def test_record_too_large_is_refused(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    with pytest.raises(ValueError):
+        w.append(b"x" * 3000)
+
+
+def _write_forever(path: str) -> None:
+    w = RingWriter(path, capacity=1 << 20)
+    i = 0
+    while True:
+        w.append(rec(i, i % 200))
+        i += 1
+
+
+def test_sigkilled_writer_loses_nothing_it_published(tmp_path: Path) -> None:
+    path = tmp_path / "w.ring"
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_write_forever, args=(str(path),), daemon=True)
+    child.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        live = RingReader(path)
+        seen: list[bytes] = []
+        while len(seen) < 2000 and time.monotonic() < deadline:
+            seen.extend(live.read())
+        seen.extend(live.read())
+    finally:
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+    after = RingReader(path)
+    got = after.read()
+    numbers = seqs(got)
+    assert after.corrupt_records == 0
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # no gap
+    assert numbers[-1] >= seqs(seen)[-1]  # everything the live reader saw, and maybe more
+    assert set(seqs(seen[-50:])) <= set(numbers)  # the last records seen are still there
+    assert got[-1] == rec(numbers[-1], numbers[-1] % 200)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 900), min_size=1, max_size=300),
+    read_every=st.integers(1, 40),
+)
+def test_any_interleaving_yields_ordered_contiguous_runs(tmp_path_factory: pytest.TempPathFactory, sizes: list[int], read_every: int) -> None:
+    path = tmp_path_factory.mktemp("ring") / "p.ring"
+    w = RingWriter(path, capacity=4096)
+    r = RingReader(path)
+    got: list[bytes] = []
+    for i, size in enumerate(sizes):
+        w.append(rec(i, size))
+        if i % read_every == 0:
+            got.extend(r.read())
+    got.extend(r.read())
+    numbers = seqs(got)
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    assert numbers[-1] == len(sizes) - 1
+    for p in got:  # every record comes back whole
+        i = SEQ.unpack_from(p)[0]
+        assert p == rec(i, sizes[i])
+    if r.lost_bytes == 0:
+        assert numbers == list(range(len(sizes)))
