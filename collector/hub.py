@@ -57,6 +57,7 @@ class EngineState:
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=900))
     fingerprint: dict[str, Any] = field(default_factory=dict)
     up: bool | None = None
+    ever_up: bool = False
     last_seen: float | None = None
     steps_received: int = 0
     # snapshot bookkeeping: the open snapshot this engine's new triggers join
@@ -129,11 +130,13 @@ class Hub:
             log.exception("hub dropped a %s", type(item).__name__)
 
     def _step(self, rec: StepRecord) -> None:
+        # Records come from other processes: a wrong type must not poison the ring's order.
+        rec.step, rec.ts = int(rec.step), float(rec.ts)
         st = self.engine(rec.engine)
         held = st.ring.add(rec)
         st.steps_received += 1
         st.last_seen = rec.ts
-        st.up = True
+        st.up = st.ever_up = True
         self.counters["steps"] += 1
         self.pending.steps[(rec.engine, held.step)] = held
         self.pending.seen[rec.engine] = rec.ts
@@ -156,7 +159,7 @@ class Hub:
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)
         st.scrapes.append(s)
-        st.up = True
+        st.up = st.ever_up = True
         self.counters["scrapes"] += 1
 
     def _event(self, ev: Event) -> None:
@@ -177,14 +180,20 @@ class Hub:
                 self.host_events.append(ev)
             for name in targets:
                 self.engine(name).events.append(ev)
+        if is_new and is_trigger(ev) and self.snapshot_sink is not None:
+            if ev.kind is EventKind.ENGINE_DOWN:
+                # An engine never seen up has no last steps to freeze: the event (and its
+                # alert) says it is down; a snapshot would be empty.
+                targets = [n for n in targets if self.engines[n].ever_up]
+            for name in targets:
+                self.snapshot_sink.snapshot_due(name, ev)
+        # Listeners (the alerter) run after the snapshot is scheduled, so they can hold an
+        # alert until the snapshot it links to is committed.
         for listener in self.event_listeners:
             try:
                 listener(ev, is_new)
             except Exception:
                 log.exception("event listener failed")
-        if is_new and is_trigger(ev) and self.snapshot_sink is not None:
-            for name in targets:
-                self.snapshot_sink.snapshot_due(name, ev)
 
     def _engines_for(self, ev: Event) -> list[str]:
         if ev.engine is not None:

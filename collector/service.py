@@ -53,12 +53,16 @@ class Context:
     snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     alerter: Any = None
     unsupported: list[SourceStatus] = field(default_factory=list)
+    port_getter: Any = None
 
     def source_statuses(self) -> list[SourceStatus]:
         out = list(self.unsupported)
         for sup in self.supervised:
             out.extend(sup.statuses())
         return out
+
+    def service_port(self) -> int:
+        return self.port_getter() if self.port_getter is not None else self.settings.port
 
     def alert_stats(self) -> dict[str, int]:
         if self.alerter is None:
@@ -102,6 +106,7 @@ class Service:
             window_s=settings.incident_window_s, on_committed=self._committed,
         )  # fmt: skip
         ctx = self.ctx = Context(settings=settings, hub=hub, repo=repo, writer=writer, snapshots=snaps, loop=loop)
+        ctx.port_getter = lambda: self.port
         ctx.alerter = self._alerter(ctx)
         for eng in settings.engines:
             with contextlib.suppress(StorageError):
@@ -154,7 +159,7 @@ class Service:
             t.cancel()
         if ctx.alerter is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctx.alerter.aclose(), 5)
+                await asyncio.wait_for(ctx.alerter.aclose(), 5)  # flush what is queued
         self.server.should_exit = True
         await server_task
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+
+from collector.alerting.config import AlertingSettings
+from collector.detectors.config import DetectorThresholds
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -105,7 +108,8 @@ class Settings(BaseSettings):
     incident_window_s: float = Field(default=30.0, gt=0)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     host_name: str | None = Field(default=None, description="this node's name; default hostname")
-    detectors: dict[str, Any] = Field(default_factory=dict)
+    alerting: AlertingSettings = Field(default_factory=AlertingSettings)
+    detectors: DetectorThresholds = Field(default_factory=DetectorThresholds)
 
     @field_validator("database")
     @classmethod
@@ -114,6 +118,14 @@ class Settings(BaseSettings):
             raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
         if v.startswith("postgresql://"):
             v = "postgresql+psycopg://" + v[len("postgresql://") :]
+        return v
+
+    @field_validator("nvml", "kmsg", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off`/`on` as a boolean.
+        if isinstance(v, bool):
+            return "on" if v else "off"
         return v
 
     @field_validator("kmsg")

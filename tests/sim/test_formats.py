@@ -1,0 +1,106 @@
+"""The simulated engines speak vLLM's real formats: checked against pages and lines captured
+from a real vLLM, and against the parsers the sidecar uses."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.channel import RingReader
+from collector.channel.codec import decode
+from collector.model import Fingerprint, StepRecord
+from collector.parsers.xid import parse_line
+from collector.sim.engine import SimEngine
+from collector.sim.pair import PairConfig, SimPair
+from collector.sim.scenario import LoadClient, Phase, Scenario
+
+REAL_PAGES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-metrics").glob("*.txt"))
+SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2,
+                 crash_after_done=2, prefill_chunk=512)  # fmt: skip
+
+
+def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        labels: set[str] = set()
+        for s in fam.samples:
+            labels |= set(s.labels) - {"le", "quantile"}
+        out[fam.name] = (fam.type, frozenset(labels))
+    return out
+
+
+def sim_page(tmp_path: Path) -> str:
+    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec",
+                    log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100)  # fmt: skip
+    eng.waiting.append(LoadClient(SMALL).to_send()[0])
+    eng.step()
+    from prometheus_client import generate_latest
+
+    return generate_latest(eng.metrics.registry).decode()
+
+
+@pytest.mark.skipif(not REAL_PAGES, reason="no captured real vLLM pages")
+def test_metric_names_types_and_labels_match_a_real_vllm(tmp_path: Path) -> None:
+    sim = families(sim_page(tmp_path))
+    real: dict[str, tuple[str, frozenset[str]]] = {}
+    for page in REAL_PAGES:
+        real.update(families(page.read_text()))
+    shared = [name for name in sim if name in real]
+    # every family the simulator shares with vLLM 0.32 has vLLM's type and label names
+    assert len(shared) >= 12
+    for name in shared:
+        assert sim[name] == real[name], name
+    # the families only the simulator has are the incident's connector families (vLLM 0.33)
+    assert {n.removesuffix("_created") for n in sim if n not in real} <= {
+        "vllm:hisparse_host_cache_usage_perc", "vllm:hisparse_pending_page_transfers", "vllm:nixl_num_failed_transfers",
+    }  # fmt: skip
+    assert all("engine" in labels and "model_name" in labels for _, labels in sim.values())
+
+
+def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> None:
+    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path,
+                    log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100)  # fmt: skip
+    eng.waiting.extend(LoadClient(SMALL).to_send())
+    for _ in range(5):
+        eng.step()
+    got: list[object] = []
+    for ring in sorted(tmp_path.glob("decode-0.*.ring")):
+        for payload in RingReader(ring).read():
+            meta, obs = decode(payload)
+            got.append(meta or obs)
+    steps = [o for o in got if isinstance(o, StepRecord) and o.requests is None]
+    reqs = [o for o in got if isinstance(o, StepRecord) and o.requests is not None]
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5] == [r.step for r in reqs]
+    assert reqs[-1].requests[0].prompt_len == 1000 and reqs[-1].requests[0].output_tokens == 5  # type: ignore[index]
+    (fp,) = [o for o in got if isinstance(o, Fingerprint)]
+    assert fp.facts["block_size"] == 64 and fp.facts["env"]["NCCL_NET_PLUGIN"] == "none"
+    assert fp.facts["cuda_graph_mode"] == "FULL"
+
+
+def test_the_pair_ramps_and_dies_like_the_incident(tmp_path: Path) -> None:
+    async def run() -> SimPair:
+        pair = SimPair(PairConfig(workdir=tmp_path, recorder_dir=tmp_path / "rec", steps_per_second=4000, scenario=SMALL))
+        await pair.start()
+        url = f"http://127.0.0.1:{pair.decode.port}"
+        async with httpx.AsyncClient() as c:
+            assert (await c.get(url + "/health")).status_code == 200
+            await asyncio.wait_for(pair.run(), 30)
+            with pytest.raises(httpx.ConnectError):  # gone, not 503: like a real vLLM after EngineDeadError
+                await c.get(url + "/health")
+        await pair.close()
+        return pair
+
+    pair = asyncio.run(run())
+    assert pair.client.history[-1] == (4, 2, 2)  # C4 phase: 2 done, 2 failed
+    kmsg = pair.kmsg_path.read_text().splitlines()
+    xid = parse_line(kmsg[-1])
+    assert xid is not None and xid.xid == 43
+    log = (tmp_path / "decode.log").read_text()
+    for needle in ("(Worker_TP0 pid=", "(Worker_TP1 pid=", "_finish_mirror_phase", "graphs[desc].replay()",
+                   "torch.AcceleratorError: CUDA error: unspecified launch failure", "Dumping scheduler output",
+                   "Dumping scheduler stats: SchedulerStats(", "EngineCore encountered a fatal error.", "EngineDeadError"):  # fmt: skip
+        assert needle in log, needle

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from collector.snapshot_doc import SnapshotDoc
+from collector.storage.db import StorageError, make_engine
+from collector.storage.repo import Repository, SnapshotFilter
+
+
+def repo(url: str, host: str = "node-a") -> Repository:
+    return Repository(make_engine(url), host=host)
+
+
+def doc(engine: str = "decode-0", *, host: str = "node-a", ts: float | None = None, steps: int = 5, reqs: int = 3) -> SnapshotDoc:
+    ts = time.time() if ts is None else ts
+    return SnapshotDoc(
+        host=host, engine=engine, created_at=ts, fault_ts=ts,
+        trigger={"kind": "xid", "source": "kmsg", "message": "NVRM: Xid (PCI:0000:00:06): 43", "xid": 43},
+        summary={"running": reqs}, fingerprint={"block_size": 64},
+        steps=[{"step": i, "ts": ts - steps + i, "running": reqs} for i in range(steps)],
+        requests=[{"step": i, "request_id": f"r{j}", "prompt_len": 32000} for i in range(steps) for j in range(reqs)],
+        events=[{"kind": "xid", "xid": 43}], log_lines=[{"ts": ts, "line": "x"}],
+    )  # fmt: skip
+
+
+def test_snapshot_round_trip(migrated_url: str) -> None:
+    r = repo(migrated_url)
+    sid, iid = r.store_snapshot(doc(steps=4096, reqs=4), incident_window_s=30, incident_key="k")
+    got = r.get_snapshot(sid)
+    assert (got.id, got.incident_id, got.engine, got.host) == (sid, iid, "decode-0", "node-a")
+    assert len(got.steps) == 4096 and len(got.requests) == 4096 * 4
+    assert got.requests[-1] == {"step": 4095, "request_id": "r3", "prompt_len": 32000}
+    assert got.fingerprint == {"block_size": 64}
+    rows, nxt = r.list_snapshots(SnapshotFilter())
+    assert [x["id"] for x in rows] == [sid] and nxt is None
+    assert rows[0]["step_count"] == 4096 and rows[0]["request_rows"] == 4096 * 4 and rows[0]["last_step"] == 4095
+
+
+def test_snapshots_close_in_time_share_an_incident_across_hosts(migrated_url: str) -> None:
+    t = time.time()
+    a, b = repo(migrated_url, "node-a"), repo(migrated_url, "node-b")
+    s1, i1 = a.store_snapshot(doc("decode-0", host="node-a", ts=t), incident_window_s=30, incident_key="k")
+    s2, i2 = b.store_snapshot(doc("prefill-0", host="node-b", ts=t + 2), incident_window_s=30, incident_key="k")
+    s3, i3 = a.store_snapshot(doc("decode-0", host="node-a", ts=t + 500), incident_window_s=30, incident_key="k")
+    assert i1 == i2 != i3
+    inc = a.get_incident(i1)
+    assert inc["hosts"] == ["node-a", "node-b"] and inc["snapshot_count"] == 2
+    assert [s["id"] for s in inc["snapshots"]] == [s1, s2]
+
+
+def test_batch_write_and_engine_registry(migrated_url: str) -> None:
+    r = repo(migrated_url)
+    r.register_engine("decode-0", url="http://127.0.0.1:8000", pair="pd-0")
+    now = time.time()
+    steps = [{"engine": "decode-0", "ts": now + i, "step": i, "running": 1, "waiting": 0, "kv_cache_usage": 0.1,
+              "preemptions": 0, "prompt_tokens": 0, "generation_tokens": 1, "mirror_rows": None} for i in range(1000)]  # fmt: skip
+    gpu = [{"gpu": "GPU-1", "index": 0, "bus_id": "0000:00:06.0", "name": "H200", "ts": now, "memory_used": 1,
+            "memory_total": 2, "utilization": 50.0, "temperature": 40.0, "power_w": 100.0, "sm_clock_mhz": 1980.0,
+            "clock_event_reasons": 0, "ecc_volatile_uncorrected": 0, "remapped_rows_uncorrectable": 0,
+            "pcie_replay": 0}]  # fmt: skip
+    events = [{"ts": now, "kind": "xid", "source": "kmsg", "severity": "critical", "engine": None, "gpu": "0000:00:06.0",
+               "xid": 79, "pid": None, "process": None, "message": "fell off the bus", "data": {"a": 1}}]  # fmt: skip
+    r.write_batch(steps, gpu, events, {"decode-0": now})
+    assert len(r.recent_steps("decode-0", since=now)) == 1000
+    assert r.list_events(kind="xid")[0]["xid"] == 79
+    assert r.list_gpus()[0]["bus_id"] == "0000:00:06.0"
+    eng = r.list_engines()[0]
+    assert (eng["name"], eng["pair"], eng["last_seen"]) == ("decode-0", "pd-0", pytest.approx(now))
+    pruned = r.prune(steps_before=now + 500, gpu_before=0, events_before=0, snapshots_before=None)
+    assert pruned["engine_steps"] == 500
+    assert len(r.recent_steps("decode-0", since=0)) == 500
+
+
+def test_database_down_is_a_storage_error_not_a_crash() -> None:
+    r = repo("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    with pytest.raises(StorageError):
+        r.list_snapshots(SnapshotFilter())
+    with pytest.raises(StorageError):
+        r.store_snapshot(doc(), incident_window_s=30, incident_key="k")

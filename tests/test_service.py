@@ -1,0 +1,76 @@
+"""The sidecar as a user runs it: a real process, real HTTP, a real database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collector.storage.db import make_engine
+from collector.storage.repo import Repository, SnapshotFilter
+
+
+def flightrec(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "collector.cli", *args], cwd=cwd, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for_port(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    """Read the sidecar's output until it says where it serves."""
+    assert proc.stdout is not None
+    deadline = time.time() + timeout
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "serving on http://" in line:
+            return line.split("serving on ", 1)[1].split()[0]
+    raise AssertionError("sidecar did not start:\n" + "".join(seen))
+
+
+@pytest.mark.slow
+def test_demo_stores_the_crash_snapshot_and_exits_0(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    t0 = time.time()
+    proc = flightrec("demo", "--exit-after-snapshot", "--port", "0", "--db", db, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert time.time() - t0 < 120
+    assert "crash snapshot" in out and "/snapshots/" in out
+    rows, _ = Repository(make_engine(db), host="x").list_snapshots(SnapshotFilter(engine="decode-0"))
+    assert rows and rows[0]["step_count"] > 1000
+    assert rows[0]["summary"]["kv_cache_usage"] == pytest.approx(0.032, abs=0.005)
+
+
+def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    cfg = tmp_path / "flightrec.yaml"
+    cfg.write_text(f"database: sqlite:///{tmp_path / 'f.db'}\nnvml: off\nkmsg: off\nrecorder_dir: {tmp_path / 'rec'}\n"
+                   "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n")  # fmt: skip
+    proc = flightrec("serve", "--config", str(cfg), "--port", "0", cwd=tmp_path)
+    try:
+        base = wait_for_port(proc)
+        assert base.startswith("http://127.0.0.1:")  # loopback by default
+        health = httpx.get(base + "/healthz", timeout=5).json()
+        assert health["database_up"] in (None, True)
+        assert {s["name"] for s in health["sources"]} >= {"recorder"}
+        engines = httpx.get(base + "/api/v1/engines", timeout=5).json()
+        assert [e["name"] for e in engines] == ["decode-0"]
+        assert "flightrec_engine_up" in httpx.get(base + "/metrics", timeout=5).text
+        assert httpx.get(base + "/openapi.json", timeout=5).json()["info"]["title"] == "vLLM Flight Recorder"
+        # writes need the token, and none is configured: refused, with a reason
+        r = httpx.post(base + "/api/v1/snapshots", json={}, timeout=5)
+        assert r.status_code == 403 and "api_token" in r.json()["detail"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "stopping: flushing" in out
