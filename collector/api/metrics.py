@@ -17,12 +17,12 @@ class SidecarCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         hub = self.ctx.hub
         up = GaugeMetricFamily("flightrec_engine_up", "1 if the engine answered lately", labels=["engine"])
-        running = GaugeMetricFamily("flightrec_engine_running", "running requests at the last step", labels=["engine"])
+        running = GaugeMetricFamily("flightrec_running_requests", "running requests at the last step", labels=["engine"])
         waiting = GaugeMetricFamily("flightrec_engine_waiting", "waiting requests at the last step", labels=["engine"])
         kv = GaugeMetricFamily("flightrec_engine_kv_cache_usage", "KV cache usage (0-1) at the last step", labels=["engine"])
         step = GaugeMetricFamily("flightrec_engine_last_step", "last engine step recorded", labels=["engine"])
         steps = CounterMetricFamily("flightrec_steps_received", "engine steps received from the recorder", labels=["engine"])
-        mirror = GaugeMetricFamily("flightrec_engine_mirror_rows", "host-mirror rows at the last step", labels=["engine"])
+        mirror = GaugeMetricFamily("flightrec_mirror_rows", "host-mirror rows at the last step", labels=["engine"])
         for name, st in sorted(hub.engines.items()):
             up.add_metric([name], 1.0 if st.up else 0.0)
             steps.add_metric([name], st.steps_received)
