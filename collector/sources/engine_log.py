@@ -1,0 +1,331 @@
+"""Engine log source: follow a vLLM log file (or standard input) and turn it into records.
+
+``EngineLogSource(engine, path)`` follows ``path`` like ``tail -F``: a file that does not
+exist yet is waited for; a rotation by rename (the path names a new inode) drains the old
+file and reads the new one from its start; a truncation in place (``copytruncate``, ``>``)
+starts again from offset 0. By default it starts at the end of an existing file
+(``from_start=False``): a restarted sidecar does not replay old crashes as new ones.
+``EngineLogSource(engine, None, stream=sys.stdin.buffer)`` reads a pipe
+(``vllm serve ... 2>&1 | flightrec serve``); at end of stream it flushes and idles.
+
+File reads run in a worker thread (``asyncio.to_thread``) and a stream is read by a daemon
+thread, so the event loop never waits on the disk or the pipe. Bytes are split on ``\\n``
+and decoded as UTF-8 with replacement: garbage never stops the source.
+
+What it emits into the sink:
+
+- ``Event`` (source "log") from ``LogEventizer``: CUDA/NCCL errors, engine fatal/dead,
+  crash dumps, other tracebacks and ERROR lines (``collector/parsers/tracebacks.py``).
+  A record that ends the log is emitted ``idle_flush`` seconds after its last line.
+- ``MetricsScrape(origin="log")`` for each ``Engine NNN: Avg prompt throughput ...`` line:
+  a 10 s fallback series when ``/metrics`` is not reachable.
+- ``LogLine`` for the lines worth keeping in a snapshot. With ``keep="important"``
+  (default) INFO/DEBUG lines are dropped (vLLM's and uvicorn's access log) unless they
+  match an event pattern or are a stat or ``[shutdown]`` line; WARNING and above, and every
+  line without a level (tracebacks on stderr, crash output) are kept. ``keep="all"`` keeps
+  every line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from datetime import tzinfo
+from pathlib import Path
+from typing import IO, Literal
+
+from pydantic import BaseModel, Field
+
+from collector.model import LogLine, MetricsScrape
+from collector.parsers.throughput_line import (
+    ThroughputLineError,
+    is_throughput_line,
+    parse_throughput_line,
+)
+from collector.parsers.tracebacks import LogEventizer, classify
+from collector.parsers.vllm_log import LogRecordLine, parse_line
+from collector.sources.base import Sink, SourceError
+
+DEFAULT_POLL_INTERVAL = 0.25
+DEFAULT_IDLE_FLUSH = 1.0
+DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024  # a crash dump of a few thousand requests fits
+_CHUNK = 256 * 1024
+_MAX_CHUNKS_PER_POLL = 64  # a large backlog is read over several polls, never all at once
+
+_UVICORN_QUIET = re.compile(r"^(?:INFO|DEBUG):\s")
+_ALWAYS_KEEP = re.compile(r"\[shutdown\]|Traceback \(most recent call last\)")
+
+
+class EngineLogConfig(BaseModel):
+    """How engine logs are followed (the path itself is ``engines[i].log``)."""
+
+    log_from_start: bool = Field(False, description="read an existing file from its start")
+    log_poll_interval: float = Field(DEFAULT_POLL_INTERVAL, gt=0)
+    log_idle_flush: float = Field(
+        DEFAULT_IDLE_FLUSH, gt=0, description="seconds before a quiet traceback is emitted"
+    )
+    log_keep: Literal["important", "all"] = "important"
+
+
+def keep_line(line: LogRecordLine) -> bool:
+    """The ``keep="important"`` filter for LogLine records (see module docstring)."""
+    if line.level is not None:
+        if line.level not in ("DEBUG", "INFO"):
+            return True
+    elif not _UVICORN_QUIET.match(line.message):
+        return bool(line.message.strip())
+    return bool(
+        is_throughput_line(line.message)
+        or _ALWAYS_KEEP.search(line.message)
+        or classify(line.message)
+    )
+
+
+class _LineSplitter:
+    """Bytes in, whole decoded lines out; a line longer than ``max_bytes`` is cut."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._partial = b""
+        self.last_data = 0.0  # clock of the last bytes added to the partial line
+
+    def feed(self, data: bytes) -> list[str]:
+        buf = self._partial + data
+        *whole, self._partial = buf.split(b"\n")
+        out = [w.decode("utf-8", "replace") for w in whole]
+        while len(self._partial) > self.max_bytes:
+            out.append(self._partial[: self.max_bytes].decode("utf-8", "replace"))
+            self._partial = self._partial[self.max_bytes :]
+        return out
+
+    def take_partial(self) -> list[str]:
+        rest, self._partial = self._partial, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+    @property
+    def has_partial(self) -> bool:
+        return bool(self._partial)
+
+
+class FileTail:
+    """``tail -F`` over one path: blocking calls, meant to run in a worker thread."""
+
+    def __init__(self, path: Path, *, from_start: bool, max_line_bytes: int) -> None:
+        self.path = path
+        self._fh: IO[bytes] | None = None
+        self._ino: tuple[int, int] | None = None
+        self._pos = 0
+        self._first_open = True
+        self._from_start = from_start
+        self.splitter = _LineSplitter(max_line_bytes)
+        self.rotations = 0
+        self.truncations = 0
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 - held open across polls
+        except FileNotFoundError:
+            self._first_open = False  # a file that appears later is read from its start
+            return False
+        except OSError as exc:  # permission, a directory...: the operator must fix it
+            raise SourceError(f"cannot open engine log {self.path}: {exc}") from exc
+        st = os.fstat(fh.fileno())
+        self._fh, self._ino, self._pos = fh, (st.st_dev, st.st_ino), 0
+        if self._first_open and not self._from_start:
+            self._pos = fh.seek(0, os.SEEK_END)
+        self._first_open = False
+        return True
+
+    def read_lines(self) -> list[str]:
+        if self._fh is None and not self._open():
+            return []
+        lines = self._read_available()
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return lines  # moved away, no new file yet: keep reading the old handle
+        if (st.st_dev, st.st_ino) != self._ino:
+            # Rotated by rename: finish the old file (the writer may have added a last
+            # line before reopening), then read the new one from its start.
+            lines += self._read_available()
+            lines += self.splitter.take_partial()
+            self.close()
+            self.rotations += 1
+            if self._open():
+                lines += self._read_available()
+        elif st.st_size < self._pos:
+            lines += self.splitter.take_partial()
+            self._pos = 0
+            self.truncations += 1
+            lines += self._read_available()
+        return lines
+
+    def _read_available(self) -> list[str]:
+        fh = self._fh
+        assert fh is not None
+        fh.seek(self._pos)
+        lines: list[str] = []
+        for _ in range(_MAX_CHUNKS_PER_POLL):
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                break
+            self._pos += len(chunk)
+            lines += self.splitter.feed(chunk)
+        return lines
+
+
+class EngineLogSource:
+    """Follow one engine's log; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: str,
+        path: Path | str | None,
+        *,
+        stream: IO[bytes] | None = None,
+        from_start: bool = False,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        idle_flush: float = DEFAULT_IDLE_FLUSH,
+        keep: Literal["important", "all"] = "important",
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        clock: Callable[[], float] = time.time,
+        tz: tzinfo | None = None,
+    ) -> None:
+        if (path is None) == (stream is None):
+            raise ValueError("give exactly one of path and stream")
+        self.engine = engine
+        self.path = Path(path) if path is not None else None
+        self.stream = stream
+        self.from_start = from_start
+        self.poll_interval = poll_interval
+        self.idle_flush = idle_flush
+        self.keep = keep
+        self.max_line_bytes = max_line_bytes
+        self.clock = clock
+        self.name = f"engine_log:{engine}"
+        self.eventizer = LogEventizer(engine, reference_clock=clock, tz=tz)
+        self.lines_read = 0
+
+    # -- per line -----------------------------------------------------------------------
+    def handle_line(self, sink: Sink, raw: str) -> None:
+        """Turn one raw line into records. Public so that tests and replays can drive it."""
+        self.lines_read += 1
+        line = parse_line(raw)
+        now = self.clock()
+        if self.keep == "all" or keep_line(line):
+            sink.emit(LogLine(engine=self.engine, ts=now, line=line.text))
+        if is_throughput_line(line.message):
+            try:
+                values = parse_throughput_line(line.message)
+            except ThroughputLineError:
+                values = {}
+            numbers = {k: v for k, v in values.items() if isinstance(v, float)}
+            if numbers:
+                sink.emit(
+                    MetricsScrape(
+                        engine=self.engine,
+                        ts=self.eventizer.timestamp_of(line),
+                        values=numbers,
+                        origin="log",
+                    )
+                )
+        for event in self.eventizer.feed_line(line, now):
+            sink.emit(event)
+
+    def flush(self, sink: Sink, *, idle: float | None) -> None:
+        for event in self.eventizer.flush(idle=idle, now=self.clock()):
+            sink.emit(event)
+
+    # -- running ------------------------------------------------------------------------
+    async def run(self, sink: Sink) -> None:
+        if self.stream is not None:
+            await self._run_stream(sink, self.stream)
+        else:
+            assert self.path is not None
+            await self._run_file(sink, self.path)
+
+    async def _run_file(self, sink: Sink, path: Path) -> None:
+        tail = FileTail(path, from_start=self.from_start, max_line_bytes=self.max_line_bytes)
+        partial_since: float | None = None
+        try:
+            while True:
+                lines = await asyncio.to_thread(tail.read_lines)
+                for raw in lines:
+                    self.handle_line(sink, raw)
+                # A last line without its newline (a process killed mid-write) is taken
+                # as a line once it has been quiet as long as a record is.
+                if tail.splitter.has_partial:
+                    partial_since = partial_since or self.clock()
+                    if self.clock() - partial_since >= self.idle_flush:
+                        for raw in tail.splitter.take_partial():
+                            self.handle_line(sink, raw)
+                        partial_since = None
+                else:
+                    partial_since = None
+                self.flush(sink, idle=self.idle_flush)
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            tail.close()
+
+    async def _run_stream(self, sink: Sink, stream: IO[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1024)
+        stop = threading.Event()
+
+        def put(item: bytes | None) -> None:
+            # Called on the loop thread. A full queue means the loop is far behind: wait
+            # in the reader thread rather than lose log lines.
+            queue.put_nowait(item)
+
+        def reader() -> None:
+            read = getattr(stream, "read1", None) or stream.read
+            try:
+                while not stop.is_set():
+                    data = read(65536)
+                    if isinstance(data, str):  # a text stream was passed: accept it
+                        data = data.encode("utf-8", "replace")
+                    while queue.qsize() >= queue.maxsize - 1 and not stop.is_set():
+                        time.sleep(0.01)
+                    loop.call_soon_threadsafe(put, data if data else None)
+                    if not data:
+                        return
+            except (OSError, ValueError, RuntimeError):
+                # Stream closed under us, or the loop is gone at shutdown.
+                try:
+                    loop.call_soon_threadsafe(put, None)
+                except RuntimeError:
+                    pass
+
+        # A daemon thread: a read blocked on a quiet pipe must not keep the process alive.
+        thread = threading.Thread(target=reader, name=f"{self.name}-reader", daemon=True)
+        thread.start()
+        splitter = _LineSplitter(self.max_line_bytes)
+        try:
+            while True:
+                try:
+                    data = await asyncio.wait_for(queue.get(), timeout=self.poll_interval)
+                except TimeoutError:
+                    self.flush(sink, idle=self.idle_flush)
+                    continue
+                if data is None:
+                    for raw in splitter.take_partial():
+                        self.handle_line(sink, raw)
+                    self.flush(sink, idle=None)
+                    break
+                for raw in splitter.feed(data):
+                    self.handle_line(sink, raw)
+                self.flush(sink, idle=self.idle_flush)
+            # The stream is over; nothing will come again. Stay (do not be restarted) until
+            # the service stops us.
+            await asyncio.Event().wait()
+        finally:
+            stop.set()

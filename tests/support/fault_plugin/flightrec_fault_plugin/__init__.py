@@ -1,0 +1,59 @@
+"""A vLLM general plugin that injects a worker fault, for tests of the crash path.
+
+vLLM loads every ``vllm.general_plugins`` entry point in each of its processes (API server,
+engine core, workers). ``register()`` does nothing unless ``FLIGHTREC_FAULT_AFTER_STEPS`` is
+set, so installing this package into a vLLM environment is harmless otherwise.
+
+Environment:
+- ``FLIGHTREC_FAULT_AFTER_STEPS=N``: the worker's ``execute_model`` raises on the first call
+  after N calls that scheduled at least one token (an idle engine never faults).
+- ``FLIGHTREC_FAULT_MESSAGE``: the error text (default ``CUDA error: unspecified launch
+  failure``, the error of the incident this project was built for).
+- ``FLIGHTREC_FAULT_RANK``: only this TP rank raises (default: every rank).
+- ``FLIGHTREC_FAULT_KIND``: ``raise`` (default) or ``exit``: ``os._exit(FLIGHTREC_FAULT_EXIT_CODE
+  or 1)`` instead of raising, to imitate a worker process that dies without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+DEFAULT_MESSAGE = "CUDA error: unspecified launch failure"
+_patched = False
+
+
+def _scheduled_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    output = kwargs.get("scheduler_output", args[0] if args else None)
+    return int(getattr(output, "total_num_scheduled_tokens", 0) or 0)
+
+
+def register() -> None:
+    global _patched
+    after = os.environ.get("FLIGHTREC_FAULT_AFTER_STEPS")
+    if not after or _patched:
+        return
+    limit = int(after)
+    message = os.environ.get("FLIGHTREC_FAULT_MESSAGE", DEFAULT_MESSAGE)
+    only_rank = os.environ.get("FLIGHTREC_FAULT_RANK")
+    kind = os.environ.get("FLIGHTREC_FAULT_KIND", "raise")
+    exit_code = int(os.environ.get("FLIGHTREC_FAULT_EXIT_CODE", "1"))
+
+    # Imported here: the API-server process must not pay for the worker import unless asked.
+    from vllm.v1.worker import gpu_worker
+
+    original = gpu_worker.Worker.execute_model
+    steps = {"n": 0}
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _scheduled_tokens(args, kwargs) > 0:
+            steps["n"] += 1
+            rank = getattr(self, "rank", None)
+            if steps["n"] > limit and (only_rank is None or str(rank) == only_rank):
+                if kind == "exit":
+                    os._exit(exit_code)
+                raise RuntimeError(message)
+        return original(self, *args, **kwargs)
+
+    gpu_worker.Worker.execute_model = execute_model  # type: ignore[method-assign]
+    _patched = True
