@@ -302,9 +302,16 @@ def main(
     except InspectLogError as exc:
         err.write(f"flightrec inspect-log: {exc}\n")
         return EXIT_UNREADABLE
-    if as_json:
-        json.dump(report.to_dict(), out, indent=2, default=str)
-        out.write("\n")
-    else:
-        render_text(report, out)
+    try:
+        if as_json:
+            json.dump(report.to_dict(), out, indent=2, default=str)
+            out.write("\n")
+        else:
+            render_text(report, out)
+        out.flush()
+    except BrokenPipeError:
+        # The reader stopped early (``| head``): not an error. Point stdout at /dev/null so
+        # that the interpreter's own flush at exit does not complain again.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK

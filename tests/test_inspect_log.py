@@ -92,3 +92,11 @@ def test_empty_file(tmp_path):
     code, out, _ = _run(empty, as_json=True)
     doc = json.loads(out)
     assert code == 0 and doc["events"] == [] and doc["throughput"]["samples"] == 0
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    assert main(str(FIXTURES / "crash.log"), True, out=ClosedPipe(), err=io.StringIO()) == 0
