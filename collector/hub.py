@@ -159,7 +159,8 @@ class Hub:
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)
         st.scrapes.append(s)
-        st.up = st.ever_up = True
+        if getattr(s, "origin", "scrape") == "scrape":  # a replayed log line proves nothing live
+            st.up = st.ever_up = True
         self.counters["scrapes"] += 1
 
     def _event(self, ev: Event) -> None:

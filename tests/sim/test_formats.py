@@ -104,3 +104,32 @@ def test_the_pair_ramps_and_dies_like_the_incident(tmp_path: Path) -> None:
                    "torch.AcceleratorError: CUDA error: unspecified launch failure", "Dumping scheduler output",
                    "Dumping scheduler stats: SchedulerStats(", "EngineCore encountered a fatal error.", "EngineDeadError"):  # fmt: skip
         assert needle in log, needle
+
+
+def test_the_simulated_crash_log_reads_like_a_real_one(tmp_path: Path) -> None:
+    """The sidecar's own log parser finds in the simulated decode log what it finds in a real
+    vLLM crash: both workers' CUDA errors with their frames, the crash dump as rows, the fatal
+    error and the dead engine."""
+    from collector.inspect_log import inspect_log
+    from collector.model import EventKind
+
+    async def run() -> SimPair:
+        pair = SimPair(PairConfig(workdir=tmp_path, recorder_dir=tmp_path / "rec", steps_per_second=4000, scenario=SMALL))
+        await pair.start()
+        await asyncio.wait_for(pair.run(), 30)
+        await pair.close()
+        return pair
+
+    pair = asyncio.run(run())
+    report = inspect_log(tmp_path / "decode.log")
+    cuda = [e for e in report.events if e.kind is EventKind.CUDA_ERROR]
+    assert sorted(e.process for e in cuda) == ["Worker_TP0", "Worker_TP1"]
+    funcs = {f["func"] for e in cuda for f in e.frames}
+    assert {"finish_forward", "_finish_mirror_phase", "run_fullgraph"} <= funcs
+    assert all("unspecified launch failure" in e.message for e in cuda)
+    (dump,) = report.crash_dumps
+    rows = dump.data["requests"]
+    assert sorted(r["request_id"] for r in rows) == sorted(r.request_id for r in pair.decode.running)
+    assert dump.data["stats"]["kv_cache_usage"] == pytest.approx(pair.decode.kv_usage())
+    kinds = {e.kind for e in report.events}
+    assert {EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD} <= kinds
