@@ -1,0 +1,37 @@
+# The flight-recorder sidecar. One per node, next to the vLLM engines it watches:
+#   docker build -t vllm-flight-recorder .
+#   docker run -e FLIGHTREC_API_TOKEN=... -v ./deploy/flightrec.yaml:/etc/flightrec/flightrec.yaml:ro vllm-flight-recorder
+# docker-compose.yml runs it with Postgres, Prometheus, Alertmanager and Grafana (docs/deploy.md).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY collector ./collector
+COPY alembic ./alembic
+# The migrations are not part of the wheel: collector.storage.migrate looks for them under
+# <prefix>/share/vllm-flight-recorder/alembic when there is no checkout beside the package.
+RUN pip install . \
+    && mkdir -p /usr/local/share/vllm-flight-recorder \
+    && cp -r alembic /usr/local/share/vllm-flight-recorder/alembic \
+    && cd / && rm -rf /src
+
+# Non-root: reading /dev/kmsg then needs the GPU-node settings in docker-compose.yml.
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/flightrec --shell /usr/sbin/nologin flightrec \
+    && mkdir -p /var/lib/flightrec /etc/flightrec \
+    && chown flightrec:flightrec /var/lib/flightrec
+WORKDIR /var/lib/flightrec
+USER flightrec
+
+EXPOSE 8787
+# /healthz needs no token; "degraded" still answers 200, so only a dead process fails this.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=2)"]
+
+# host 0.0.0.0 (in the config file) refuses to start without an api_token: set FLIGHTREC_API_TOKEN.
+ENTRYPOINT ["flightrec"]
+CMD ["serve", "--config", "/etc/flightrec/flightrec.yaml"]
