@@ -1,0 +1,425 @@
+"""Source: vLLM's Prometheus ``/metrics`` and ``/health`` of every engine the sidecar watches.
+
+One asyncio task per configured engine (a vLLM server), so a slow or dead server never delays
+the others. Each task scrapes on a fixed grid of ``interval`` seconds; a scrape never overlaps
+the previous one of the same engine: a tick that comes while a scrape is still running (it can
+take up to ``timeout``) is skipped and counted, not queued.
+
+One scrape = ``GET {url}/metrics`` and ``GET {url}/health`` together. The page is parsed by
+``collector.parsers.prom_text`` keeping only ``KEPT_SAMPLES`` and ``KEPT_PREFIXES``, and becomes
+one ``MetricsScrape`` per vLLM ``engine`` label (DP engines of one server):
+
+- name: the configured name for engine label ``"0"`` (and for a page without the label),
+  ``f"{name}/dp{idx}"`` for engine label ``idx`` otherwise (``decode-0``, ``decode-0/dp1``...);
+- ``values``: keyed by the sample name without ``vllm:``; the ``engine`` and ``model_name``
+  labels are dropped (the first names the record, the second goes to ``model_name``); any other
+  label is kept in Prometheus selector form with sorted labels:
+  ``num_requests_waiting_by_reason{reason="capacity"}``;
+- ``rates``: per-second rates of the counter samples (``counter`` families and the ``_sum`` /
+  ``_count`` of histograms and summaries) against the previous scrape of the same engine. A
+  counter that went down was reset (the engine restarted): its rate counts from zero, i.e.
+  ``value / dt``. No rate on an engine's first scrape.
+
+Failure, as data: connection refused, timeout, a non-200 answer of either endpoint, or a page
+that does not parse is an error for that scrape only (no record; the status says why). After
+``health_fail_threshold`` failed scrapes in a row one CRITICAL ``ENGINE_DOWN`` event is emitted,
+and no other until a scrape succeeds again, which emits one INFO ``LOG`` event
+("engine back up") so that alerts and incidents can be closed.
+
+Exceptions: none leave ``run``; HTTP errors are translated into ``ScrapeError`` where they enter
+and become status and events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from collector.model import Event, EventKind, MetricsScrape, Severity, SourceStatus
+from collector.parsers.prom_text import MetricsParseError, ParsedPage, Sample, Wanted, parse
+from collector.sources.base import Sink, SourceError
+
+__all__ = [
+    "KEPT_PREFIXES",
+    "KEPT_SAMPLES",
+    "CounterRates",
+    "EngineTarget",
+    "ScrapeError",
+    "VllmMetricsSource",
+    "page_to_scrapes",
+]
+
+PREFIX = "vllm:"
+
+# The vLLM families we keep (sample names). Gauges and counters whole; of the latency
+# histograms only _sum and _count (mean and rate; the buckets are what make the page big).
+# vllm:iteration_tokens_total is a histogram despite its name.
+KEPT_SAMPLES: frozenset[str] = frozenset(
+    PREFIX + name
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "num_requests_waiting_by_reason",
+        "kv_cache_usage_perc",
+        "num_preemptions_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "request_success_total",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "iteration_tokens_total_sum",
+        "iteration_tokens_total_count",
+        "e2e_request_latency_seconds_sum",
+        "e2e_request_latency_seconds_count",
+        "time_to_first_token_seconds_sum",
+        "time_to_first_token_seconds_count",
+        "inter_token_latency_seconds_sum",
+        "inter_token_latency_seconds_count",
+    )
+)
+# Connector families, kept whole when present (vLLM 0.33's sparse-attention connector and NIXL):
+# every sample but histogram buckets and _created.
+KEPT_PREFIXES: tuple[str, ...] = (PREFIX + "hisparse_", PREFIX + "nixl_")
+WANTED = Wanted(KEPT_SAMPLES, KEPT_PREFIXES)
+
+# Defaults; Settings carries the same keys (scrape_interval, scrape_timeout, health_fail_threshold).
+DEFAULT_INTERVAL = 1.0  # seconds between scrapes of one engine
+DEFAULT_TIMEOUT = 2.0  # seconds, for each of /metrics and /health
+DEFAULT_HEALTH_FAIL_THRESHOLD = 3  # failed scrapes in a row before ENGINE_DOWN
+_COUNTER_PARTS = ("_sum", "_count")
+
+
+class EngineTarget(Protocol):
+    """What the source needs of a configured engine (settings' engine entries fit)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
+class ScrapeError(Exception):
+    """One scrape of one engine failed (HTTP error, non-200 answer, unparsable page)."""
+
+
+# ----------------------------------------------------------------------------- pure part
+
+
+def _escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _key(sample: Sample) -> str:
+    name = sample.name[len(PREFIX) :] if sample.name.startswith(PREFIX) else sample.name
+    extra = sorted((k, v) for k, v in sample.labels.items() if k not in ("engine", "model_name"))
+    if not extra:
+        return name
+    inner = ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in extra)
+    return f"{name}{{{inner}}}"
+
+
+def _engine_name(configured: str, engine_label: str) -> str:
+    if engine_label == "0":
+        return configured
+    return f"{configured}/dp{engine_label}"
+
+
+def counter_keys(page: ParsedPage) -> Callable[[str], bool]:
+    """Which sample names are counters, from the page's TYPE lines (families we keep)."""
+
+    def is_counter(sample_name: str) -> bool:
+        if sample_name.endswith(_COUNTER_PARTS):
+            family = sample_name.rsplit("_", 1)[0]
+            if page.types.get(family) in ("histogram", "summary"):
+                return True
+        kind = page.types.get(sample_name)
+        if kind is None and sample_name.endswith("_total"):
+            kind = page.types.get(sample_name[: -len("_total")])
+        return kind == "counter"
+
+    return is_counter
+
+
+def page_to_scrapes(
+    page: ParsedPage, *, name: str, ts: float
+) -> tuple[list[MetricsScrape], set[str]]:
+    """Group a parsed page by vLLM ``engine`` label. Returns the records and the counter keys."""
+    by_engine: dict[str, MetricsScrape] = {}
+    counters: set[str] = set()
+    is_counter = counter_keys(page)
+    for sample in page.samples:
+        # A sample without an engine label belongs to the server as a whole: the first engine.
+        label = sample.labels.get("engine", "0")
+        scrape = by_engine.get(label)
+        if scrape is None:
+            scrape = by_engine[label] = MetricsScrape(
+                engine=_engine_name(name, label), ts=ts, values={}
+            )
+        if scrape.model_name is None:
+            scrape.model_name = sample.labels.get("model_name")
+        key = _key(sample)
+        scrape.values[key] = sample.value
+        if is_counter(sample.name):
+            counters.add(key)
+    return list(by_engine.values()), counters
+
+
+@dataclass(slots=True)
+class CounterRates:
+    """Per-second rates of counters between successive scrapes of one engine, across resets."""
+
+    _last: dict[str, tuple[float, dict[str, float]]] = field(default_factory=dict)
+
+    def update(self, engine: str, at: float, values: dict[str, float], counters: Iterable[str]) -> dict[str, float]:
+        """Rates since the previous call for ``engine`` (monotonic ``at``); remembers this one."""
+        current = {k: values[k] for k in counters if k in values}
+        previous = self._last.get(engine)
+        self._last[engine] = (at, current)
+        if previous is None:
+            return {}
+        before, old = previous
+        dt = at - before
+        if dt <= 0:
+            return {}
+        rates: dict[str, float] = {}
+        for key, value in current.items():
+            prior = old.get(key)
+            if prior is None or math.isnan(value) or math.isnan(prior):
+                continue
+            # A counter never goes down: lower means the engine restarted and the counter began
+            # again from zero, so all of the new value was counted since the previous scrape.
+            delta = value - prior if value >= prior else value
+            rates[key] = delta / dt
+        return rates
+
+    def forget(self, engine: str) -> None:
+        self._last.pop(engine, None)
+
+
+# ----------------------------------------------------------------------------- I/O part
+
+
+@dataclass(slots=True)
+class _EngineState:
+    name: str
+    url: str
+    up: bool = False  # seen up at its last scrape
+    down_reported: bool = False  # ENGINE_DOWN emitted and not yet cleared
+    consecutive_failures: int = 0
+    errors: int = 0  # failed scrapes since start
+    skipped_ticks: int = 0  # ticks skipped because the previous scrape was still running
+    scrapes: int = 0
+    last_ok: float | None = None
+    last_error: str = ""
+    last_duration_s: float | None = None
+    engines_seen: set[str] = field(default_factory=set)
+
+
+ClientFactory = Callable[[], httpx.AsyncClient]
+
+
+def _default_client() -> httpx.AsyncClient:
+    # trust_env=False: engines are addressed directly; proxy variables must not reroute them.
+    return httpx.AsyncClient(trust_env=False)
+
+
+class VllmMetricsSource:
+    """Scrapes ``/metrics`` and ``/health`` of every engine; see the module docstring.
+
+    ``client_factory`` builds the one ``httpx.AsyncClient`` used by ``run`` (tests pass one
+    around an ``httpx.MockTransport``); ``clock`` stamps records (unix seconds); ``monotonic``
+    paces ticks and measures durations and rate intervals.
+    """
+
+    name = "vllm_metrics"
+
+    def __init__(
+        self,
+        *,
+        engines: Sequence[EngineTarget],
+        interval: float = DEFAULT_INTERVAL,
+        timeout: float = DEFAULT_TIMEOUT,
+        health_fail_threshold: int = DEFAULT_HEALTH_FAIL_THRESHOLD,
+        client_factory: ClientFactory | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        wanted: Wanted = WANTED,
+    ) -> None:
+        if interval <= 0 or timeout <= 0 or health_fail_threshold < 1:
+            raise ValueError("interval and timeout must be > 0, health_fail_threshold >= 1")
+        names = [engine.name for engine in engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique: {names}")
+        self._states = [_EngineState(e.name, e.url.rstrip("/")) for e in engines]
+        self._interval = interval
+        self._timeout = timeout
+        self._threshold = health_fail_threshold
+        self._client_factory = client_factory or _default_client
+        self._clock = clock
+        self._monotonic = monotonic
+        self._wanted = wanted
+        self._rates = CounterRates()
+
+    # -- public
+
+    async def run(self, sink: Sink) -> None:
+        """Scrape every engine each ``interval`` until cancelled."""
+        try:
+            async with self._client_factory() as client:
+                async with asyncio.TaskGroup() as group:
+                    for state in self._states:
+                        group.create_task(self._loop(client, state, sink), name=f"scrape {state.name}")
+        except* Exception as group_error:
+            # Failed scrapes never get here (they are status and events); only a bug does.
+            first = group_error.exceptions[0]
+            raise SourceError(f"{self.name}: {type(first).__name__}: {first}") from first
+
+    async def scrape_once(self, client: httpx.AsyncClient, sink: Sink) -> None:
+        """One scrape of every engine, concurrently (for tests and one-shot tools)."""
+        await asyncio.gather(*(self._scrape(client, state, sink) for state in self._states))
+
+    def status(self) -> list[SourceStatus]:
+        """One status per configured engine: up, last error, failures, last scrape duration."""
+        out = []
+        for s in self._states:
+            duration = "" if s.last_duration_s is None else f"; last scrape {s.last_duration_s * 1000:.1f} ms"
+            reason = s.last_error if not s.up else ""
+            out.append(
+                SourceStatus(
+                    name=f"{self.name}:{s.name}",
+                    up=s.up,
+                    reason=(reason + duration).lstrip("; "),
+                    last_ok=s.last_ok,
+                    errors=s.consecutive_failures,
+                    details={
+                        "url": s.url,
+                        "consecutive_failures": s.consecutive_failures,
+                        "errors_total": s.errors,
+                        "scrapes": s.scrapes,
+                        "skipped_ticks": s.skipped_ticks,
+                        "last_error": s.last_error,
+                        "last_duration_s": s.last_duration_s,
+                        "engines": sorted(s.engines_seen),
+                    },
+                )
+            )
+        return out
+
+    # -- internals
+
+    async def _loop(self, client: httpx.AsyncClient, state: _EngineState, sink: Sink) -> None:
+        next_tick = self._monotonic()
+        while True:
+            await self._scrape(client, state, sink)
+            next_tick += self._interval
+            now = self._monotonic()
+            if now > next_tick:
+                # The scrape ran past one or more ticks: skip them rather than firing a burst.
+                missed = math.ceil((now - next_tick) / self._interval)
+                state.skipped_ticks += missed
+                next_tick += missed * self._interval
+            await asyncio.sleep(max(0.0, next_tick - now))
+
+    async def _get(self, client: httpx.AsyncClient, url: str) -> httpx.Response:
+        try:
+            response = await client.get(url, timeout=self._timeout)
+        except httpx.TimeoutException as exc:
+            raise ScrapeError(f"GET {url}: timed out after {self._timeout:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise ScrapeError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise ScrapeError(f"GET {url}: HTTP {response.status_code}")
+        return response
+
+    async def _metrics(self, client: httpx.AsyncClient, state: _EngineState, ts: float) -> tuple[list[MetricsScrape], set[str]]:
+        url = state.url + "/metrics"
+        response = await self._get(client, url)
+        try:
+            page = parse(response.text, self._wanted)
+        except MetricsParseError as exc:
+            raise ScrapeError(f"GET {url}: unparsable page: {exc}") from exc
+        scrapes, counters = page_to_scrapes(page, name=state.name, ts=ts)
+        if not scrapes:
+            raise ScrapeError(f"GET {url}: no vLLM samples on the page")
+        return scrapes, counters
+
+    async def _scrape(self, client: httpx.AsyncClient, state: _EngineState, sink: Sink) -> None:
+        started = self._monotonic()
+        ts = self._clock()
+        metrics, health = await asyncio.gather(
+            self._metrics(client, state, ts),
+            self._get(client, state.url + "/health"),
+            return_exceptions=True,
+        )
+        state.last_duration_s = self._monotonic() - started
+        # A page read while /health fails is still evidence (an engine on its way down often
+        # serves one): emit it, and count the scrape as failed.
+        if not isinstance(metrics, BaseException):
+            scrapes, counters = metrics
+            for scrape in scrapes:
+                scrape.rates = self._rates.update(scrape.engine, started, scrape.values, counters)
+                state.engines_seen.add(scrape.engine)
+                sink.emit(scrape)
+        errors = [r for r in (metrics, health) if isinstance(r, BaseException)]
+        for error in errors:
+            if not isinstance(error, ScrapeError):
+                raise error  # a bug or a cancellation, not a failed scrape
+        if errors:
+            self._failed(state, "; ".join(str(e) for e in errors), ts, sink)
+        else:
+            self._succeeded(state, ts, sink)
+
+    def _failed(self, state: _EngineState, error: str, ts: float, sink: Sink) -> None:
+        state.scrapes += 1
+        state.errors += 1
+        state.consecutive_failures += 1
+        state.last_error = error
+        state.up = False
+        if state.consecutive_failures >= self._threshold and not state.down_reported:
+            state.down_reported = True
+            sink.emit(
+                Event(
+                    kind=EventKind.ENGINE_DOWN,
+                    ts=ts,
+                    source="scrape",
+                    severity=Severity.CRITICAL,
+                    engine=state.name,
+                    message=(
+                        f"engine {state.name} down: {state.consecutive_failures} failed scrapes "
+                        f"in a row; last: {error}"
+                    ),
+                    data={
+                        "url": state.url,
+                        "consecutive_failures": state.consecutive_failures,
+                        "last_ok": state.last_ok,
+                        "error": error,
+                    },
+                )
+            )
+
+    def _succeeded(self, state: _EngineState, ts: float, sink: Sink) -> None:
+        state.scrapes += 1
+        if state.down_reported:
+            state.down_reported = False
+            sink.emit(
+                Event(
+                    kind=EventKind.LOG,
+                    ts=ts,
+                    source="scrape",
+                    severity=Severity.INFO,
+                    engine=state.name,
+                    message=f"engine {state.name} back up after {state.consecutive_failures} failed scrapes",
+                    data={"url": state.url, "down_since": state.last_ok},
+                )
+            )
+        state.up = True
+        state.consecutive_failures = 0
+        state.last_ok = ts
+        state.last_error = ""
