@@ -1,7 +1,7 @@
 """The snapshot document: what a crash snapshot holds, and its versioned export format.
 
-The export (``GET /api/v1/snapshots/{id}/export``, ``flightrec snapshots export ID``) is one
-gzip JSON object::
+The export (``GET /api/v1/snapshots/{id}``, ``GET /api/v1/snapshots/{id}/export``,
+``flightrec snapshots export ID``) is one JSON object, served gzip-compressed::
 
     {"schema": "flightrec.snapshot/v1", "id": 12, "incident_id": 3, "host": "node-a",
      "engine": "decode-0", "created_at": 1796045430.1, "fault_ts": 1796045429.9,
@@ -10,23 +10,119 @@ gzip JSON object::
      "fingerprint": {"vllm_version": ..., "kv_transfer_config": ..., "env": {...}, ...},
      "steps": [{"step", "ts", "running", "waiting", "kv_cache_usage", "preemptions",
                 "prompt_tokens", "generation_tokens", "mirror_rows", "connector", ...}],
-     "requests": [{"step", "request_id", "prompt_len", "computed_tokens", "output_tokens",
-                   "preemptions", "status", "mirror_rows"}],
+     "requests": {"columns": {"step": [...], "request_id": [...], "prompt_len": [...],
+                              "computed_tokens": [...], "output_tokens": [...],
+                              "preemptions": [...], "status": [...], "mirror_rows": [...]},
+                  "sparse": ["extras"]},
      "gpu_samples": [GpuSample fields], "events": [Event fields],
-     "log_lines": [{"ts", "line"}]}
+     "log_lines": [{"ts", "line"}],
+     "peers": [{"host", "engine", "pair", "role", "fingerprint"}]}
+
+``requests`` is columnar: row ``i`` is ``{name: columns[name][i]}``; a column listed in
+``sparse`` is left out of a row where its value is null. A 4096-step x 64-request snapshot
+is 262k rows: as row objects that is 40 MB of JSON and seconds to encode, as columns a
+third of the size and four times faster, which is what keeps fault-to-durable-snapshot
+under half a second. In Python, ``SnapshotDoc.requests`` is a ``RequestTable`` that still
+reads as a sequence of row dicts.
 
 Times are unix seconds. Fields may be added within v1; none are removed or renamed.
+
+Each part is stored as a gzip member whose deflate body ends on a full flush, so the API
+splices the stored bytes of all parts into one gzip stream without decompressing them
+(``assemble_gzip``): fetching a 4096 x 64 snapshot costs a database read, not a re-encode.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 SCHEMA = "flightrec.snapshot/v1"
-PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines")
+PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers")
+HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
+                 "summary", "fingerprint")  # fmt: skip
+ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
+REQUEST_COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions",
+                   "status", "mirror_rows")  # fmt: skip
+
+
+class RequestTable(Sequence[dict[str, Any]]):
+    """Per-request rows held as columns; reads as a sequence of row dicts."""
+
+    __slots__ = ("columns", "sparse", "_n")
+
+    def __init__(self, columns: dict[str, list[Any]] | None = None, sparse: Iterable[str] = ()) -> None:
+        self.columns: dict[str, list[Any]] = dict(columns or {})
+        self.sparse = frozenset(sparse)
+        lengths = {len(v) for v in self.columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"request columns differ in length: {sorted(lengths)}")
+        self._n = lengths.pop() if lengths else 0
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[dict[str, Any]]) -> RequestTable:
+        rows = list(rows)
+        names: dict[str, None] = {}
+        for r in rows:
+            for k in r:
+                names.setdefault(k, None)
+        sparse = [k for k in names if any(k not in r for r in rows)]
+        return cls({k: [r.get(k) for r in rows] for k in names}, sparse)
+
+    @classmethod
+    def coerce(cls, value: Any) -> RequestTable:
+        if isinstance(value, RequestTable):
+            return value
+        if isinstance(value, dict):
+            return cls(value.get("columns") or {}, value.get("sparse") or ())
+        if value is None:
+            return cls()
+        return cls.from_rows(value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": self.columns, "sparse": sorted(self.sparse)}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _row(self, i: int) -> dict[str, Any]:
+        out = {}
+        for k, col in self.columns.items():
+            v = col[i]
+            if v is None and k in self.sparse:
+                continue
+            out[k] = v
+        return out
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):
+            return [self._row(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("request row out of range")
+        return self._row(i)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self._row(i) for i in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RequestTable):
+            return self.to_json() == other.to_json()
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RequestTable({self._n} rows, columns={list(self.columns)})"
 
 
 @dataclass
@@ -39,38 +135,164 @@ class SnapshotDoc:
     summary: dict[str, Any] = field(default_factory=dict)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    requests: RequestTable = field(default_factory=RequestTable)
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     log_lines: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
     incident_id: int | None = None
+    # fingerprints of the other engines of this engine's P/D pair, as stored at commit
+    peers: list[dict[str, Any]] = field(default_factory=list)
 
-    def part(self, name: str) -> list[dict[str, Any]]:
-        return getattr(self, name)  # type: ignore[no-any-return]
+    def __post_init__(self) -> None:
+        self.requests = RequestTable.coerce(self.requests)
+
+    def part(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def set_part(self, name: str, value: Any) -> None:
+        setattr(self, name, RequestTable.coerce(value) if name == "requests" else (value or []))
+
+    def header(self) -> dict[str, Any]:
+        """The export's fields other than the parts."""
+        return {
+            "schema": SCHEMA, "id": self.id, "incident_id": self.incident_id, "host": self.host,
+            "engine": self.engine, "created_at": self.created_at, "fault_ts": self.fault_ts,
+            "trigger": self.trigger, "summary": self.summary, "fingerprint": self.fingerprint,
+        }  # fmt: skip
 
     def to_export(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "schema": SCHEMA,
-            "id": self.id,
-            "incident_id": self.incident_id,
-            "host": self.host,
-            "engine": self.engine,
-            "created_at": self.created_at,
-            "fault_ts": self.fault_ts,
-            "trigger": self.trigger,
-            "summary": self.summary,
-            "fingerprint": self.fingerprint,
-        }
+        out = self.header()
         for name in PARTS:
-            out[name] = self.part(name)
+            value = self.part(name)
+            out[name] = value.to_json() if isinstance(value, RequestTable) else value
         return out
+
+    @classmethod
+    def from_export(cls, data: dict[str, Any]) -> SnapshotDoc:
+        known = set(HEADER_FIELDS) | set(PARTS)
+        kwargs = {k: v for k, v in data.items() if k in known and k != "schema"}
+        return cls(**kwargs)
+
+
+# -- packing --------------------------------------------------------------------------------
+_GZ_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0, OS unknown
+_EMPTY_FINAL_BLOCK = b"\x03\x00"  # a fixed-Huffman final block holding only end-of-block
+_LEVEL = 1  # JSON of engine steps compresses ~10x at level 1 for a fraction of level 6's time
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, RequestTable):
+        return obj.to_json()
+    return str(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), default=_json_default).encode()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A raw deflate body ending on a byte boundary, with the CRC-32 and length of its text."""
+
+    body: bytes
+    crc: int
+    length: int
+
+
+def deflate_segment(raw: bytes, level: int = _LEVEL) -> Segment:
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return Segment(c.compress(raw) + c.flush(zlib.Z_FULL_FLUSH), zlib.crc32(raw), len(raw))
 
 
 def pack(obj: Any) -> bytes:
-    # level 1: a 4096x64 snapshot compresses ~10x at a fraction of level 9's time.
-    return gzip.compress(json.dumps(obj, separators=(",", ":"), default=str).encode(), compresslevel=1)
+    """gzip of the JSON of ``obj``, readable by any gzip reader, whose deflate body ends on a
+    full flush followed by an empty final block, so ``segment_of`` can take the body out."""
+    seg = deflate_segment(dumps(obj))
+    return _GZ_HEADER + seg.body + _EMPTY_FINAL_BLOCK + struct.pack("<II", seg.crc, seg.length & 0xFFFFFFFF)
+
+
+def segment_of(blob: bytes) -> Segment | None:
+    """The spliceable body of a blob written by ``pack``; None for any other gzip."""
+    if len(blob) < 20 or blob[:10] != _GZ_HEADER or blob[-10:-8] != _EMPTY_FINAL_BLOCK:
+        return None
+    crc, length = struct.unpack("<II", blob[-8:])
+    return Segment(blob[10:-10], crc, length)
 
 
 def unpack(blob: bytes) -> Any:
-    return json.loads(gzip.decompress(blob))
+    return json.loads(zlib.decompress(blob, 47))
+
+
+# CRC-32 of A+B from crc(A), crc(B) and len(B) (zlib's crc32_combine, absent from Python 3.11's
+# zlib): the effect of appending n zero bytes is a linear operator over GF(2); we keep the
+# operators for 2^k bytes so a combine is at most 64 matrix-vector products.
+def _gf2_times(mat: list[int], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: list[int]) -> list[int]:
+    return [_gf2_times(mat, mat[n]) for n in range(32)]
+
+
+def _zero_operators() -> list[list[int]]:
+    op = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+    for _ in range(3):
+        op = _gf2_square(op)  # 2, 4, 8 bits: one zero byte
+    ops = [op]
+    for _ in range(63):
+        ops.append(_gf2_square(ops[-1]))
+    return ops
+
+
+_ZERO_OPS = _zero_operators()
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    k = 0
+    while len2:
+        if len2 & 1:
+            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
+def assemble_gzip(pieces: Sequence[bytes | Segment]) -> bytes:
+    """One gzip member of the concatenated texts: ``bytes`` pieces are compressed here, stored
+    segments are copied as they are."""
+    out = [_GZ_HEADER]
+    crc, total = 0, 0
+    for piece in pieces:
+        seg = piece if isinstance(piece, Segment) else deflate_segment(piece)
+        out.append(seg.body)
+        crc = crc32_combine(crc, seg.crc, seg.length)
+        total += seg.length
+    out.append(_EMPTY_FINAL_BLOCK + struct.pack("<II", crc, total & 0xFFFFFFFF))
+    return b"".join(out)
+
+
+def export_gzip(header: dict[str, Any], parts: dict[str, bytes]) -> bytes:
+    """The whole export as one gzip stream, from the header and the parts' stored blobs.
+
+    A part stored in another form (or missing) is decoded and re-encoded (or served empty)."""
+    text = dumps(header)
+    pieces: list[bytes | Segment] = [text[:-1]]
+    for name in PARTS:
+        blob = parts.get(name)
+        seg = segment_of(blob) if blob is not None else None
+        if seg is None:
+            value = unpack(blob) if blob is not None else ({"columns": {}, "sparse": []} if name == "requests" else [])
+            if name == "requests" and isinstance(value, list):
+                value = RequestTable.from_rows(value).to_json()
+            seg = deflate_segment(dumps(value))
+        pieces.append(f',"{name}":'.encode())
+        pieces.append(seg)
+    pieces.append(b"}")
+    return assemble_gzip(pieces)

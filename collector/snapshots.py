@@ -1,7 +1,8 @@
-"""Freezing the rings into a crash snapshot, and which events trigger one.
+"""Freezing the rings into a crash snapshot, which events trigger one, and the triage
+checklist a snapshot answers.
 
-Pure functions over the hub's in-memory state: no I/O here. The hub decides when; this
-module decides what a snapshot holds.
+Pure functions over the hub's in-memory state and over stored documents: no I/O here. The
+hub decides when; this module decides what a snapshot holds and what it says.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from collector.model import Event, EventKind, GpuSample, LogLine, Severity, StepRecord
 from collector.redact import redact
-from collector.snapshot_doc import SnapshotDoc
+from collector.snapshot_doc import REQUEST_COLUMNS, RequestTable, SnapshotDoc
 
 # Events that freeze the ring. An Xid of the "info" class (e.g. a reported ECC correction)
 # does not; CRASH_DUMP lines ride along with the fatal error that accompanies them.
@@ -23,6 +24,9 @@ TRIGGER_KINDS = frozenset(
         EventKind.RECORDER_SILENT, EventKind.MANUAL,
     }
 )  # fmt: skip
+# Events that name a process that failed (a TP worker, the engine core).
+FAILURE_KINDS = frozenset({EventKind.CUDA_ERROR, EventKind.NCCL_ERROR, EventKind.ENGINE_FATAL})
+TRIGGER_KIND_VALUES = frozenset(k.value for k in TRIGGER_KINDS) | {EventKind.ANOMALY.value}
 
 
 def is_trigger(ev: Event) -> bool:
@@ -45,19 +49,41 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def request_table(steps: Iterable[StepRecord]) -> RequestTable:
+    """The per-request rows of the steps, as columns (no row dicts: 262k of them cost ~1 s)."""
+    pairs = [(rec.step, r) for rec in steps for r in rec.requests or ()]
+    cols: dict[str, list[Any]] = {"step": [s for s, _ in pairs]}
+    for name in REQUEST_COLUMNS[1:]:
+        cols[name] = [getattr(r, name) for _, r in pairs]
+    sparse = []
+    if any(r.extras for _, r in pairs):
+        cols["extras"] = [r.extras or None for _, r in pairs]
+        sparse.append("extras")
+    return RequestTable(cols, sparse)
+
+
 def request_rows(steps: Iterable[StepRecord]) -> list[dict[str, Any]]:
-    out = []
-    for rec in steps:
-        for r in rec.requests or ():
-            row = {
-                "step": rec.step, "request_id": r.request_id, "prompt_len": r.prompt_len,
-                "computed_tokens": r.computed_tokens, "output_tokens": r.output_tokens,
-                "preemptions": r.preemptions, "status": r.status, "mirror_rows": r.mirror_rows,
-            }  # fmt: skip
-            if r.extras:
-                row["extras"] = r.extras
-            out.append(row)
-    return out
+    return list(request_table(steps))
+
+
+def _step_at(steps: Sequence[StepRecord], ts: float) -> int | None:
+    """The last step recorded at or before ``ts``: the step a failing worker was running."""
+    best = None
+    for s in steps:
+        if s.ts <= ts:
+            best = s.step
+    return best
+
+
+def _event_step(ev: Event) -> int | None:
+    for key in ("step", "step_counter"):
+        value = ev.data.get(key)
+        if isinstance(value, int):
+            return value
+    stats = ev.data.get("stats")
+    if isinstance(stats, dict) and isinstance(stats.get("step_counter"), int):
+        return int(stats["step_counter"])
+    return None
 
 
 def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str, Any]:
@@ -67,11 +93,13 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
         last = steps[-1]
         with_reqs = next((s for s in reversed(steps) if s.requests), None)
         out.update(
-            last_step=last.step, last_step_ts=last.ts, running=last.running, waiting=last.waiting,
-            kv_cache_usage=last.kv_cache_usage,
+            first_step=steps[0].step, last_step=last.step, last_step_ts=last.ts, running=last.running,
+            waiting=last.waiting, kv_cache_usage=last.kv_cache_usage,
             preemptions_in_ring=sum(s.preemptions for s in steps),
             max_running_in_ring=max(s.running for s in steps),
             concurrency_at_fault=last.running + last.waiting,
+            # the load phase: the most requests the engine held at once in the ring
+            peak_concurrency=max(s.running + s.waiting for s in steps),
             mirror_rows=last.mirror_rows,
         )  # fmt: skip
         if with_reqs is not None and with_reqs.requests:
@@ -79,15 +107,24 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
             out["requests_at_last_step"] = {
                 "step": with_reqs.step,
                 "count": len(ctx),
+                "context_len_min": min(ctx),
                 "context_len_max": max(ctx),
                 "context_len_mean": sum(ctx) / len(ctx),
+                "preemptions": sum(r.preemptions for r in with_reqs.requests),
                 "mirror_rows": {r.request_id: r.mirror_rows for r in with_reqs.requests},
             }
-    failed = {}
+    dump_step = next((_event_step(e) for e in events if e.kind is EventKind.CRASH_DUMP and _event_step(e)), None)
+    failed: dict[str, dict[str, Any]] = {}
     for ev in events:
-        if ev.kind in (EventKind.CUDA_ERROR, EventKind.NCCL_ERROR, EventKind.ENGINE_FATAL) and ev.process:
-            failed.setdefault(ev.process, {"ts": ev.ts, "message": ev.message, "pid": ev.pid,
-                                           "step": ev.data.get("step")})  # fmt: skip
+        if ev.kind in FAILURE_KINDS and ev.process and ev.process not in failed:
+            step = _event_step(ev)
+            how = "event"
+            if step is None and dump_step is not None:
+                step, how = dump_step, "crash_dump"
+            if step is None and steps:
+                step, how = _step_at(steps, ev.ts), "last_step_before"
+            failed[ev.process] = {"ts": ev.ts, "message": redact(ev.message)[:500], "pid": ev.pid, "kind": ev.kind.value,
+                                  "step": step, "step_from": how}  # fmt: skip
     if failed:
         out["failed_processes"] = failed
     xids = sorted({ev.xid for ev in events if ev.xid is not None})
@@ -121,7 +158,7 @@ def build_snapshot(
         summary=summary,
         fingerprint=redact(fingerprint),
         steps=[step_row(s) for s in steps],
-        requests=request_rows(steps),
+        requests=request_table(steps),
         gpu_samples=[g.to_dict() for g in gpu_samples],
         events=[redact(e.to_dict()) for e in events],
         log_lines=[{"ts": line.ts, "line": redact(line.line)} for line in log_lines],

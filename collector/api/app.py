@@ -4,42 +4,34 @@ FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loo
 
 from __future__ import annotations
 
-import gzip
-import json
+import dataclasses
+import zlib
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.middleware.base import BaseHTTPMiddleware
 
 from collector import __version__
 from collector.api import schemas
 from collector.api.auth import require_read, require_write
+from collector.api.body_limit import MAX_BODY, BodyLimit
+from collector.api.checklist import checklist
 from collector.api.metrics import SidecarCollector
+from collector.model import EventKind
+from collector.snapshot_doc import export_gzip, unpack
 from collector.storage.db import StorageError
 from collector.storage.repo import BadCursor, NotFound, SnapshotFilter
 
-MAX_BODY = 64 * 1024
+__all__ = ["MAX_BODY", "create_app"]
 Read = Depends(require_read)
+PathId = Path(ge=1, le=2**62, description="numeric id")
 Write = Depends(require_write)
+TimeParam = Annotated[float | None, Query(allow_inf_nan=False, ge=0, description="unix seconds")]
 
 
-class BodyLimit(BaseHTTPMiddleware):
-    """Refuse oversized bodies before they are read (413), whatever the route."""
-
-    async def dispatch(self, request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > MAX_BODY
-            except ValueError:
-                return JSONResponse({"detail": "bad Content-Length"}, status_code=400)
-            if too_big:
-                return JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)
-        elif request.method in ("POST", "PUT", "PATCH") and request.headers.get("transfer-encoding"):
-            return JSONResponse({"detail": "chunked request bodies are not accepted"}, status_code=411)
-        return await call_next(request)
+def _accepts_gzip(request: Request) -> bool:
+    return "gzip" in request.headers.get("accept-encoding", "").lower()
 
 
 def _summary(row: dict[str, Any], request: Request) -> dict[str, Any]:
@@ -56,7 +48,7 @@ def create_app(ctx: Any) -> FastAPI:
         "joined with the GPU's state and the fault.",
     )
     app.state.ctx = ctx
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, max_body=MAX_BODY)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(ctx))
 
@@ -72,7 +64,7 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/healthz", response_model=schemas.Health)
     def healthz() -> dict[str, Any]:
-        statuses = [s.__dict__ for s in ctx.source_statuses()]
+        statuses = [dataclasses.asdict(s) for s in ctx.source_statuses()]
         degraded = ctx.writer.db_up is False or any(s["supported"] and not s["up"] for s in statuses)
         return {
             "status": "degraded" if degraded else "ok",
@@ -123,10 +115,10 @@ def create_app(ctx: Any) -> FastAPI:
         request: Request,
         engine: Annotated[str | None, Query(max_length=128)] = None,
         host: Annotated[str | None, Query(max_length=255)] = None,
-        trigger: Annotated[str | None, Query(max_length=32, description="trigger kind, e.g. xid")] = None,
+        trigger: Annotated[EventKind | None, Query(description="trigger kind, e.g. xid")] = None,
         incident_id: Annotated[int | None, Query(ge=1)] = None,
-        since: Annotated[float | None, Query(description="unix seconds, inclusive")] = None,
-        until: Annotated[float | None, Query(description="unix seconds, exclusive")] = None,
+        since: TimeParam = None,
+        until: TimeParam = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: Annotated[str | None, Query(max_length=200)] = None,
         _: None = Read,
@@ -134,26 +126,50 @@ def create_app(ctx: Any) -> FastAPI:
         if since is not None and until is not None and until <= since:
             raise HTTPException(400, "until must be after since")
         rows, nxt = ctx.repo.list_snapshots(
-            SnapshotFilter(engine=engine, host=host, trigger=trigger, incident_id=incident_id, since=since, until=until),
+            SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=since, until=until),
             limit=limit, cursor=cursor,
         )  # fmt: skip
         return {"items": [_summary(r, request) for r in rows], "next_cursor": nxt}
 
-    @app.get("/api/v1/snapshots/{snapshot_id}", response_model=schemas.SnapshotDocOut, response_model_by_alias=True)
-    def get_snapshot(snapshot_id: int, _: None = Read) -> Response:
-        doc = ctx.repo.get_snapshot(snapshot_id)
-        # Serialised directly: a 4096x64 snapshot is 262k rows, and re-validating them through
-        # the response model would cost more than the database read.
-        return Response(json.dumps(doc.to_export(), separators=(",", ":"), default=str), media_type="application/json")
+    @app.get(
+        "/api/v1/snapshots/{snapshot_id}", response_model=schemas.SnapshotDocOut,
+        responses={200: {"description": "the snapshot (export schema flightrec.snapshot/v1); gzip-encoded "
+                         "when the client accepts it"}, 404: {"description": "no such snapshot"}},
+    )  # fmt: skip
+    def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
+        body = _export(snapshot_id)
+        # The stored parts are spliced into one gzip stream (no decode, no re-encode): a
+        # 4096x64 snapshot is 262k request rows, which would cost seconds to re-serialise.
+        if _accepts_gzip(request):
+            return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+        return Response(zlib.decompress(body, 31), media_type="application/json", headers={"Vary": "Accept-Encoding"})
 
-    @app.get("/api/v1/snapshots/{snapshot_id}/export")
-    def export_snapshot(snapshot_id: int, _: None = Read) -> Response:
-        doc = ctx.repo.get_snapshot(snapshot_id)
-        body = gzip.compress(json.dumps(doc.to_export(), separators=(",", ":"), default=str).encode(), compresslevel=6)
+    @app.get(
+        "/api/v1/snapshots/{snapshot_id}/export",
+        response_class=Response,
+        responses={200: {"content": {"application/gzip": {}}, "description": "one gzip JSON file, schema flightrec.snapshot/v1"},
+                   404: {"description": "no such snapshot"}},
+    )  # fmt: skip
+    def export_snapshot(snapshot_id: Annotated[int, PathId], _: None = Read) -> Response:
         return Response(
-            body, media_type="application/gzip",
+            _export(snapshot_id), media_type="application/gzip",
             headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
         )  # fmt: skip
+
+    @app.get("/api/v1/snapshots/{snapshot_id}/checklist", response_model=schemas.Checklist)
+    def snapshot_checklist(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
+        doc, blobs = ctx.repo.get_snapshot_blobs(snapshot_id, parts=("peers", "events"))
+        peers = unpack(blobs["peers"]) if "peers" in blobs else []
+        events = unpack(blobs["events"]) if "events" in blobs else []
+        return {"snapshot_id": snapshot_id, "engine": doc.engine, "host": doc.host, "peers": [p.get("engine") for p in peers],
+                "items": checklist(doc.header(), peers, events)}  # fmt: skip
+
+    def _export(snapshot_id: int) -> bytes:
+        doc, blobs = ctx.repo.get_snapshot_blobs(snapshot_id)
+        try:
+            return export_gzip(doc.header(), blobs)
+        except (OSError, zlib.error, ValueError) as exc:
+            raise StorageError(f"snapshot {snapshot_id} is unreadable: {exc}") from exc
 
     @app.post("/api/v1/snapshots", status_code=202, response_model=schemas.ManualSnapshotOut)
     def manual_snapshot(body: schemas.ManualSnapshotIn, _: None = Write) -> dict[str, Any]:
@@ -174,22 +190,24 @@ def create_app(ctx: Any) -> FastAPI:
         return ctx.repo.list_incidents(limit=limit, before_id=before_id)
 
     @app.get("/api/v1/incidents/{incident_id}", response_model=schemas.IncidentOut)
-    def incident(incident_id: int, request: Request, _: None = Read) -> dict[str, Any]:
+    def incident(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> dict[str, Any]:
         out = ctx.repo.get_incident(incident_id)
         out["snapshots"] = [_summary(r, request) for r in out["snapshots"]]
         return out
 
     @app.get("/api/v1/events", response_model=list[schemas.EventOut])
     def events(
-        kind: Annotated[str | None, Query(max_length=32)] = None,
+        kind: Annotated[EventKind | None, Query()] = None,
         engine: Annotated[str | None, Query(max_length=128)] = None,
-        since: float | None = None,
-        until: float | None = None,
+        since: TimeParam = None,
+        until: TimeParam = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         before_id: Annotated[int | None, Query(ge=1)] = None,
         _: None = Read,
     ) -> list[dict[str, Any]]:
-        return ctx.repo.list_events(kind=kind, engine=engine, since=since, until=until, limit=limit, before_id=before_id)
+        if since is not None and until is not None and until <= since:
+            raise HTTPException(400, "until must be after since")
+        return ctx.repo.list_events(kind=kind.value if kind else None, engine=engine, since=since, until=until, limit=limit, before_id=before_id)
 
     from collector.api.pages import add_pages
 

@@ -1,4 +1,12 @@
-"""HTML pages: a snapshot list and a page per snapshot (the data comes from the JSON API)."""
+"""HTML pages: a snapshot list and a page per snapshot, and their static assets.
+
+The pages are shells with no data in them: the data comes from the JSON API, which enforces the
+token. So the shells are served without one, and a page opened as ``/snapshots/12?token=T``
+keeps ``T`` in the tab's sessionStorage and sends it as a bearer token (see flightrec.js).
+A strict Content-Security-Policy allows only this origin's scripts: no inline script, no
+outside resource, so a log line that looks like HTML can do nothing even if it were inserted
+as markup (it is not: the pages set text only).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,22 @@ import html
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi import FastAPI, HTTPException, Path
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from collector.api.auth import require_read
+ASSETS = {
+    "flightrec.js": "text/javascript; charset=utf-8",
+    "snapshot.js": "text/javascript; charset=utf-8",
+    "list.js": "text/javascript; charset=utf-8",
+    "flightrec.css": "text/css; charset=utf-8",
+}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' blob: data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 def _asset(name: str) -> str:
@@ -22,12 +42,17 @@ def add_pages(app: FastAPI, ctx: Any) -> None:
         return RedirectResponse("/snapshots")
 
     @app.get("/snapshots", include_in_schema=False, response_class=HTMLResponse)
-    def snapshots_page(request: Request) -> HTMLResponse:
-        require_read(request)
-        return HTMLResponse(_asset("list.html"))
+    def snapshots_page() -> HTMLResponse:
+        return HTMLResponse(_asset("list.html"), headers=SECURITY_HEADERS)
 
     @app.get("/snapshots/{snapshot_id}", name="snapshot_page", include_in_schema=False, response_class=HTMLResponse)
-    def snapshot_page(snapshot_id: int, request: Request) -> HTMLResponse:
-        require_read(request)
+    def snapshot_page(snapshot_id: int = Path(ge=1)) -> HTMLResponse:
         page = _asset("snapshot.html").replace("{{SNAPSHOT_ID}}", html.escape(str(snapshot_id)))
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=SECURITY_HEADERS)
+
+    @app.get("/ui/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        media = ASSETS.get(name)
+        if media is None:
+            raise HTTPException(404, "no such asset")
+        return Response(_asset(name), media_type=media, headers=SECURITY_HEADERS)

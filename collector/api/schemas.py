@@ -63,7 +63,25 @@ class SnapshotList(BaseModel):
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
 
 
+class RequestColumns(BaseModel):
+    columns: dict[str, list[Any]] = Field(
+        description="one list per field (step, request_id, prompt_len, computed_tokens, output_tokens, "
+        "preemptions, status, mirror_rows[, extras]); row i is {name: columns[name][i]}"
+    )
+    sparse: list[str] = Field(description="columns left out of a row where their value is null")
+
+
+class Peer(BaseModel):
+    host: str
+    engine: str
+    pair: str | None = None
+    role: str | None = None
+    fingerprint: dict[str, Any]
+
+
 class SnapshotDocOut(BaseModel):
+    """A snapshot, as the export schema flightrec.snapshot/v1 describes it."""
+
     schema_: str = Field(alias="schema")
     id: int
     incident_id: int | None
@@ -75,10 +93,11 @@ class SnapshotDocOut(BaseModel):
     summary: dict[str, Any]
     fingerprint: dict[str, Any]
     steps: list[dict[str, Any]]
-    requests: list[dict[str, Any]]
+    requests: RequestColumns
     gpu_samples: list[dict[str, Any]]
     events: list[dict[str, Any]]
     log_lines: list[dict[str, Any]]
+    peers: list[Peer] = Field(default_factory=list, description="the other engines of the pair, with their fingerprints")
 
     model_config = {"populate_by_name": True}
 
@@ -123,3 +142,20 @@ class EventOut(BaseModel):
     message: str
     data: dict[str, Any]
     snapshot_id: int | None
+
+
+class ChecklistItem(BaseModel):
+    key: str
+    label: str
+    recorded: bool = Field(description="false when the snapshot cannot answer the question")
+    value: Any = None
+    text: str = Field(description="the value as the page shows it, or 'not recorded'")
+    detail: Any = None
+
+
+class Checklist(BaseModel):
+    snapshot_id: int
+    engine: str
+    host: str
+    peers: list[str | None]
+    items: list[ChecklistItem]

@@ -15,7 +15,8 @@ from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from collector.snapshot_doc import PARTS, SnapshotDoc, pack, unpack
+from collector.redact import redact
+from collector.snapshot_doc import ENCODING, PARTS, SnapshotDoc, pack, unpack
 from collector.storage.db import StorageError
 from collector.storage.models import (
     EngineRow,
@@ -194,14 +195,20 @@ class Repository:
     def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str) -> tuple[int, int]:
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
 
-        Snapshots whose faults are within ``incident_window_s`` of an open incident join it:
-        TP workers at one step, the P and D engines of a pair, several hosts on one Postgres.
+        A snapshot joins the incident whose faults lie within ``incident_window_s`` of its own
+        (the nearest one, so a spooled snapshot committed late still finds its fault's
+        incident): TP workers failing at one step, the P and D engines of a pair, several hosts
+        writing to one Postgres. The fingerprints of the engine's pair peers are stored with it,
+        so the triage checklist (NCCL_NET_PLUGIN on both engines) is answerable from one
+        snapshot.
         """
-        blobs = {name: pack(doc.part(name)) for name in PARTS}  # compress outside the transaction
+        blobs = {name: pack(doc.part(name)) for name in PARTS if name != "peers"}  # compress outside the transaction
         with self._tx() as conn:
             if self.dialect == "postgresql":
                 # Several sidecars may file the same fault at once: one incident, not two.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": 0x46_4C_52_45_43})
+            doc.peers = self._peers(conn, doc)
+            blobs["peers"] = pack(doc.peers)
             incident_id = self._incident_for(conn, doc, incident_window_s, incident_key)
             summary = dict(doc.summary)
             summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
@@ -219,7 +226,7 @@ class Repository:
             ).scalar_one()  # fmt: skip
             conn.execute(
                 insert(SnapshotPartRow),
-                [{"snapshot_id": snap_id, "part": n, "encoding": "json+gzip", "payload": b} for n, b in blobs.items()],
+                [{"snapshot_id": snap_id, "part": n, "encoding": ENCODING, "payload": b} for n, b in blobs.items()],
             )
             conn.execute(
                 update(IncidentRow).where(IncidentRow.id == incident_id)
@@ -228,29 +235,55 @@ class Repository:
         doc.id, doc.incident_id = snap_id, incident_id
         return snap_id, incident_id
 
+    def _peers(self, conn: Connection, doc: SnapshotDoc) -> list[dict[str, Any]]:
+        """The other engines of the snapshot's P/D pair, with their last fingerprints."""
+        known = {(p.get("host"), p.get("engine")): p for p in doc.peers}
+        pair = doc.summary.get("pair")
+        if pair:
+            q = select(EngineRow.host, EngineRow.name, EngineRow.pair, EngineRow.fingerprint).where(
+                EngineRow.pair == str(pair)
+            )
+            for r in conn.execute(q):
+                if (r.host, r.name) == (doc.host, doc.engine) or (r.host, r.name) in known:
+                    continue
+                fp = r.fingerprint or {}
+                known[(r.host, r.name)] = {
+                    "host": r.host, "engine": r.name, "pair": r.pair,
+                    "role": fp.get("role") or fp.get("kv_role"), "fingerprint": redact(fp),
+                }  # fmt: skip
+        return sorted(known.values(), key=lambda p: (str(p.get("host")), str(p.get("engine"))))
+
     def _incident_for(self, conn: Connection, doc: SnapshotDoc, window: float, key: str) -> int:
+        t = doc.fault_ts
         row = conn.execute(
-            select(IncidentRow).where(IncidentRow.updated_at >= doc.fault_ts - window)
-            .order_by(IncidentRow.updated_at.desc()).limit(1)
-        ).mappings().first()  # fmt: skip
-        if row is not None:
-            hosts = sorted(set(row["hosts"] or []) | {doc.host})
-            engines = sorted(set(row["engines"] or []) | {f"{doc.host}/{doc.engine}"})
+            select(IncidentRow)
+            .where(IncidentRow.opened_at <= t + window, IncidentRow.updated_at >= t - window)
+            .order_by(IncidentRow.updated_at.desc()).limit(8)
+        ).mappings().all()  # fmt: skip
+        if row:
+            # the incident nearest in time: a late-committed snapshot must not join a newer one
+            best = min(row, key=lambda r: 0.0 if r["opened_at"] <= t <= r["updated_at"]
+                       else min(abs(t - r["opened_at"]), abs(t - r["updated_at"])))  # fmt: skip
+            hosts = sorted(set(best["hosts"] or []) | {doc.host})
+            engines = sorted(set(best["engines"] or []) | {f"{doc.host}/{doc.engine}"})
             conn.execute(
-                update(IncidentRow).where(IncidentRow.id == row["id"])
-                .values(updated_at=max(row["updated_at"], doc.fault_ts), hosts=hosts, engines=engines)
+                update(IncidentRow).where(IncidentRow.id == best["id"])
+                .values(updated_at=max(best["updated_at"], t), opened_at=min(best["opened_at"], t),
+                        hosts=hosts, engines=engines)
             )  # fmt: skip
-            return int(row["id"])
+            return int(best["id"])
         title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
-        return conn.execute(
+        return int(conn.execute(
             insert(IncidentRow).values(
-                key=key, title=title, opened_at=doc.fault_ts, updated_at=doc.fault_ts,
+                key=key, title=title, opened_at=t, updated_at=t,
                 trigger_kind=str(doc.trigger.get("kind")), hosts=[doc.host],
                 engines=[f"{doc.host}/{doc.engine}"], snapshot_count=0,
             ).returning(IncidentRow.id)
-        ).scalar_one()  # fmt: skip
+        ).scalar_one())  # fmt: skip
 
     def list_snapshots(self, flt: SnapshotFilter, *, limit: int = 50, cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """Newest first, by (created_at, id); the cursor is the last row's key, so pages never
+        repeat or skip a row even while snapshots are added."""
         q = select(*SUMMARY_COLUMNS)
         if flt.engine:
             q = q.where(SnapshotRow.engine == flt.engine)
@@ -279,44 +312,53 @@ class Repository:
             nxt = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
         return rows, nxt
 
-    def get_snapshot(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> SnapshotDoc:
+    def get_snapshot_blobs(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> tuple[SnapshotDoc, dict[str, bytes]]:
+        """The snapshot's header (a doc without parts) and its parts' stored blobs, undecoded:
+        the API splices them into its response without decompressing them."""
         with self._tx() as conn:
             row = conn.execute(select(SnapshotRow).where(SnapshotRow.id == snap_id)).mappings().first()
             if row is None:
                 raise NotFound(f"snapshot {snap_id} not found")
             blobs = {
-                p["part"]: p["payload"]
+                p.part: bytes(p.payload)
                 for p in conn.execute(
-                    select(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id,
-                                                  SnapshotPartRow.part.in_(list(parts)))
-                ).mappings()
+                    select(SnapshotPartRow.part, SnapshotPartRow.payload).where(
+                        SnapshotPartRow.snapshot_id == snap_id, SnapshotPartRow.part.in_(list(parts)))
+                )
             }  # fmt: skip
             trigger_ev = conn.execute(
-                select(EventRow).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)
-            ).mappings().first()  # fmt: skip
+                select(EventRow.id).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)
+            ).first()  # fmt: skip
+        summary = dict(row["summary"] or {})
+        trigger = dict(summary.get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"],
+                                                  "message": row["trigger_message"]})  # fmt: skip
+        if trigger_ev is not None:
+            trigger.setdefault("event_id", trigger_ev[0])
         doc = SnapshotDoc(
             host=row["host"], engine=row["engine"], created_at=row["created_at"], fault_ts=row["fault_ts"],
-            trigger=dict(row["summary"].get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"],
-                                                           "message": row["trigger_message"]}),
-            summary=dict(row["summary"]), fingerprint=dict(row["fingerprint"] or {}), id=row["id"],
+            trigger=trigger, summary=summary, fingerprint=dict(row["fingerprint"] or {}), id=row["id"],
             incident_id=row["incident_id"],
         )  # fmt: skip
-        if trigger_ev is not None:
-            doc.trigger.setdefault("event_id", trigger_ev["id"])
+        return doc, blobs
+
+    def get_snapshot(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> SnapshotDoc:
+        doc, blobs = self.get_snapshot_blobs(snap_id, parts=parts)
         for name, blob in blobs.items():
             try:
-                setattr(doc, name, unpack(blob))
+                doc.set_part(name, unpack(blob))
             except (OSError, zlib.error, ValueError) as exc:
                 raise StorageError(f"snapshot {snap_id} part {name} is unreadable: {exc}") from exc
         return doc
 
     def amend_snapshot(self, snap_id: int, doc: SnapshotDoc) -> None:
         """Replace a snapshot's parts and summary with a later freeze of the same fault."""
-        blobs = {name: pack(doc.part(name)) for name in PARTS}
+        blobs = {name: pack(doc.part(name)) for name in PARTS if name != "peers"}
         with self._tx() as conn:
             old = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == snap_id)).scalar_one_or_none()
             if old is None:
                 raise NotFound(f"snapshot {snap_id} not found")
+            doc.peers = self._peers(conn, doc)
+            blobs["peers"] = pack(doc.peers)
             summary = dict(doc.summary)
             summary["trigger"] = old.get("trigger")
             summary["amended_at"] = time.time()
@@ -328,12 +370,12 @@ class Repository:
                     last_step=doc.steps[-1]["step"] if doc.steps else None,
                 )
             )  # fmt: skip
-            for name, blob in blobs.items():
-                conn.execute(
-                    update(SnapshotPartRow)
-                    .where(SnapshotPartRow.snapshot_id == snap_id, SnapshotPartRow.part == name)
-                    .values(payload=blob)
-                )
+            # delete + insert, not update: a part added since the first commit (peers) has no row
+            conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id))
+            conn.execute(
+                insert(SnapshotPartRow),
+                [{"snapshot_id": snap_id, "part": n, "encoding": ENCODING, "payload": b} for n, b in blobs.items()],
+            )
 
     def snapshot_count(self) -> int:
         with self._tx() as conn:

@@ -1,0 +1,117 @@
+"""The snapshot page in a real headless Chromium: it loads with no console error, its plots
+are drawn (read back from the canvases and from a screenshot's pixels), its checklist and
+tracebacks are there, and a token given as ?token= works when reads need one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdp import Browser, find_chromium
+from png import decode
+
+CHROMIUM = find_chromium()
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")]  # fmt: skip
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img" / "snapshot-page.png"
+
+# For each canvas: how many of its pixels are not the background, and how many distinct colours.
+CANVAS_INK = """
+[...document.querySelectorAll('canvas[data-plot]')].map(c => {
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let ink = 0; const colours = new Set();
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i] < 235 || d[i+1] < 235 || d[i+2] < 235) { ink++; colours.add((d[i] >> 4) + ',' + (d[i+1] >> 4) + ',' + (d[i+2] >> 4)); }
+  }
+  const r = c.getBoundingClientRect();
+  return {title: c.dataset.plot, drawn: +c.dataset.drawn, ink, colours: colours.size, total: d.length / 4,
+          x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height};
+})
+"""
+
+
+@pytest.fixture
+def browser() -> Any:
+    assert CHROMIUM is not None
+    b = Browser(CHROMIUM)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _open(browser: Browser, url: str) -> Any:
+    page = browser.new_page()
+    page.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+    page.navigate(url)
+    page.wait_js("document.body.dataset.ready === '1' || !!document.querySelector('.error, #token-form')", timeout=60)
+    return page
+
+
+def _is_red(px: tuple[int, ...]) -> bool:
+    r, g, b = px[:3]
+    return r > 180 and g < 80 and b < 80
+
+
+def test_the_snapshot_page_draws_its_plots_with_no_console_error(serve: Any, browser: Browser) -> None:
+    with serve() as srv:
+        page = _open(browser, f"{srv.url}/snapshots/1")
+        assert page.evaluate("document.body.dataset.ready") == "1", page.evaluate("document.body.innerText")
+        browser.pump(0.5)
+        assert page.console_errors() == []
+
+        plots = page.evaluate(CANVAS_INK)
+        titles = {p["title"] for p in plots}
+        assert {"Running and waiting requests", "kv_cache_usage", "Preemptions per step", "Host-mirror rows (all requests)",
+                "Context length per request (computed tokens)", "GPU utilisation (%)", "GPU memory used (GiB)",
+                "GPU temperature (°C)", "GPU power (W)"} <= titles  # fmt: skip
+        for p in plots:
+            assert p["drawn"] > 1, p
+            assert p["ink"] > 0.01 * p["total"] and p["colours"] >= 3, p  # axes, a line, the fault marker
+
+        # the checklist answers from the snapshot; the tracebacks of both workers are shown
+        text = page.evaluate("document.body.innerText")
+        assert "Block size" in text and "FULL" in text and "128 GiB" in text
+        assert "Worker_TP0" in text and "Worker_TP1" in text
+        assert "hisparse/worker.py" in text and "copy_event.synchronize()" in text
+
+        # the same plots, as the compositor drew them: a screenshot of the step plots
+        box = page.evaluate("(() => { const r = document.getElementById('step-plots').getBoundingClientRect();"
+                            " return {x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height}; })()")  # fmt: skip
+        shot = decode(page.screenshot(clip={"x": box["x"], "y": box["y"], "width": box["w"], "height": box["h"], "scale": 0.5}))
+        step_plots = [p for p in plots if abs(p["y"] - box["y"]) < box["h"] and p["x"] >= box["x"] - 1 and p["y"] < box["y"] + box["h"]]
+        assert step_plots
+        for p in step_plots:
+            x0, y0 = int((p["x"] - box["x"]) * 0.5), int((p["y"] - box["y"]) * 0.5)
+            w, h = int(p["w"] * 0.5), int(p["h"] * 0.5)
+            pixels = [shot.pixel(x, y) for y in range(y0 + 2, min(y0 + h - 2, shot.height)) for x in range(x0 + 2, min(x0 + w - 2, shot.width))]
+            inked = [px for px in pixels if min(px) < 235]
+            assert len(inked) > 0.01 * len(pixels), p["title"]
+            assert any(_is_red(px) for px in pixels), f"{p['title']}: no fault marker"
+
+        if os.environ.get("FLIGHTREC_SAVE_SCREENSHOT"):
+            DOCS_IMG.parent.mkdir(parents=True, exist_ok=True)
+            DOCS_IMG.write_bytes(page.screenshot(full_page=True))
+
+
+def test_the_list_page_links_to_the_snapshot(serve: Any, browser: Browser) -> None:
+    with serve() as srv:
+        page = browser.new_page()
+        page.navigate(f"{srv.url}/snapshots")
+        page.wait_js("document.querySelectorAll('#list tbody tr').length > 0 || !!document.querySelector('.error')")
+        assert page.evaluate("document.querySelector('#list tbody a').getAttribute('href')") == "/snapshots/1"
+        browser.pump(0.3)
+        assert page.console_errors() == []
+
+
+def test_a_token_in_the_address_is_kept_for_the_tab_and_sent_as_bearer(serve: Any, browser: Browser) -> None:
+    with serve(host="0.0.0.0", api_token="s3cret-token") as srv:  # noqa: S104  (reads need the token)
+        page = _open(browser, f"{srv.url}/snapshots/1")
+        assert page.evaluate("!!document.getElementById('token-form')")  # no token: asked for one
+        page = _open(browser, f"{srv.url}/snapshots/1?token=s3cret-token")
+        assert page.evaluate("document.body.dataset.ready") == "1"
+        assert "token" not in page.evaluate("location.href")  # taken out of the address bar
+        assert page.evaluate("sessionStorage.getItem('flightrec.token')") == "s3cret-token"
