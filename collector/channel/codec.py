@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import struct
 from array import array
-from collections.abc import Sequence
 from typing import Any
 
 from collector.model import (
@@ -135,49 +134,47 @@ def encode_step(step: StepRecord) -> bytes:
 def encode_request_columns(
     step: int,
     ts: float,
+    n: int,
     ids_blob: bytes,
     prompt_lens: bytes,
-    computed: Sequence[int],
-    output: Sequence[int],
-    preemptions: Sequence[int],
+    computed: bytes,
+    output: bytes,
+    preemptions: bytes,
     status_codes: bytes,
-    mirror_rows: Sequence[int] | None = None,
+    mirror_rows: bytes | None = None,
 ) -> bytes:
-    """The hot path of the scheduler: columns in, one payload out.
+    """The hot path of the scheduler: pre-encoded columns in, one payload out.
 
-    ``ids_blob`` (ids joined by NUL, UTF-8) and ``prompt_lens`` (u32 array bytes) are passed
-    pre-encoded so that a writer can reuse them while the running set does not change.
+    Columns are the bytes of ``array("I")`` (``array("i")`` for mirror rows, -1 = unknown) of
+    ``n`` items; ``ids_blob`` is the ids joined by NUL, UTF-8. A writer builds each column
+    straight from a ``map`` (no intermediate list) and reuses the ones that did not change.
     """
-    n = len(computed)
-    parts = [
-        TAG_REQS,
-        REQS_HEAD.pack(step, ts, n, FLAG_MIRROR if mirror_rows is not None else 0),
-        prompt_lens,
-        array("I", computed).tobytes(),
-        array("I", output).tobytes(),
-        array("I", preemptions).tobytes(),
-        status_codes,
-    ]
-    if mirror_rows is not None:
-        parts.append(array("i", mirror_rows).tobytes())
-    parts.append(ids_blob)
-    return b"".join(parts)
+    flags = FLAG_MIRROR if mirror_rows is not None else 0
+    head = TAG_REQS + REQS_HEAD.pack(step, ts, n, flags)
+    if mirror_rows is None:
+        return b"".join((head, prompt_lens, computed, output, preemptions, status_codes, ids_blob))
+    return b"".join((head, prompt_lens, computed, output, preemptions, status_codes, mirror_rows, ids_blob))
 
 
 def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -> bytes:
     """Encode RequestRows (tests, simulators); the scheduler uses encode_request_columns."""
     del engine  # the ring's meta record names the engine
+
+    def col(values: list[int], code: str = "I") -> bytes:
+        return array(code, values).tobytes()
+
     has_mirror = any(r.mirror_rows is not None for r in rows)
     return encode_request_columns(
         step,
         ts,
+        len(rows),
         "\0".join(r.request_id for r in rows).encode(),
-        array("I", [_u32(r.prompt_len) for r in rows]).tobytes(),
-        [_u32(r.computed_tokens) for r in rows],
-        [_u32(r.output_tokens) for r in rows],
-        [_u32(r.preemptions) for r in rows],
+        col([_u32(r.prompt_len) for r in rows]),
+        col([_u32(r.computed_tokens) for r in rows]),
+        col([_u32(r.output_tokens) for r in rows]),
+        col([_u32(r.preemptions) for r in rows]),
         bytes(STATUS_CODE.get(r.status, UNKNOWN_STATUS) for r in rows),
-        [(-1 if r.mirror_rows is None else r.mirror_rows) for r in rows] if has_mirror else None,
+        col([(-1 if r.mirror_rows is None else r.mirror_rows) for r in rows], "i") if has_mirror else None,
     )
 
 

@@ -1,0 +1,154 @@
+"""Cost of the in-engine recorder per engine step, beside vLLM's own PrometheusStatLogger.
+
+Run with the vLLM virtualenv's python (it imports vLLM)::
+
+    $FLIGHTREC_VLLM_PYTHON bench/bench_recorder.py [--repeat 2000]
+
+For N = 16, 64, 256 running requests it builds one step's real ``SchedulerStats`` and
+``IterationStats`` (N generated tokens, one inter-token latency per request, as a decode step
+has) and real engine-core ``Request`` objects, then prints the median and p99 of:
+
+- ``prometheus``: vLLM's ``PrometheusStatLogger.record`` on those stats;
+- ``stat_logger``: ``FlightRecorderStatLogger.record`` on the same stats (encode + ring write);
+- ``per_request``: the RecordingScheduler's per-step work on the N requests (read the columns,
+  encode, ring write), with the request counters changing every step as in decode.
+
+Figures go into BENCHMARKS.md by hand; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def vllm_config(folder: Path) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    (folder / "config.json").write_text(json.dumps(TINY))
+    args = EngineArgs(model=str(folder), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16")
+    return args.create_engine_config()
+
+
+def step_stats(n: int, step: int) -> tuple[Any, Any]:
+    from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
+
+    sched = SchedulerStats(
+        num_running_reqs=n, num_waiting_reqs=3, kv_cache_usage=0.4, step_counter=step,
+        prefix_cache_stats=PrefixCacheStats(requests=0, queries=0, hits=0),
+    )  # fmt: skip
+    it = IterationStats()
+    it.num_generation_tokens = n
+    it.inter_token_latencies_iter = [0.025] * n
+    return sched, it
+
+
+def requests(n: int) -> list[Any]:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    out = []
+    for i in range(n):
+        r = Request(f"cmpl-{i:032x}-0-{i:08x}", list(range(300 + i)), SamplingParams(max_tokens=2000), None)
+        r.status = RequestStatus.RUNNING
+        r.num_computed_tokens = 300 + i
+        out.append(r)
+    return out
+
+
+def timed(fn: Any, repeat: int, setup: Any = None) -> tuple[float, float]:
+    """Median and p99 of ``fn()`` in microseconds; ``setup()`` runs before each call, untimed."""
+    for _ in range(min(200, repeat)):
+        if setup is not None:
+            setup()
+        fn()
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(repeat):
+        if setup is not None:
+            setup()
+        t0 = clock()
+        fn()
+        samples.append(clock() - t0)
+    samples.sort()
+    return statistics.median(samples) / 1000, samples[int(len(samples) * 0.99)] / 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=2000)
+    ap.add_argument("--sizes", default="16,64,256")
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="flightrec-bench-"))
+    os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
+    os.environ["FLIGHTREC_ENGINE_NAME"] = "bench"
+    (work / "model").mkdir()
+    cfg = vllm_config(work / "model")
+
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    from collector.vllm.plugin import FlightRecorderStatLogger
+    from collector.vllm.scheduler import _SchedRecorder
+
+    prom = PrometheusStatLogger(cfg, [0])
+    ours = FlightRecorderStatLogger(cfg, 0)
+    sched = _SchedRecorder(cfg)
+    import vllm
+
+    print(f"vLLM {vllm.__version__}, Python {sys.version.split()[0]}, {a.repeat} steps each; microseconds per step")
+    print(f"{'running':>8} {'what':<12} {'median':>8} {'p99':>8} {'vs prometheus':>14}")
+    for n in [int(s) for s in a.sizes.split(",")]:
+        counter = [0]
+
+        stats: list[Any] = [None, None]
+
+        def new_stats(n: int = n) -> None:
+            counter[0] += 1
+            stats[:] = step_stats(n, counter[0])
+
+        def prom_step() -> None:
+            prom.record(stats[0], stats[1], engine_idx=0)
+
+        def ours_step() -> None:
+            ours.record(stats[0], stats[1], engine_idx=0)
+
+        reqs = requests(n)
+        outputs = [object()]
+
+        def decode_step(reqs: list[Any] = reqs) -> None:
+            for r in reqs:  # what a decode step does to every running request
+                r.num_computed_tokens += 1
+                r.append_output_token_ids(7)
+
+        def sched_step(reqs: list[Any] = reqs) -> None:
+            sched.scheduled(reqs, outputs[0])
+            sched.updating(outputs[0])
+
+        p_med, p99 = timed(prom_step, a.repeat, new_stats)
+        o_med, o99 = timed(ours_step, a.repeat, new_stats)
+        s_med, s99 = timed(sched_step, a.repeat, decode_step)
+        print(f"{n:>8} {'prometheus':<12} {p_med:>8.1f} {p99:>8.1f} {'1.00':>14}")
+        print(f"{n:>8} {'stat_logger':<12} {o_med:>8.1f} {o99:>8.1f} {o_med / p_med:>14.3f}")
+        print(f"{n:>8} {'per_request':<12} {s_med:>8.1f} {s99:>8.1f} {s_med / p_med:>14.3f}")
+    if ours.channel.failed or sched.channel.failed:
+        print("recorder disabled during the run:", ours.channel.failed or sched.channel.failed)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

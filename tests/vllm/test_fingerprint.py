@@ -1,0 +1,71 @@
+"""Fingerprint facts from a config shaped like vLLM 0.32's VllmConfig (the real one is covered
+in test_inside_vllm.py)."""
+
+from __future__ import annotations
+
+import enum
+from types import SimpleNamespace
+
+from collector.vllm.fingerprint import build_fingerprint, connector_names, select_env
+
+
+class Mode(enum.Enum):
+    FULL = 2
+    VLLM_COMPILE = 3
+
+
+def incident_config() -> SimpleNamespace:
+    kvt = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "connectors": [
+                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                {"kv_connector": "HiSparseConnector", "kv_connector_extra_config": {
+                    "host_pool_size_gb": 128, "import_prefix_via_host": "true"}},
+            ]
+        },
+    }  # fmt: skip
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model="/models/m", served_model_name="m", enforce_eager=False, max_model_len=34000),
+        parallel_config=SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1),
+        cache_config=SimpleNamespace(block_size=64),
+        scheduler_config=SimpleNamespace(max_num_seqs=16),
+        compilation_config=SimpleNamespace(cudagraph_mode=Mode.FULL, mode=Mode.VLLM_COMPILE),
+        kv_transfer_config=kvt,
+    )
+
+
+def test_the_incident_checklist_from_the_config() -> None:
+    env = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "s3cret",
+           "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0,1"}  # fmt: skip
+    facts = build_fingerprint(incident_config(), engine_index=0, vllm_version="0.33.0", environ=env, hostname="n1", pid=7)
+    assert facts["connectors"] == ["MultiConnector", "NixlConnector", "HiSparseConnector"]
+    assert (facts["host_pool_size"], facts["import_prefix_via_host"]) == (128, True)
+    assert (facts["cuda_graph_mode"], facts["compilation_mode"]) == ("FULL", "VLLM_COMPILE")
+    assert (facts["block_size"], facts["tensor_parallel_size"], facts["kv_role"]) == (64, 2, "kv_both")
+    assert facts["env"] == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "0,1",
+                            "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "***"}  # fmt: skip
+    assert (facts["vllm_version"], facts["hostname"], facts["pid"], facts["max_num_seqs"]) == ("0.33.0", "n1", 7, 16)
+
+
+def test_no_kv_transfer() -> None:
+    cfg = incident_config()
+    cfg.kv_transfer_config = None
+    facts = build_fingerprint(cfg, engine_index=1, vllm_version="x", environ={}, hostname="h", pid=1)
+    assert facts["connectors"] == [] and facts["host_pool_size"] is None and facts["import_prefix_via_host"] is None
+    assert facts["kv_transfer_config"] is None and facts["engine_index"] == 1
+
+
+def test_missing_config_parts_are_none() -> None:
+    facts = build_fingerprint(SimpleNamespace(), engine_index=0, vllm_version="x", environ={}, hostname="h", pid=1)
+    assert facts["block_size"] is None and facts["cuda_graph_mode"] is None and facts["env"] == {}
+
+
+def test_connector_names_single() -> None:
+    assert connector_names({"kv_connector": "NixlConnector"}) == ["NixlConnector"]
+
+
+def test_secrets_in_env_values_are_masked() -> None:
+    env = select_env({"VLLM_HF_URL": "https://user:pw@host/x", "NCCL_DEBUG": "INFO"})
+    assert env == {"NCCL_DEBUG": "INFO", "VLLM_HF_URL": "https://user:***@host/x"}
