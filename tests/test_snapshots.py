@@ -1,0 +1,172 @@
+"""What a snapshot holds and how it is stored: triggers, the summary (failed workers and their
+step), columnar request rows, the spliceable gzip parts, and one snapshot per engine for one
+fault seen by several sources."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+import zlib
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collector.hub import Hub
+from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, StepRecord
+from collector.settings import EngineConfig, Settings
+from collector.snapshot_doc import (
+    PARTS,
+    RequestTable,
+    SnapshotDoc,
+    assemble_gzip,
+    crc32_combine,
+    deflate_segment,
+    export_gzip,
+    pack,
+    segment_of,
+    unpack,
+)
+from collector.snapshot_manager import SnapshotManager
+from collector.snapshots import build_snapshot, is_trigger, request_table, summarize
+from collector.storage.db import make_engine
+from collector.storage.repo import Repository, SnapshotFilter
+
+
+def steps(n: int, reqs: int, *, t0: float = 1000.0) -> list[StepRecord]:
+    return [
+        StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs,
+                   requests=[RequestRow(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)])
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def ev(kind: EventKind, ts: float, **kw: object) -> Event:
+    return Event(kind=kind, ts=ts, source=str(kw.pop("source", "log")), message=str(kw.pop("message", kind.value)), **kw)  # type: ignore[arg-type]
+
+
+def test_triggers() -> None:
+    assert is_trigger(ev(EventKind.XID, 1, severity=Severity.CRITICAL, xid=79))
+    assert not is_trigger(ev(EventKind.XID, 1, severity=Severity.INFO, xid=63))
+    assert is_trigger(ev(EventKind.ANOMALY, 1, severity=Severity.CRITICAL))
+    assert not is_trigger(ev(EventKind.ANOMALY, 1, severity=Severity.WARNING))
+    assert not is_trigger(ev(EventKind.CRASH_DUMP, 1))
+    assert is_trigger(ev(EventKind.MANUAL, 1))
+
+
+def test_failed_workers_get_the_step_they_were_in() -> None:
+    recs = steps(10, 3)  # steps 0..9 at ts 1000..1009
+    events = [
+        ev(EventKind.CUDA_ERROR, 1007.5, process="Worker_TP0"),  # no step in the line: the last step before it
+        ev(EventKind.CUDA_ERROR, 1007.6, process="Worker_TP1"),
+        ev(EventKind.CUDA_ERROR, 1008.0, process="Worker_TP0"),  # a second report of TP0 does not move it
+        ev(EventKind.XID, 1007.4, xid=43, source="kmsg"),
+    ]
+    s = summarize(recs, events)
+    assert {p: f["step"] for p, f in s["failed_processes"].items()} == {"Worker_TP0": 7, "Worker_TP1": 7}
+    assert s["xids"] == [43]
+    # vLLM's crash dump names the step: it wins over the timestamps
+    dump = ev(EventKind.CRASH_DUMP, 1009.0, data={"stats": {"step_counter": 8}})
+    s = summarize(recs, events + [dump])
+    assert s["failed_processes"]["Worker_TP1"] == {**s["failed_processes"]["Worker_TP1"], "step": 8, "step_from": "crash_dump"}
+    assert s["peak_concurrency"] == 16 and s["running"] == 3
+    assert s["requests_at_last_step"]["mirror_rows"] == {"r0": 0, "r1": 1, "r2": 2}
+    assert s["requests_at_last_step"]["context_len_max"] == 32009
+
+
+def test_request_table_reads_as_rows_and_round_trips() -> None:
+    table = request_table(steps(3, 2))
+    assert len(table) == 6
+    assert table[-1] == {"step": 2, "request_id": "r1", "prompt_len": 32000, "computed_tokens": 32002,
+                         "output_tokens": 2, "preemptions": 0, "status": "running", "mirror_rows": 1}  # fmt: skip
+    assert RequestTable.coerce(json.loads(json.dumps(table.to_json()))) == table
+    rows = [{"step": 1, "request_id": "a"}, {"step": 1, "request_id": "b", "extras": {"k": 1}}]
+    sparse = RequestTable.from_rows(rows)
+    assert list(sparse) == rows and sparse[0:1] == rows[:1]  # a sparse column is left out where absent
+
+
+@given(st.binary(max_size=3000), st.binary(max_size=3000))
+@settings(max_examples=200, deadline=None)
+def test_crc32_combine_matches_zlib(a: bytes, b: bytes) -> None:
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@given(st.lists(st.binary(max_size=5000), max_size=6))
+@settings(max_examples=100, deadline=None)
+def test_spliced_segments_are_one_valid_gzip_stream(pieces: list[bytes]) -> None:
+    stored = [segment_of(pack(p.hex())) for p in pieces]
+    assert all(s is not None for s in stored)
+    blob = assemble_gzip([b"["] + [x for s in stored for x in (s, b",")][:-1] + [b"]"] if stored else [b"[]"])  # type: ignore[misc]
+    assert json.loads(gzip.decompress(blob)) == [p.hex() for p in pieces]
+
+
+def test_export_splices_stored_parts_and_reencodes_foreign_ones() -> None:
+    doc = build_snapshot(host="h", engine="decode-0", trigger=ev(EventKind.XID, 1009, xid=43), steps=steps(5, 2),
+                         gpu_samples=[GpuSample(gpu="g", index=0, ts=1008)], events=[], log_lines=[], fingerprint={})  # fmt: skip
+    blobs = {name: pack(doc.part(name)) for name in PARTS}
+    blobs["events"] = gzip.compress(json.dumps([{"kind": "xid"}]).encode())  # an older blob: not spliceable
+    assert segment_of(blobs["events"]) is None and unpack(blobs["events"]) == [{"kind": "xid"}]
+    rows = [{"step": 1, "request_id": "x"}]
+    blobs["requests"] = gzip.compress(json.dumps(rows).encode())  # row form, as first written
+    out = json.loads(gzip.decompress(export_gzip(doc.header(), blobs)))
+    assert out["events"] == [{"kind": "xid"}] and out["steps"] == doc.steps
+    assert SnapshotDoc.from_export(out).requests == rows
+    assert deflate_segment(b"").length == 0
+
+
+def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotManager, list[int]]:
+    repo = Repository(make_engine(url), host=hub.host)
+    done: list[int] = []
+    mgr = SnapshotManager(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30,
+                          on_committed=lambda doc, _: done.append(doc.id or 0))  # fmt: skip
+    return repo, mgr, done
+
+
+def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url: str, tmp_path: Path) -> None:
+    """An Xid on the GPU shared by two engines (kmsg and NVML), the CUDA error in each engine's
+    log and /health failing on both: two snapshots (one per engine) in one incident."""
+    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[1], pair="pd-0"),
+                                EngineConfig(name="decode-1", url="http://e", gpus=[1], pair="pd-1"),
+                                EngineConfig(name="prefill-0", url="http://p", gpus=[0], pair="pd-0")],
+                       ring_steps=64))  # fmt: skip
+    repo, mgr, done = _manager(migrated_url, tmp_path, hub)
+    for eng in hub.settings.engines:  # as the service does at start
+        repo.register_engine(eng.name, url=eng.url, pair=eng.pair)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mgr.run())
+        now = time.time()
+        hub.emit(GpuSample(gpu="GPU-1", index=1, ts=now, bus_id="00000000:00:06.0"))
+        hub.emit(GpuSample(gpu="GPU-0", index=0, ts=now, bus_id="00000000:00:05.0"))
+        for name in ("decode-0", "decode-1", "prefill-0"):
+            for i in range(20):
+                hub.emit(StepRecord(engine=name, ts=now - 1 + i * 0.01, step=i, running=2))
+        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 43", xid=43, gpu="00000000:00:06.0",
+                       severity=Severity.CRITICAL))  # fmt: skip
+        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="nvml", message="Xid 43", xid=43, gpu="GPU-1",
+                       severity=Severity.CRITICAL))  # fmt: skip
+        await asyncio.sleep(0.05)
+        for name in ("decode-0", "decode-1"):
+            hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine=name, process="Worker_TP0",
+                           message="CUDA error: unspecified launch failure", severity=Severity.CRITICAL))  # fmt: skip
+            hub.emit(Event(kind=EventKind.ENGINE_DOWN, ts=time.time(), source="scrape", engine=name, message="/health failing",
+                           severity=Severity.CRITICAL))  # fmt: skip
+        deadline = time.monotonic() + 15  # both snapshots committed and amended (a loaded CI is slow)
+        while time.monotonic() < deadline:
+            rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter())
+            if len(rows) >= 2 and all("amended_at" in r["summary"] for r in rows):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # a third snapshot, were there one, would show by now
+        task.cancel()
+
+    asyncio.run(scenario())
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert sorted(r["engine"] for r in rows) == ["decode-0", "decode-1"]  # prefill-0 is on another GPU
+    assert len({r["incident_id"] for r in rows}) == 1 and len(done) == 2
+    doc = repo.get_snapshot(next(r["id"] for r in rows if r["engine"] == "decode-0"))
+    assert {e["kind"] for e in doc.events} >= {"xid", "cuda_error", "engine_down"}  # the late witnesses, amended in
+    assert doc.summary["failed_processes"]["Worker_TP0"]["step"] == 19
+    assert [p["engine"] for p in doc.peers] == ["prefill-0"]
