@@ -71,6 +71,9 @@ class Wanted:
         self.samples = frozenset(samples)
         self.prefixes = tuple(prefixes)
         families = {_family_of(name) for name in self.samples}
+        # A counter's TYPE line names it with "_total" (prometheus_client's text format) or
+        # without (OpenMetrics style): look for both.
+        families |= {name[: -len("_total")] for name in families if name.endswith("_total")}
         # What a line must start with to be looked at at all.
         sample_heads = sorted(self.samples) + list(self.prefixes)
         type_heads = sorted(families) + list(self.prefixes)
@@ -80,11 +83,12 @@ class Wanted:
         # One regex finds every such line (after a newline and optional blanks) in one C-level
         # pass over the page; measured about 2x faster than a Python loop over the lines with
         # str.startswith (bench/bench_prom_text.py). Matched against "\n" + page.
-        alternatives = [_literal_alternation(sample_heads)]
-        if type_heads:
+        alternatives = []
+        if sample_heads:
+            alternatives.append(_literal_alternation(sample_heads))
             alternatives.append("# TYPE " + _literal_alternation(type_heads))
         self.candidates = re.compile(
-            r"\n[ \t]*((?:" + "|".join(a for a in alternatives if a) + r")[^\n]*)"
+            r"\n[ \t]*((?:" + "|".join(alternatives) + r")[^\n]*)" if alternatives else r"(?!)"
         )
 
     def keeps(self, name: str) -> bool:
@@ -97,8 +101,6 @@ class Wanted:
 
 def _literal_alternation(heads: list[str]) -> str:
     """A regex matching any of ``heads`` literally, their common start factored out (speed)."""
-    if not heads:
-        return ""
     common = os.path.commonprefix(heads)
     rests = sorted({head[len(common) :] for head in heads}, key=len, reverse=True)
     return re.escape(common) + "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"

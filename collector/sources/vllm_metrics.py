@@ -21,7 +21,8 @@ one ``MetricsScrape`` per vLLM ``engine`` label (DP engines of one server):
   ``value / dt``. No rate on an engine's first scrape.
 
 Failure, as data: connection refused, timeout, a non-200 answer of either endpoint, or a page
-that does not parse is an error for that scrape only (no record; the status says why). After
+that does not parse is an error for that scrape only (the status says why; a page that did parse
+is still emitted when only /health failed, since an engine going down often serves one). After
 ``health_fail_threshold`` failed scrapes in a row one CRITICAL ``ENGINE_DOWN`` event is emitted,
 and no other until a scrape succeeds again, which emits one INFO ``LOG`` event
 ("engine back up") so that alerts and incidents can be closed.

@@ -187,3 +187,14 @@ def test_real_pages_cut_or_damaged_anywhere_raise_only_our_error(data: st.DataOb
         return  # it rejects some lines of families we skip without reading
     common = got.keys() & expected.keys()
     assert same({k: got[k] for k in common}, {k: expected[k] for k in common})
+
+
+def test_wanting_nothing_keeps_nothing() -> None:
+    assert parse(TEXTS[0], Wanted([])).samples == []
+
+
+def test_counter_type_is_found_with_or_without_total() -> None:
+    for type_line in ("# TYPE m_total counter\n", "# TYPE m counter\n"):
+        page = parse(type_line + "m_total 3\n", Wanted(["m_total"]))
+        assert [s.value for s in page.samples] == [3.0]
+        assert "counter" in page.types.values()

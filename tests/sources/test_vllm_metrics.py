@@ -139,34 +139,25 @@ def test_rates_between_scrapes_and_across_a_counter_reset() -> None:
         assert gauge not in scrapes[2].rates
 
 
-def two_engine_page(text: str) -> str:
-    """A DP=2 server's page from a real one: each engine="0" sample doubled for engine "1"."""
-    out = []
-    for line in text.splitlines():
-        out.append(line)
-        if not line.startswith("#") and 'engine="0"' in line:
-            name_labels, value = line.rsplit(" ", 1)
-            number = float(value)
-            out.append(f'{name_labels.replace(chr(34) + "0" + chr(34), chr(34) + "1" + chr(34))} {number * 2 + 1}')
-    return "\n".join(out) + "\n"
+DP2 = (PAGES / "dp2-load.txt").read_text()  # a real server with --data-parallel-size 2
 
 
 def test_several_dp_engines_are_separate_records_named_after_the_index() -> None:
-    page = two_engine_page(LOADED)
     sink = ListSink()
     mono = FakeClock()
     source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], monotonic=mono)
-    asyncio.run(scrape_sequence(source, serve(static(page)), sink, mono, 2))
+    asyncio.run(scrape_sequence(source, serve(static(DP2)), sink, mono, 2))
     names = [s.engine for s in sink.scrapes()]
     assert names == ["decode-0", "decode-0/dp1"] * 2
     first, second = sink.scrapes()[:2]
-    expected0, expected1 = reference(page, "0"), reference(page, "1")
-    assert expected1 and all(expected1[k] == expected0[k] * 2 + 1 for k in expected0)
+    expected0, expected1 = reference(DP2, "0"), reference(DP2, "1")
+    assert expected0["num_requests_running"] != expected1["num_requests_running"]
     assert first.values == expected0
     assert second.values == expected1
     # Rates are per engine: the same page twice gives zero for both, not a cross-engine delta.
-    assert sink.scrapes()[3].rates["prompt_tokens_total"] == 0.0
+    assert expected0["prompt_tokens_total"] != expected1["prompt_tokens_total"]
     assert sink.scrapes()[2].rates["prompt_tokens_total"] == 0.0
+    assert sink.scrapes()[3].rates["prompt_tokens_total"] == 0.0
     assert {s.name for s in source.status()} == {"vllm_metrics:decode-0"}
     assert source.status()[0].details["engines"] == ["decode-0", "decode-0/dp1"]
 
@@ -312,3 +303,46 @@ def test_a_bug_in_a_scrape_stops_run_with_a_source_error_to_be_restarted() -> No
     source = VllmMetricsSource(engines=[Engine("a", "http://a")], client_factory=lambda: serve(handler))
     with pytest.raises(SourceError, match="not an HTTP failure"):
         asyncio.run(asyncio.wait_for(source.run(ListSink()), timeout=5))
+
+
+def connector_page(base: str, failed: int, xfer_sum: float) -> str:
+    """A real page plus connector families as vLLM 0.33 names them (not on a 0.32 CPU build)."""
+    labels = 'engine="0",model_name="tiny-llama"'
+    return base + (
+        "# HELP vllm:hisparse_host_cache_usage_perc Host mirror usage.\n"
+        "# TYPE vllm:hisparse_host_cache_usage_perc gauge\n"
+        f"vllm:hisparse_host_cache_usage_perc{{{labels}}} 0.25\n"
+        "# HELP vllm:nixl_num_failed_transfers Failed NIXL transfers.\n"
+        "# TYPE vllm:nixl_num_failed_transfers_total counter\n"
+        f"vllm:nixl_num_failed_transfers_total{{{labels}}} {failed}.0\n"
+        "# HELP vllm:nixl_xfer_time_seconds NIXL transfer time.\n"
+        "# TYPE vllm:nixl_xfer_time_seconds histogram\n"
+        f'vllm:nixl_xfer_time_seconds_bucket{{{labels},le="0.1"}} 3.0\n'
+        f'vllm:nixl_xfer_time_seconds_bucket{{{labels},le="+Inf"}} 4.0\n'
+        f"vllm:nixl_xfer_time_seconds_count{{{labels}}} 4.0\n"
+        f"vllm:nixl_xfer_time_seconds_sum{{{labels}}} {xfer_sum}\n"
+        f"vllm:nixl_xfer_time_seconds_created{{{labels}}} 1.7e9\n"
+    )
+
+
+def test_connector_families_are_kept_without_buckets_and_counters_get_rates() -> None:
+    pages = iter([connector_page(IDLE, 1, 0.5), connector_page(IDLE, 3, 1.5)])
+    sink, mono = ListSink(), FakeClock()
+    source = VllmMetricsSource(engines=[Engine("d", "http://d")], monotonic=mono)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200) if request.url.path == "/health" else httpx.Response(200, text=next(pages))
+
+    asyncio.run(scrape_sequence(source, serve(handler), sink, mono, 2, step=2.0))
+    first, second = sink.scrapes("d")
+    connector = {k: v for k, v in second.values.items() if k.startswith(("hisparse_", "nixl_"))}
+    assert connector == {
+        "hisparse_host_cache_usage_perc": 0.25,
+        "nixl_num_failed_transfers_total": 3.0,
+        "nixl_xfer_time_seconds_count": 4.0,
+        "nixl_xfer_time_seconds_sum": 1.5,
+    }
+    assert second.rates["nixl_num_failed_transfers_total"] == 1.0
+    assert second.rates["nixl_xfer_time_seconds_sum"] == 0.5
+    assert second.rates["nixl_xfer_time_seconds_count"] == 0.0
+    assert "hisparse_host_cache_usage_perc" not in second.rates
