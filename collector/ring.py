@@ -15,7 +15,7 @@ from collector.model import GpuSample, LogLine, StepRecord
 _STAT_FIELDS = (
     "ts", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens",
     "generation_tokens", "finished", "waiting_by_reason", "prefix_cache_queries",
-    "prefix_cache_hits", "connector", "engine_index", "worker",
+    "prefix_cache_hits", "connector", "engine_index", "worker", "finished_requests",
 )  # fmt: skip
 
 

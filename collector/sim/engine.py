@@ -18,6 +18,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.channel import RingWriter
+from collector.channel.naming import ring_file_name
 from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
 from collector.model import Fingerprint, RequestRow, StepRecord
 from collector.sim import vllm_logs
@@ -102,8 +103,8 @@ class SimEngine:
         self.metrics = VllmMetrics(engine_index=0, model_name=scenario.model)
         recorder_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
-        self.stats_ring = RingWriter(recorder_dir / f"{name}.stats.{pid}.ring", capacity=4 << 20)
-        self.sched_ring = RingWriter(recorder_dir / f"{name}.sched.{pid}.ring", capacity=16 << 20)
+        self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid), capacity=4 << 20)
+        self.sched_ring = RingWriter(recorder_dir / ring_file_name(name, "sched", pid), capacity=16 << 20)
         for ring, rrole in ((self.stats_ring, "stats"), (self.sched_ring, "sched")):
             ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": rrole, "pid": pid,
                                 "vllm_version": VERSION}))  # fmt: skip
