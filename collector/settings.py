@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     nvml: Literal["auto", "on", "off"] = "auto"
     gpu_poll_interval: float = Field(default=1.0, gt=0)
     kmsg: str = Field(default="auto", description="auto | on | off | a file path to follow")
+    kmsg_from_start: bool = False
+    kmsg_poll_interval: float = Field(default=0.05, gt=0, description="file follow poll, seconds")
+    log_from_start: bool = Field(default=False, description="read existing engine logs from their start")
+    log_poll_interval: float = Field(default=0.05, gt=0)
+    log_idle_flush: float = Field(default=0.2, gt=0, description="a quiet traceback is complete after this")
+    log_keep: Literal["important", "all"] = "important"
     recorder_dir: Path = Field(default_factory=recorder_dir_from_env)
     recorder: Literal["auto", "off"] = "auto"
     write_batch_interval: float = Field(default=0.5, gt=0)

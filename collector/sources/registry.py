@@ -36,7 +36,8 @@ def _nvml(settings: Settings) -> list[Any]:
 def _kmsg(settings: Settings) -> list[Any]:
     from collector.sources.kmsg import kmsg_source_from_setting
 
-    src = kmsg_source_from_setting(settings.kmsg)
+    src = kmsg_source_from_setting(settings.kmsg, from_start=settings.kmsg_from_start,
+                                   poll_interval=settings.kmsg_poll_interval)
     return [src] if src is not None else []
 
 
@@ -46,11 +47,13 @@ def _engine_logs(settings: Settings) -> list[Any]:
     from collector.sources.engine_log import EngineLogSource
 
     out = []
+    opts = {"from_start": settings.log_from_start, "poll_interval": settings.log_poll_interval,
+            "idle_flush": settings.log_idle_flush, "keep": settings.log_keep}
     for eng in settings.engines:
         if eng.log == "-":
-            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer))
+            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer, **opts))
         elif eng.log:
-            out.append(EngineLogSource(eng.name, Path(eng.log)))
+            out.append(EngineLogSource(eng.name, Path(eng.log), **opts))
     return out
 
 
