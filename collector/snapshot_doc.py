@@ -34,6 +34,7 @@ splices the stored bytes of all parts into one gzip stream without decompressing
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
 import zlib
@@ -208,7 +209,14 @@ def deflate_segment(raw: bytes, level: int = _LEVEL) -> Segment:
 def pack(obj: Any) -> bytes:
     """gzip of the JSON of ``obj``, readable by any gzip reader, whose deflate body ends on a
     full flush followed by an empty final block, so ``segment_of`` can take the body out."""
-    seg = deflate_segment(dumps(obj))
+    gc_was = gc.isenabled()
+    gc.disable()  # encoding allocates no cycles; full collections would walk the sidecar's heap
+    try:
+        raw = dumps(obj)
+    finally:
+        if gc_was:
+            gc.enable()
+    seg = deflate_segment(raw)
     return _GZ_HEADER + seg.body + _EMPTY_FINAL_BLOCK + struct.pack("<II", seg.crc, seg.length & 0xFFFFFFFF)
 
 

@@ -69,6 +69,12 @@ SUMMARY_COLUMNS = (
 )  # fmt: skip
 
 
+def pack_parts(doc: SnapshotDoc) -> dict[str, bytes]:
+    """The stored form of a snapshot's parts (peers are added at commit). Encode once: the
+    same blobs make the spool file (``export_gzip``) and the database rows."""
+    return {name: pack(doc.part(name)) for name in PARTS if name != "peers"}
+
+
 class Repository:
     def __init__(self, engine: Engine, *, host: str) -> None:
         self.engine = engine
@@ -192,7 +198,8 @@ class Repository:
         return counts
 
     # -- snapshots and incidents -----------------------------------------------------------
-    def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str) -> tuple[int, int]:
+    def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
+                       blobs: dict[str, bytes] | None = None) -> tuple[int, int]:  # fmt: skip
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
 
         A snapshot joins the incident whose faults lie within ``incident_window_s`` of its own
@@ -202,7 +209,7 @@ class Repository:
         so the triage checklist (NCCL_NET_PLUGIN on both engines) is answerable from one
         snapshot.
         """
-        blobs = {name: pack(doc.part(name)) for name in PARTS if name != "peers"}  # compress outside the transaction
+        blobs = dict(blobs) if blobs is not None else pack_parts(doc)  # compressed outside the transaction
         with self._tx() as conn:
             if self.dialect == "postgresql":
                 # Several sidecars may file the same fault at once: one incident, not two.
@@ -352,7 +359,7 @@ class Repository:
 
     def amend_snapshot(self, snap_id: int, doc: SnapshotDoc) -> None:
         """Replace a snapshot's parts and summary with a later freeze of the same fault."""
-        blobs = {name: pack(doc.part(name)) for name in PARTS if name != "peers"}
+        blobs = pack_parts(doc)
         with self._tx() as conn:
             old = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == snap_id)).scalar_one_or_none()
             if old is None:
