@@ -5,6 +5,7 @@ FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loo
 from __future__ import annotations
 
 import dataclasses
+import json
 import zlib
 from typing import Annotated, Any
 
@@ -34,10 +35,25 @@ def _accepts_gzip(request: Request) -> bool:
     return "gzip" in request.headers.get("accept-encoding", "").lower()
 
 
+def _lean(summary: dict[str, Any]) -> dict[str, Any]:
+    """A list row's summary without the bulky parts (the last scrape, per-request maps)."""
+    out = {k: v for k, v in (summary or {}).items() if k not in ("last_scrape",)}
+    reqs = out.get("requests_at_last_step")
+    if isinstance(reqs, dict) and "mirror_rows" in reqs:
+        out["requests_at_last_step"] = {k: v for k, v in reqs.items() if k != "mirror_rows"}
+    return out
+
+
 def _summary(row: dict[str, Any], request: Request) -> dict[str, Any]:
     row = dict(row)
+    row["summary"] = _lean(row.get("summary") or {})
     row["url"] = str(request.url_for("snapshot_page", snapshot_id=row["id"]))
     return row
+
+
+def _json(obj: Any) -> Response:
+    # Already shaped as the response model says: serialised directly, not re-validated.
+    return Response(json.dumps(obj, separators=(",", ":"), default=str), media_type="application/json")
 
 
 def create_app(ctx: Any) -> FastAPI:
@@ -122,14 +138,14 @@ def create_app(ctx: Any) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: Annotated[str | None, Query(max_length=200)] = None,
         _: None = Read,
-    ) -> dict[str, Any]:
+    ) -> Response:
         if since is not None and until is not None and until <= since:
             raise HTTPException(400, "until must be after since")
         rows, nxt = ctx.repo.list_snapshots(
             SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=since, until=until),
             limit=limit, cursor=cursor,
         )  # fmt: skip
-        return {"items": [_summary(r, request) for r in rows], "next_cursor": nxt}
+        return _json({"items": [_summary(r, request) for r in rows], "next_cursor": nxt})
 
     @app.get(
         "/api/v1/snapshots/{snapshot_id}", response_model=schemas.SnapshotDocOut,

@@ -32,9 +32,10 @@ def check_token(request: Request, *, write: bool) -> None:
                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
 
-def require_read(request: Request) -> None:
+# async: no I/O here, and a sync dependency would cost every request a thread-pool hop
+async def require_read(request: Request) -> None:
     check_token(request, write=False)
 
 
-def require_write(request: Request) -> None:
+async def require_write(request: Request) -> None:
     check_token(request, write=True)

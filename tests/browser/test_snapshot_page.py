@@ -94,7 +94,7 @@ def test_the_snapshot_page_draws_its_plots_with_no_console_error(serve: Any, bro
 
         if os.environ.get("FLIGHTREC_SAVE_SCREENSHOT"):
             DOCS_IMG.parent.mkdir(parents=True, exist_ok=True)
-            DOCS_IMG.write_bytes(page.screenshot(full_page=True))
+            DOCS_IMG.write_bytes(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 2300, "scale": 0.8}))
 
 
 def test_the_list_page_links_to_the_snapshot(serve: Any, browser: Browser) -> None:
