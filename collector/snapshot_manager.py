@@ -19,9 +19,9 @@ from typing import Any
 
 from collector.hub import Hub
 from collector.model import Event
-from collector.snapshot_doc import SnapshotDoc
+from collector.snapshot_doc import SnapshotDoc, export_gzip
 from collector.storage.db import StorageError
-from collector.storage.repo import Repository
+from collector.storage.repo import Repository, pack_parts
 from collector.storage.writer import event_row
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,9 @@ class SnapshotManager:
             engine, trigger = await self._queue.get()
             seen_at = time.time()
             doc = self.hub.freeze(engine, trigger)
-            sid = await self._commit(doc, trigger)
+            # encoded once, off the loop: the same blobs make the spool file and the rows
+            blobs = await asyncio.to_thread(pack_parts, doc)
+            sid = await self._commit(doc, trigger, blobs)
             if sid is None:
                 continue
             self.commit_latency.append(time.time() - seen_at)
@@ -94,14 +96,14 @@ class SnapshotManager:
                 self.settle_s, lambda e=engine, t=trigger: asyncio.ensure_future(self._amend(e, t))
             )
 
-    async def _commit(self, doc: SnapshotDoc, trigger: Event) -> int | None:
-        spooled = self._spool(doc)
+    async def _commit(self, doc: SnapshotDoc, trigger: Event, blobs: dict[str, bytes]) -> int | None:
+        spooled = await asyncio.to_thread(self._spool, doc, blobs)
         key = f"{trigger.kind.value}:{int(trigger.ts)}"
         delay = 0.5
         while True:
             try:
                 sid, _ = await asyncio.to_thread(
-                    self.repo.store_snapshot, doc, incident_window_s=self.window_s, incident_key=key
+                    self.repo.store_snapshot, doc, incident_window_s=self.window_s, incident_key=key, blobs=blobs
                 )
                 await asyncio.to_thread(self.repo.insert_event, event_row(trigger), snapshot_id=sid)
                 break
@@ -127,11 +129,12 @@ class SnapshotManager:
         except StorageError as exc:
             log.error("could not amend snapshot %s: %s", cur.snapshot_id, exc)
 
-    def _spool(self, doc: SnapshotDoc) -> Path | None:
+    def _spool(self, doc: SnapshotDoc, blobs: dict[str, bytes] | None = None) -> Path | None:
         try:
+            blobs = blobs if blobs is not None else pack_parts(doc)
             self.spool_dir.mkdir(parents=True, exist_ok=True)
             path = self.spool_dir / f"snapshot-{doc.created_at:.6f}-{doc.engine.replace('/', '_')}.json.gz"
-            path.write_bytes(gzip.compress(json.dumps(doc.to_export(), default=str).encode(), compresslevel=1))
+            path.write_bytes(export_gzip(doc.header(), blobs))  # the export file: spliced, not re-encoded
             return path
         except OSError as exc:
             log.error("cannot spool snapshot: %s", exc)
@@ -143,7 +146,7 @@ class SnapshotManager:
         for path in sorted(self.spool_dir.glob("snapshot-*.json.gz")):
             try:
                 data: dict[str, Any] = json.loads(gzip.decompress(path.read_bytes()))
-                doc = SnapshotDoc(**{k: v for k, v in data.items() if k not in ("schema", "id", "incident_id")})
+                doc = SnapshotDoc.from_export({k: v for k, v in data.items() if k not in ("id", "incident_id")})
             except (OSError, ValueError, TypeError) as exc:
                 log.error("spooled snapshot %s unreadable (%s); left in place", path, exc)
                 continue

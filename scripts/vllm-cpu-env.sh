@@ -20,4 +20,6 @@ fi
 "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # This project, editable, so the stat-logger entry point and collector.vllm resolve to the tree.
 "$venv/bin/pip" install -q -e "$here" >&2
+# The test-only fault plugin (inert unless FLIGHTREC_FAULT_AFTER_STEPS is set).
+"$venv/bin/pip" install -q -e "$here/tests/support/fault_plugin" >&2
 echo "$venv/bin/python"
