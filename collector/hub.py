@@ -30,6 +30,7 @@ from collector.model import (
     Severity,
     StepRecord,
 )
+from collector.request_columns import StepColumns
 from collector.ring import EngineRing, LineRing, TimeRing
 from collector.settings import Settings
 from collector.snapshot_doc import SnapshotDoc
@@ -63,6 +64,7 @@ class EngineState:
     # snapshot bookkeeping: the open snapshot this engine's new triggers join
     open_snapshot_until: float = 0.0
     open_snapshot_id: int | None = None
+    last_columns: StepColumns | None = None
 
 
 @dataclass
@@ -133,6 +135,8 @@ class Hub:
         # Records come from other processes: a wrong type must not poison the ring's order.
         rec.step, rec.ts = int(rec.step), float(rec.ts)
         st = self.engine(rec.engine)
+        if rec.requests is not None:
+            rec.request_columns = st.last_columns = StepColumns(rec.step, rec.requests, st.last_columns)
         held = st.ring.add(rec)
         st.steps_received += 1
         st.last_seen = rec.ts

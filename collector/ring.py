@@ -52,6 +52,7 @@ class EngineRing:
             self._has_stats.add(rec.step)
         else:
             held.requests = rec.requests
+            held.request_columns = rec.request_columns
             if rec.step not in self._has_stats:
                 held.running = rec.running
         return held

@@ -54,11 +54,12 @@ REQUEST_COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "outpu
 class RequestTable(Sequence[dict[str, Any]]):
     """Per-request rows held as columns; reads as a sequence of row dicts."""
 
-    __slots__ = ("columns", "sparse", "_n")
+    __slots__ = ("columns", "sparse", "_n", "_chunks")
 
     def __init__(self, columns: dict[str, list[Any]] | None = None, sparse: Iterable[str] = ()) -> None:
         self.columns: dict[str, list[Any]] = dict(columns or {})
         self.sparse = frozenset(sparse)
+        self._chunks: list[Any] | None = None
         lengths = {len(v) for v in self.columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"request columns differ in length: {sorted(lengths)}")
@@ -73,6 +74,31 @@ class RequestTable(Sequence[dict[str, Any]]):
                 names.setdefault(k, None)
         sparse = [k for k in names if any(k not in r for r in rows)]
         return cls({k: [r.get(k) for r in rows] for k in names}, sparse)
+
+    @classmethod
+    def from_chunks(cls, chunks: list[Any]) -> RequestTable:
+        """From per-step ``request_columns.StepColumns``; keeps them for ``json_bytes``."""
+        from collector.request_columns import COLUMNS
+
+        cols: dict[str, list[Any]] = {"step": []}
+        for ch in chunks:
+            cols["step"].extend([ch.step] * ch.n)
+        for name in COLUMNS:
+            col: list[Any] = []
+            for ch in chunks:
+                col.extend(ch.cols[name])
+            cols[name] = col
+        table = cls(cols)
+        table._chunks = list(chunks)
+        return table
+
+    def json_bytes(self) -> bytes:
+        """``json.dumps(self.to_json())``, spliced from the per-step texts when it has them."""
+        if self._chunks is not None:
+            from collector.request_columns import columns_json
+
+            return columns_json(self._chunks)
+        return dumps(self.to_json())
 
     @classmethod
     def coerce(cls, value: Any) -> RequestTable:
@@ -212,7 +238,7 @@ def pack(obj: Any) -> bytes:
     gc_was = gc.isenabled()
     gc.disable()  # encoding allocates no cycles; full collections would walk the sidecar's heap
     try:
-        raw = dumps(obj)
+        raw = obj.json_bytes() if isinstance(obj, RequestTable) else dumps(obj)
     finally:
         if gc_was:
             gc.enable()

@@ -15,6 +15,7 @@ from typing import Any
 
 from collector.model import Event, EventKind, GpuSample, LogLine, Severity, StepRecord
 from collector.redact import redact
+from collector.request_columns import StepColumns
 from collector.snapshot_doc import REQUEST_COLUMNS, RequestTable, SnapshotDoc
 
 # Events that freeze the ring. An Xid of the "info" class (e.g. a reported ECC correction)
@@ -53,6 +54,12 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
     """The per-request rows of the steps, as columns (no row dicts: 262k of them cost ~1 s)."""
+    steps = list(steps)
+    chunks = [rec.request_columns for rec in steps if rec.requests]
+    if all(isinstance(c, StepColumns) and not c.has_extras and c.n == len(rec.requests or ())
+           for c, rec in zip(chunks, [r for r in steps if r.requests], strict=True)):  # fmt: skip
+        # the hub built each step's columns on arrival: concatenate them
+        return RequestTable.from_chunks(chunks)  # type: ignore[arg-type]
     pairs = [(rec.step, r) for rec in steps for r in rec.requests or ()]
     cols: dict[str, list[Any]] = {"step": [s for s, _ in pairs]}
     for name in REQUEST_COLUMNS[1:]:
