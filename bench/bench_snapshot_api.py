@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -171,6 +173,15 @@ def main() -> None:
         lat, size = hammer(base, [f"/api/v1/snapshots/{i}" for i in ids], args.clients, args.rounds)
         print(f"  GET /snapshots/{{id}} ({args.steps} steps x {args.requests} requests, {size / 1e3:.0f} kB gzip): "
               f"p50 {pct(lat, 50) * 1e3:.1f} ms  p99 {pct(lat, 99) * 1e3:.1f} ms  (n={len(lat)})")  # fmt: skip
+        if shutil.which("wrk"):
+            # The Python clients above share the 2 cores and a GIL with each other; wrk (C) is a
+            # load generator that costs the server's cores almost nothing.
+            out = subprocess.run(["wrk", "-t2", f"-c{args.clients}", "-d10s", "--latency", "-H", "Accept-Encoding: gzip",
+                                  f"{base}/api/v1/snapshots/{ids[0]}"], capture_output=True, text=True, check=True).stdout
+            dist = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", out, re.M))
+            rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+            print(f"  GET /snapshots/{{id}} with wrk, {args.clients} connections, 10 s: p50 {dist.get('50')}  p99 {dist.get('99')}  "
+                  f"({rps.group(1) if rps else '?'} requests/s)")  # fmt: skip
         lat, size = hammer(base, ["/api/v1/snapshots?limit=50", "/api/v1/snapshots?limit=50&engine=decode-3",
                                   "/api/v1/snapshots?limit=50&host=node-2&trigger=xid"], args.clients, args.rounds * 3)  # fmt: skip
         print(f"  GET /snapshots (list, {args.list_rows} stored, 50 per page): p50 {pct(lat, 50) * 1e3:.1f} ms  "

@@ -18,6 +18,7 @@ from collector.api import schemas
 from collector.api.auth import require_read, require_write
 from collector.api.body_limit import MAX_BODY, BodyLimit
 from collector.api.checklist import checklist
+from collector.api.export_cache import ExportCache
 from collector.api.metrics import SidecarCollector
 from collector.model import EventKind
 from collector.snapshot_doc import export_gzip, unpack
@@ -180,12 +181,22 @@ def create_app(ctx: Any) -> FastAPI:
         return {"snapshot_id": snapshot_id, "engine": doc.engine, "host": doc.host, "peers": [p.get("engine") for p in peers],
                 "items": checklist(doc.header(), peers, events)}  # fmt: skip
 
+    cache = ExportCache()
+    app.state.export_cache = cache
+
     def _export(snapshot_id: int) -> bytes:
+        body = cache.get(snapshot_id)
+        if body is not None:
+            return body
         doc, blobs = ctx.repo.get_snapshot_blobs(snapshot_id)
+        header = doc.header()
         try:
-            return export_gzip(doc.header(), blobs)
+            body = export_gzip(header, blobs)
         except (OSError, zlib.error, ValueError) as exc:
             raise StorageError(f"snapshot {snapshot_id} is unreadable: {exc}") from exc
+        if cache.settled(header):
+            cache.put(snapshot_id, body)
+        return body
 
     @app.post("/api/v1/snapshots", status_code=202, response_model=schemas.ManualSnapshotOut)
     def manual_snapshot(body: schemas.ManualSnapshotIn, _: None = Write) -> dict[str, Any]:
