@@ -7,8 +7,13 @@ each test gets its own schema, dropped afterwards, so runs never see each other'
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,3 +60,33 @@ def migrated_url(database_url: str) -> str:
 
     upgrade(database_url)
     return database_url
+
+
+@dataclass
+class DemoRun:
+    """One ``flightrec demo --exit-after-snapshot`` run, shared by every test that reads it."""
+
+    db: str  # SQLite URL holding the demo's snapshots
+    output: str
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    workdir = tmp_path_factory.mktemp("demo")
+    prebuilt = os.environ.get("FLIGHTREC_TEST_DEMO_DB")  # a demo.db kept from an earlier run
+    if prebuilt:
+        shutil.copy(prebuilt, workdir / "demo.db")
+        return DemoRun(f"sqlite:///{workdir / 'demo.db'}", "", 0.0)
+    db = f"sqlite:///{workdir / 'demo.db'}"
+    env = dict(os.environ)
+    # the snapshot is amended with the late evidence (the workers' tracebacks): give it time
+    env["FLIGHTREC_SNAPSHOT_SETTLE_S"] = "3"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "collector.cli", "demo", "--exit-after-snapshot", "--port", "0", "--db", db,
+         "--workdir", str(workdir / "wd")],
+        env=env, capture_output=True, text=True, timeout=240, cwd=workdir,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return DemoRun(db, proc.stdout + proc.stderr, time.monotonic() - t0)

@@ -4,8 +4,6 @@ item against what the simulated incident is."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,23 +23,8 @@ SC = Scenario()
 
 
 @pytest.fixture(scope="module")
-def snapshot(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    workdir = tmp_path_factory.mktemp("demo")
-    db = f"sqlite:///{workdir / 'demo.db'}"
-    prebuilt = os.environ.get("FLIGHTREC_TEST_DEMO_DB")  # a demo.db kept from an earlier run
-    if prebuilt:
-        db = f"sqlite:///{prebuilt}"
-    else:
-        env = dict(os.environ)
-        # The workers' tracebacks reach the hub once the log has been quiet for the log
-        # source's idle flush (1 s): the amendment must wait for them.
-        env["FLIGHTREC_SNAPSHOT_SETTLE_S"] = "3"
-        proc = subprocess.run(
-            [sys.executable, "-m", "collector.cli", "demo", "--exit-after-snapshot", "--port", "0", "--db", db,
-             "--workdir", str(workdir / "wd")],
-            env=env, capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+def snapshot(demo_run: Any) -> dict[str, Any]:
+    db = demo_run.db
     client = TestClient(create_app(make_context(db)))
     items = client.get("/api/v1/snapshots", params={"engine": "decode-0"}).json()["items"]
     assert len(items) == 1, items

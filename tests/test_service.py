@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -38,17 +39,14 @@ def wait_for_port(proc: subprocess.Popen[str], timeout: float = 30) -> str:
 
 
 @pytest.mark.slow
-def test_demo_stores_the_crash_snapshot_and_exits_0(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'demo.db'}"
-    t0 = time.time()
-    proc = flightrec("demo", "--exit-after-snapshot", "--port", "0", "--db", db, cwd=tmp_path)
-    out, _ = proc.communicate(timeout=150)
-    assert proc.returncode == 0, out
-    assert time.time() - t0 < 120
-    assert "crash snapshot" in out and "/snapshots/" in out
-    rows, _ = Repository(make_engine(db), host="x").list_snapshots(SnapshotFilter(engine="decode-0"))
+def test_demo_stores_the_crash_snapshot_and_exits_0(demo_run: Any) -> None:
+    """``flightrec demo --exit-after-snapshot`` (run once per session by the demo_run fixture,
+    which asserts its exit code 0) stores the decode engine's crash snapshot within 2 minutes."""
+    assert demo_run.seconds < 120
+    assert "crash snapshot" in demo_run.output and "/snapshots/" in demo_run.output
+    rows, _ = Repository(make_engine(demo_run.db), host="x").list_snapshots(SnapshotFilter(engine="decode-0"))
     assert rows and rows[0]["step_count"] > 1000
-    assert rows[0]["summary"]["kv_cache_usage"] == pytest.approx(0.032, abs=0.005)
+    assert rows[0]["summary"]["kv_cache_usage"] == pytest.approx(0.032)  # the report's figure
 
 
 def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

@@ -25,7 +25,9 @@ class Scenario:
     prefill_chunk: int = 8192  # tokens per prefill step (chunked prefill budget)
     transfer_steps: int = 2  # decode steps a KV transfer takes to land
     device_window_tokens: int = 2048  # sparse attention: tokens per request kept on device
-    decode_kv_capacity_tokens: int = 1_024_000  # 16 x 2048 / 1.024M = kv_cache_usage 0.032
+    # At the fault 15 requests run on decode (the 16th is still in prefill): 15 x 2048 tokens of
+    # 960k is the report's kv_cache_usage of 0.032.
+    decode_kv_capacity_tokens: int = 960_000
     prefill_kv_capacity_tokens: int = 1_048_576
     crash_phase: int = 4  # index into phases (C16)
     crash_after_done: int = 10  # requests done in the crash phase before the fault

@@ -3,7 +3,6 @@ settings, a hub (live state) and the repository, as the service builds it."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 

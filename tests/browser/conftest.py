@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,30 +20,9 @@ from api_context import make_context  # noqa: E402  (tests/api: the API's contex
 PORTS = range(18520, 18560)
 
 
-def run_demo(workdir: Path) -> str:
-    """Run ``flightrec demo --exit-after-snapshot`` into a SQLite file; returns its URL."""
-    db = f"sqlite:///{workdir / 'demo.db'}"
-    env = dict(os.environ)
-    # the snapshot is amended with the late evidence (the workers' tracebacks, emitted once
-    # the log has been quiet for its idle-flush second): give it the time to arrive
-    env["FLIGHTREC_SNAPSHOT_SETTLE_S"] = "3"
-    proc = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "demo", "--exit-after-snapshot", "--port", "0", "--db", db,
-         "--workdir", str(workdir / "wd")],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return db
-
-
 @pytest.fixture(scope="session")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> str:
-    workdir = tmp_path_factory.mktemp("demo")
-    prebuilt = os.environ.get("FLIGHTREC_TEST_DEMO_DB")  # a demo.db kept from an earlier run
-    if prebuilt:
-        shutil.copy(prebuilt, workdir / "demo.db")
-        return f"sqlite:///{workdir / 'demo.db'}"
-    return run_demo(workdir)
+def demo_db(demo_run: object) -> str:
+    return demo_run.db  # type: ignore[attr-defined]
 
 
 def free_port() -> int:

@@ -8,7 +8,6 @@ slows down under contention, misses one poll, and finally disappears.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest

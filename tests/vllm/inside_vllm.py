@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 
