@@ -29,7 +29,6 @@ What it emits into the sink:
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import threading
 import time
@@ -48,13 +47,11 @@ from collector.parsers.throughput_line import (
 )
 from collector.parsers.tracebacks import LogEventizer, classify
 from collector.parsers.vllm_log import LogRecordLine, parse_line
-from collector.sources.base import Sink, SourceError
+from collector.sources.base import Sink
+from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter
 
 DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_IDLE_FLUSH = 1.0
-DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024  # a crash dump of a few thousand requests fits
-_CHUNK = 256 * 1024
-_MAX_CHUNKS_PER_POLL = 64  # a large backlog is read over several polls, never all at once
 
 _UVICORN_QUIET = re.compile(r"^(?:INFO|DEBUG):\s")
 _ALWAYS_KEEP = re.compile(r"\[shutdown\]|Traceback \(most recent call last\)")
@@ -83,104 +80,6 @@ def keep_line(line: LogRecordLine) -> bool:
         or _ALWAYS_KEEP.search(line.message)
         or classify(line.message)
     )
-
-
-class _LineSplitter:
-    """Bytes in, whole decoded lines out; a line longer than ``max_bytes`` is cut."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._partial = b""
-        self.last_data = 0.0  # clock of the last bytes added to the partial line
-
-    def feed(self, data: bytes) -> list[str]:
-        buf = self._partial + data
-        *whole, self._partial = buf.split(b"\n")
-        out = [w.decode("utf-8", "replace") for w in whole]
-        while len(self._partial) > self.max_bytes:
-            out.append(self._partial[: self.max_bytes].decode("utf-8", "replace"))
-            self._partial = self._partial[self.max_bytes :]
-        return out
-
-    def take_partial(self) -> list[str]:
-        rest, self._partial = self._partial, b""
-        return [rest.decode("utf-8", "replace")] if rest else []
-
-    @property
-    def has_partial(self) -> bool:
-        return bool(self._partial)
-
-
-class FileTail:
-    """``tail -F`` over one path: blocking calls, meant to run in a worker thread."""
-
-    def __init__(self, path: Path, *, from_start: bool, max_line_bytes: int) -> None:
-        self.path = path
-        self._fh: IO[bytes] | None = None
-        self._ino: tuple[int, int] | None = None
-        self._pos = 0
-        self._first_open = True
-        self._from_start = from_start
-        self.splitter = _LineSplitter(max_line_bytes)
-        self.rotations = 0
-        self.truncations = 0
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-    def _open(self) -> bool:
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - held open across polls
-        except FileNotFoundError:
-            self._first_open = False  # a file that appears later is read from its start
-            return False
-        except OSError as exc:  # permission, a directory...: the operator must fix it
-            raise SourceError(f"cannot open engine log {self.path}: {exc}") from exc
-        st = os.fstat(fh.fileno())
-        self._fh, self._ino, self._pos = fh, (st.st_dev, st.st_ino), 0
-        if self._first_open and not self._from_start:
-            self._pos = fh.seek(0, os.SEEK_END)
-        self._first_open = False
-        return True
-
-    def read_lines(self) -> list[str]:
-        if self._fh is None and not self._open():
-            return []
-        lines = self._read_available()
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return lines  # moved away, no new file yet: keep reading the old handle
-        if (st.st_dev, st.st_ino) != self._ino:
-            # Rotated by rename: finish the old file (the writer may have added a last
-            # line before reopening), then read the new one from its start.
-            lines += self._read_available()
-            lines += self.splitter.take_partial()
-            self.close()
-            self.rotations += 1
-            if self._open():
-                lines += self._read_available()
-        elif st.st_size < self._pos:
-            lines += self.splitter.take_partial()
-            self._pos = 0
-            self.truncations += 1
-            lines += self._read_available()
-        return lines
-
-    def _read_available(self) -> list[str]:
-        fh = self._fh
-        assert fh is not None
-        fh.seek(self._pos)
-        lines: list[str] = []
-        for _ in range(_MAX_CHUNKS_PER_POLL):
-            chunk = fh.read(_CHUNK)
-            if not chunk:
-                break
-            self._pos += len(chunk)
-            lines += self.splitter.feed(chunk)
-        return lines
 
 
 class EngineLogSource:
@@ -308,7 +207,7 @@ class EngineLogSource:
         # A daemon thread: a read blocked on a quiet pipe must not keep the process alive.
         thread = threading.Thread(target=reader, name=f"{self.name}-reader", daemon=True)
         thread.start()
-        splitter = _LineSplitter(self.max_line_bytes)
+        splitter = LineSplitter(self.max_line_bytes)
         try:
             while True:
                 try:

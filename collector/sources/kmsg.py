@@ -32,18 +32,18 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import BinaryIO, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from collector.model import Event, EventKind, Severity
 from collector.parsers.xid import GpuUuidRecord, XidParseError, XidRecord, parse_line
 from collector.sources.base import Sink, SourceError, SourceUnsupported
+from collector.sources.follow import FileTail
 from collector.xid_catalog import XidCatalog, default_catalog
 
 DEV_KMSG = "/dev/kmsg"
 _READ_SIZE = 8192  # a kmsg record is at most about 1 KiB; one read returns one record
-_FILE_CHUNK = 65536
 
 
 class KmsgConfig(BaseModel):
@@ -231,76 +231,12 @@ class KmsgSource:
             follower.close()
 
 
-class FileFollower:
-    """Whole lines appended to a file; survives truncation and rotation (``tail -F``).
-
-    A missing file is waited for. Rotation (the path now names another inode) drains
-    the old file and starts the new one from its beginning; truncation (the file
-    shrank under our offset) starts it again from its beginning.
-    """
+class FileFollower(FileTail):
+    """A kernel log written to a plain file (``kmsg: /var/log/kern.log``), followed like
+    ``tail -F`` (see ``collector.sources.follow``)."""
 
     def __init__(self, path: str, *, from_start: bool = False) -> None:
-        self.path = path
-        self._fh: BinaryIO | None = None
-        self._ino: tuple[int, int] | None = None
-        self._pos = 0
-        self._partial = b""
-        self._first_open = True
-        self._from_start = from_start
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-    def _open(self) -> bool:
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - held open across reads
-        except OSError:
-            self._first_open = False  # a file that appears later is read from its start
-            return False
-        st = os.fstat(fh.fileno())
-        self._fh, self._ino, self._partial = fh, (st.st_dev, st.st_ino), b""
-        self._pos = 0
-        if self._first_open and not self._from_start:
-            self._pos = fh.seek(0, os.SEEK_END)
-        self._first_open = False
-        return True
-
-    def read_lines(self) -> list[str]:
-        if self._fh is None and not self._open():
-            return []
-        lines = self._read_available()
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return lines  # removed: keep the old handle until a new file appears
-        if (st.st_dev, st.st_ino) != self._ino:  # rotated: finish the old one, then switch
-            lines += self._read_available()
-            if self._partial:
-                lines.append(self._partial.decode("utf-8", "replace"))
-            self.close()
-            if self._open():
-                lines += self._read_available()
-        elif st.st_size < self._pos:  # truncated in place
-            self._pos, self._partial = 0, b""
-            lines += self._read_available()
-        return lines
-
-    def _read_available(self) -> list[str]:
-        fh = self._fh
-        assert fh is not None
-        fh.seek(self._pos)
-        lines: list[str] = []
-        for _ in range(256):  # bounded per call: a huge backlog is read over several turns
-            chunk = fh.read(_FILE_CHUNK)
-            if not chunk:
-                break
-            self._pos += len(chunk)
-            data = self._partial + chunk
-            *whole, self._partial = data.split(b"\n")
-            lines += [w.decode("utf-8", "replace") for w in whole]
-        return lines
+        super().__init__(path, from_start=from_start)
 
 
 def _is_char_device(path: str) -> bool:

@@ -43,7 +43,13 @@ from typing import Protocol
 import httpx
 
 from collector.model import Event, EventKind, MetricsScrape, Severity, SourceStatus
-from collector.parsers.prom_text import MetricsParseError, ParsedPage, Sample, Wanted, parse
+from collector.parsers.prom_text import (
+    MetricsParseError,
+    ParsedPage,
+    Sample,
+    Wanted,
+    parse,
+)
 from collector.sources.base import Sink, SourceError
 
 __all__ = [
