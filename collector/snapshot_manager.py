@@ -61,6 +61,10 @@ class SnapshotManager:
         self.failed = 0
         hub.snapshot_sink = self
 
+    def snapshots_for(self, ev: Event) -> dict[str, int | None]:
+        """The open snapshots this event started or joined: engine -> id (None until committed)."""
+        return {name: cur.snapshot_id for name, cur in self._open.items() if ev is cur.trigger or ev in cur.late}
+
     # Called by the hub from the event loop thread.
     def snapshot_due(self, engine: str, trigger: Event) -> None:
         now = self.hub.clock()

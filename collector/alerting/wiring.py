@@ -73,15 +73,13 @@ class Alerter:
         if not is_trigger(ev):
             self._fire(ev)
             return
-        snaps = self.ctx.snapshots
-        targets = [name for name, cur in snaps._open.items() if ev in (cur.trigger, *cur.late)]
+        targets = self.ctx.snapshots.snapshots_for(ev)
         if not targets:
             self._fire(ev)  # no snapshot for it (e.g. an engine never seen up)
             return
-        for name in targets:
-            cur = snaps._open[name]
-            if cur.snapshot_id is not None:
-                self._fire(ev, cur.snapshot_id)
+        for name, snapshot_id in targets.items():
+            if snapshot_id is not None:
+                self._fire(ev, snapshot_id)
             else:
                 self._held.setdefault(name, []).append(ev)
 

@@ -1,0 +1,130 @@
+"""The alerter inside the sidecar: an alert about a snapshot leaves only after that snapshot is
+committed, and a fault written to a followed kernel log reaches a real Alertmanager with a link
+that opens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from collector.alerting.alerts import Alert
+from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary
+from collector.alerting.wiring import Alerter
+from collector.hub import Hub
+from collector.model import Event, EventKind, Severity, StepRecord
+from collector.service import Service
+from collector.settings import EngineConfig, Settings
+from collector.snapshot_manager import SnapshotManager
+from collector.storage.db import make_engine
+from collector.storage.repo import Repository
+
+XID_LINE = "NVRM: Xid (PCI:0000:00:06): 43, pid=415, name=python3, channel 0x0000000a"
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.fired: list[tuple[float, Alert]] = []
+        self.resolved: list[object] = []
+
+    def fire(self, alert: Alert) -> None:
+        self.fired.append((time.time(), alert))
+
+    def resolve(self, key: object) -> bool:
+        self.resolved.append(key)
+        return True
+
+
+def test_the_crash_alert_waits_for_the_commit_and_links_the_snapshot(migrated_url: str, tmp_path: Path) -> None:
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
+    hub = Hub(settings)
+    repo = Repository(make_engine(migrated_url), host=hub.host)
+    committed: list[tuple[float, int]] = []
+    ctx: Any = SimpleNamespace(settings=settings, hub=hub, repo=repo)
+    client = RecordingClient()
+    alerter = Alerter(ctx, client=client)  # type: ignore[arg-type]
+
+    def on_commit(doc: Any, trigger: Event) -> None:
+        committed.append((time.time(), doc.id))
+        alerter.snapshot_committed(doc, trigger)
+
+    ctx.snapshots = SnapshotManager(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.1, window_s=30, on_committed=on_commit)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(ctx.snapshots.run())
+        for i in range(20):
+            hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=2))
+        hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0",
+                       message="CUDA error: unspecified launch failure", severity=Severity.CRITICAL))  # fmt: skip
+        assert client.fired == []  # held: its snapshot is not committed yet
+        for _ in range(100):
+            if client.fired:
+                break
+            await asyncio.sleep(0.02)
+        # a late witness of the same fault pages at once, with the same link
+        hub.emit(Event(kind=EventKind.ENGINE_FATAL, ts=time.time(), source="log", engine="decode-0",
+                       message="EngineCore encountered a fatal error.", severity=Severity.CRITICAL))  # fmt: skip
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert len(committed) == 1 and len(client.fired) == 2
+    (commit_ts, sid), (fire_ts, alert) = committed[0], client.fired[0]
+    assert fire_ts >= commit_ts
+    assert alert.name == "VllmEngineCrashed" and alert.generator_url == f"http://fr.example/snapshots/{sid}"
+    assert client.fired[1][1].generator_url == alert.generator_url
+
+
+@pytest.fixture
+def alertmanager() -> Iterator[LocalAlertmanager]:
+    if find_binary() is None:
+        pytest.fail("no alertmanager binary (scripts/install-test-deps.sh installs it)")
+    hook = WebhookReceiver().start()
+    am = LocalAlertmanager(hook.url).start()
+    yield am
+    am.close()
+    hook.stop()
+
+
+@pytest.mark.alertmanager
+def test_an_xid_line_becomes_an_alert_whose_link_opens(alertmanager: LocalAlertmanager, tmp_path: Path) -> None:
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text("")
+    settings = Settings(
+        engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], database=f"sqlite:///{tmp_path / 'f.db'}",
+        alertmanager=[alertmanager.url], kmsg=str(kmsg), nvml="off", port=0, recorder_dir=tmp_path / "rec",
+    )  # fmt: skip
+    svc = Service(settings)
+
+    async def scenario() -> tuple[dict[str, Any], int]:
+        task = asyncio.create_task(svc.run())
+        await asyncio.wait_for(svc.started.wait(), 30)
+        assert svc.ctx is not None
+        for i in range(10):  # the engine was alive: it has steps to freeze
+            svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
+        await asyncio.sleep(0.3)
+        with open(kmsg, "a") as f:
+            f.write(f"4,900,{int(time.monotonic() * 1e6)},-;{XID_LINE}\n")
+        found: dict[str, Any] | None = None
+        deadline = time.monotonic() + 10
+        while found is None and time.monotonic() < deadline:
+            found = next((a for a in await asyncio.to_thread(alertmanager.alerts, "GpuXidError")), None)
+            await asyncio.sleep(0.05)
+        assert found is not None, "no GpuXidError alert in Alertmanager"
+        async with httpx.AsyncClient() as c:
+            link = found["generatorURL"]
+            sid = int(link.rsplit("/", 1)[1])
+            doc = (await c.get(f"http://127.0.0.1:{svc.port}/api/v1/snapshots/{sid}")).json()
+        svc.request_stop()
+        await task
+        return found, doc["id"]
+
+    alert, sid = asyncio.run(scenario())
+    assert alert["labels"]["xid"] == "43" and alert["labels"]["gpu"] == "0000:00:06.0"
+    assert alert["labels"]["severity"] == "warning"  # the catalog: Xid 43 is an application fault
+    assert alert["generatorURL"].endswith(f"/snapshots/{sid}")
