@@ -83,7 +83,8 @@ class Service:
         self.server: _Server | None = None
         self.stop_event: asyncio.Event | None = None
         self.started = asyncio.Event()
-        self.on_snapshot: list[Any] = []  # callables(doc, trigger), e.g. the demo's printer
+        self.on_snapshot: list[Any] = []
+        self._migrate_every = 5.0  # callables(doc, trigger), e.g. the demo's printer
 
     def request_stop(self) -> None:
         if self.stop_event is not None:
@@ -94,10 +95,12 @@ class Service:
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
         db = make_engine(settings.database)
+        migrated = True
         try:
             await asyncio.to_thread(upgrade, settings.database)
         except StorageError as exc:
-            log.error("database not ready (%s): the sidecar runs and keeps retrying", exc)
+            migrated = False
+            log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
         hub = Hub(settings)
         repo = Repository(db, host=hub.host)
         writer = BatchWriter(hub, repo, interval=settings.write_batch_interval)
@@ -135,6 +138,8 @@ class Service:
         tasks.append(asyncio.create_task(writer.run(), name="writer"))
         tasks.append(asyncio.create_task(snaps.run(), name="snapshots"))
         tasks.append(asyncio.create_task(self._retention(repo), name="retention"))
+        if not migrated:
+            tasks.append(asyncio.create_task(self._migrate_when_back(), name="migrate"))
         if ctx.alerter is not None:
             tasks.append(asyncio.create_task(ctx.alerter.run(), name="alerts"))
         server_task = asyncio.create_task(self.server.serve(), name="http")
@@ -196,6 +201,18 @@ class Service:
         from collector.alerting.wiring import Alerter
 
         return Alerter(ctx)
+
+    async def _migrate_when_back(self) -> None:
+        """A database that was down at start gets its schema as soon as it answers; until then
+        the writer and the snapshot manager hold and retry."""
+        while True:
+            await asyncio.sleep(self._migrate_every)
+            try:
+                await asyncio.to_thread(upgrade, self.settings.database)
+            except StorageError:
+                continue
+            log.warning("database is reachable: migrated to head")
+            return
 
     async def _retention(self, repo: Repository) -> None:
         r = self.settings.retention

@@ -72,3 +72,46 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "stopping: flushing" in out
+
+
+def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path) -> None:
+    """The sidecar starts without its database, keeps what it records, and writes it all once
+    the database answers (here: a SQLite file whose folder appears later)."""
+    import asyncio
+
+    from collector.model import Event, EventKind, Severity, StepRecord
+    from collector.service import Service
+    from collector.settings import EngineConfig, Settings
+
+    missing = tmp_path / "not-yet"
+    (tmp_path / "blocker").write_text("")  # a file where the database's folder should be
+    db = f"sqlite:///{tmp_path / 'blocker' / 'f.db'}"
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], database=db, nvml="off",
+                        kmsg="off", port=0, recorder_dir=tmp_path / "rec", write_batch_interval=0.1)  # fmt: skip
+    svc = Service(settings, spool_dir=missing / "spool")
+
+    async def scenario() -> None:
+        task = asyncio.create_task(svc.run())
+        await asyncio.wait_for(svc.started.wait(), 30)
+        assert svc.ctx is not None
+        svc._migrate_every = 0.2  # noqa: SLF001
+        for i in range(50):
+            svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
+        svc.ctx.hub.emit(Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine="decode-0",
+                               message="EngineDeadError", severity=Severity.CRITICAL))  # fmt: skip
+        await asyncio.sleep(0.5)
+        assert svc.ctx.writer.db_up is False
+        (tmp_path / "blocker").unlink()
+        (tmp_path / "blocker").mkdir()  # the database can now be created
+        for _ in range(100):
+            if svc.ctx.snapshots.committed and svc.ctx.writer.db_up:
+                break
+            await asyncio.sleep(0.1)
+        svc.request_stop()
+        await task
+
+    asyncio.run(scenario())
+    repo = Repository(make_engine(db), host=svc.ctx.hub.host)  # type: ignore[union-attr]
+    rows, _ = repo.list_snapshots(SnapshotFilter(engine="decode-0"))
+    assert len(rows) == 1 and rows[0]["step_count"] == 50
+    assert len(repo.recent_steps("decode-0", since=0)) == 50

@@ -25,7 +25,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if is_sqlite(url):
         path = url.split("///", 1)[-1] if "///" in url else ""
         if path and path != ":memory:":
-            Path(path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # connecting will fail with a StorageError, which callers handle and retry
         engine = create_engine(url, connect_args={"timeout": 15, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")
