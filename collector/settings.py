@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     public_url: str | None = Field(default=None, description="base URL used in alert links")
     nvml: Literal["auto", "on", "off"] = "auto"
     gpu_poll_interval: float = Field(default=1.0, gt=0)
+    pcie_interval: float = Field(default=30.0, gt=0, description="PCIe replay is a slow NVML call")
+    gpu_lost_retry: float = Field(default=30.0, gt=0)
+    xid_events: bool = Field(default=True, description="listen for NVML Xid events")
+    event_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
     kmsg: str = Field(default="auto", description="auto | on | off | a file path to follow")
     kmsg_from_start: bool = False
     kmsg_poll_interval: float = Field(default=0.05, gt=0, description="file follow poll, seconds")

@@ -113,3 +113,23 @@ def test_cli_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureF
 def test_non_loopback_bind_without_token_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "api_token" in capsys.readouterr().err
+
+
+def test_every_key_the_source_docs_name_is_a_setting(tmp_path: Path) -> None:
+    """The keys docs/gpu-sources.md and docs/engine-log.md show load (extra keys are refused)."""
+    s = load_settings(write(tmp_path, """
+nvml: auto
+kmsg: auto
+gpu_poll_interval: 1.0
+pcie_interval: 30.0
+gpu_lost_retry: 30.0
+xid_events: true
+event_timeout_ms: 1000
+kmsg_from_start: false
+kmsg_poll_interval: 0.05
+log_from_start: false
+log_poll_interval: 0.05
+log_idle_flush: 0.2
+log_keep: important
+"""))
+    assert (s.pcie_interval, s.event_timeout_ms, s.log_keep) == (30.0, 1000, "important")

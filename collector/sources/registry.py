@@ -29,7 +29,11 @@ def _metrics(settings: Settings) -> list[Any]:
 def _nvml(settings: Settings) -> list[Any]:
     from collector.sources.nvml import nvml_source_from_setting
 
-    src = nvml_source_from_setting(settings.nvml, interval=settings.gpu_poll_interval)
+    src = nvml_source_from_setting(
+        settings.nvml, interval=settings.gpu_poll_interval, pcie_interval=settings.pcie_interval,
+        lost_retry_interval=settings.gpu_lost_retry, event_timeout_ms=settings.event_timeout_ms,
+        xid_events=settings.xid_events,
+    )  # fmt: skip
     return [src] if src is not None else []
 
 
