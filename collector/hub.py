@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from pathlib import Path
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from collector.model import (
     Severity,
     StepRecord,
 )
+from collector.pidmap import PidMap
 from collector.request_columns import StepColumns
 from collector.ring import EngineRing, LineRing, TimeRing
 from collector.settings import Settings
@@ -65,6 +67,7 @@ class EngineState:
     open_snapshot_until: float = 0.0
     open_snapshot_id: int | None = None
     last_columns: StepColumns | None = None
+    learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
 
 
 @dataclass
@@ -78,7 +81,8 @@ class PendingWrites:
 
 
 class Hub:
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time,
+                 proc_root: Path = Path("/proc")) -> None:
         self.settings = settings
         self.clock = clock
         self.host = settings.host_name or socket.gethostname()
@@ -92,6 +96,7 @@ class Hub:
         self.event_listeners: list[Callable[[Event, bool], None]] = []
         self.counters: dict[str, int] = {"steps": 0, "events": 0, "gpu_samples": 0, "scrapes": 0, "log_lines": 0}
         self.xid_counts: dict[tuple[str, int], int] = {}
+        self.pids = PidMap(proc_root)
         for eng in settings.engines:
             self.engine(eng.name, url=eng.url, pair=eng.pair, gpus=eng.gpus)
 
@@ -155,6 +160,11 @@ class Hub:
         ring.add(s)
         self.gpu_meta[s.gpu] = s
         self.counters["gpu_samples"] += 1
+        known = self._engine_pids()
+        for proc in s.processes:
+            name = self.pids.engine_of(proc.get("pid"), known)
+            if name is not None:
+                self.engines[name].learned_gpus.add(s.index)
         self.pending.gpu.append(s)
         if len(self.pending.gpu) > MAX_PENDING:
             del self.pending.gpu[: len(self.pending.gpu) - MAX_PENDING]
@@ -206,13 +216,31 @@ class Hub:
             return [ev.engine]
         if ev.kind not in (EventKind.XID, EventKind.GPU_LOST):
             return []
-        # A GPU fault belongs to the engines on that GPU; with no mapping configured or
-        # learnt, to every engine on this host (better a snapshot too many than none).
+        # A GPU fault belongs to the engine whose worker it names (pid= in the kernel's line,
+        # walked up the process tree), else to the engines on that GPU (configured, or learnt
+        # from NVML's process lists), else to every engine on this host (better a snapshot
+        # too many than none).
+        owner = self.pids.engine_of(ev.pid, self._engine_pids())
+        if owner is not None:
+            return [owner]
         index = self._gpu_index(ev.gpu)
-        mapped = [n for n, st in self.engines.items() if st.gpus is not None and index in st.gpus]
+        mapped = [n for n, st in self.engines.items() if index in self._gpus_of(st)]
         if mapped:
             return mapped
-        return [n for n, st in self.engines.items() if st.gpus is None or index is None]
+        return [n for n, st in self.engines.items() if not self._gpus_of(st) or index is None]
+
+    @staticmethod
+    def _gpus_of(st: EngineState) -> set[int]:
+        return set(st.gpus) if st.gpus is not None else st.learned_gpus
+
+    def _engine_pids(self) -> dict[int, str]:
+        """Known engine processes: the recorder's fingerprint carries the API server's pid."""
+        out = {}
+        for name, st in self.engines.items():
+            pid = st.fingerprint.get("pid")
+            if isinstance(pid, int) and pid > 1:
+                out[pid] = name
+        return out
 
     def _gpu_index(self, gpu: str | None) -> int | None:
         if gpu is None:
@@ -230,7 +258,8 @@ class Hub:
         samples: list[GpuSample] = []
         for gpu, ring in self.gpus.items():
             meta = self.gpu_meta.get(gpu)
-            if st.gpus is None or (meta is not None and meta.index in st.gpus):
+            gpus = self._gpus_of(st)
+            if not gpus or (meta is not None and meta.index in gpus):
                 samples.extend(ring.since(since))
         samples.sort(key=lambda s: s.ts)
         horizon = (steps[0].ts if steps else trigger.ts) - 60.0

@@ -34,7 +34,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int) -> dict[str, Any]:
+def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int, pid: int) -> dict[str, Any]:
     """The deployment facts of the incident, keyed as the recorder reports them."""
     kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
     return {
@@ -75,7 +75,7 @@ def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: 
             "HF_TOKEN": "***",
         },
         "hostname": "sim-node",
-        "pid": os.getpid(),
+        "pid": pid,  # the simulated API server's
         "role": role,
         "port": port,
         "simulated": True,
@@ -108,7 +108,7 @@ class SimEngine:
         for ring, rrole in ((self.stats_ring, "stats"), (self.sched_ring, "sched")):
             ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": rrole, "pid": pid,
                                 "vllm_version": VERSION}))  # fmt: skip
-        self.facts = fingerprint_facts(name, role, scenario, port, gpu_index)
+        self.facts = fingerprint_facts(name, role, scenario, port, gpu_index, fake_pid)
         self.stats_ring.append(encode_fingerprint(Fingerprint(engine=name, ts=time.time(), facts=self.facts)))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log: TextIO = open(log_path, "a", buffering=1)

@@ -1,0 +1,62 @@
+"""Which engine a process belongs to, from the process tree.
+
+A GPU fault names a pid (the kernel's Xid line: ``pid=415``) and NVML lists each GPU's compute
+processes; both are vLLM *workers*, children of the engine core, itself a child of the API server
+whose pid the recorder's fingerprint carries. Walking a pid's parents up to a known engine pid
+routes an Xid to the engine it hit, and learns which GPUs each engine uses when ``gpus:`` is not
+configured. The ``/proc`` root is a parameter (tests use a fake tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+MAX_DEPTH = 8
+
+
+def parent_pid(pid: int, proc: Path = Path("/proc")) -> int | None:
+    try:
+        text = (proc / str(pid) / "status").read_text()
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("PPid:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def owner(pid: int, engine_pids: Mapping[int, str], proc: Path = Path("/proc")) -> str | None:
+    """The engine whose known pid is ``pid`` or one of its ancestors, or None."""
+    seen = 0
+    cur: int | None = pid
+    while cur is not None and cur > 1 and seen <= MAX_DEPTH:
+        if cur in engine_pids:
+            return engine_pids[cur]
+        cur = parent_pid(cur, proc)
+        seen += 1
+    return None
+
+
+class PidMap:
+    """Caches pid -> engine (a pid keeps its engine for its life; misses are retried)."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self._cache: dict[int, str] = {}
+
+    def engine_of(self, pid: int | None, engine_pids: Mapping[int, str]) -> str | None:
+        if pid is None or pid <= 1 or not engine_pids:
+            return None
+        hit = self._cache.get(pid)
+        if hit is not None:
+            return hit
+        found = owner(pid, engine_pids, self.proc)
+        if found is not None:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[pid] = found
+        return found

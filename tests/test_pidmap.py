@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from collector.hub import Hub
+from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
+from collector.pidmap import PidMap, owner, parent_pid
+from collector.settings import EngineConfig, Settings
+
+
+def fake_proc(root: Path, tree: dict[int, int]) -> Path:
+    """A /proc with a status file per pid: {pid: parent}."""
+    for pid, ppid in tree.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "status").write_text(f"Name:\tpython3\nState:\tS\nPid:\t{pid}\nPPid:\t{ppid}\n")
+    return root
+
+
+# API server 100 -> engine core 150 -> workers 300, 301 (decode); API server 200 -> 250 -> 400 (prefill)
+TREE = {100: 1, 150: 100, 300: 150, 301: 150, 200: 1, 250: 200, 400: 250, 999: 1}
+
+
+def test_a_worker_belongs_to_the_engine_up_its_process_tree(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, TREE)
+    engines = {100: "decode-0", 200: "prefill-0"}
+    assert parent_pid(301, proc) == 150
+    assert owner(301, engines, proc) == "decode-0"
+    assert owner(400, engines, proc) == "prefill-0"
+    assert owner(999, engines, proc) is None  # some other process
+    assert owner(12345, engines, proc) is None  # gone
+    pm = PidMap(proc)
+    assert pm.engine_of(300, engines) == "decode-0"
+    (proc / "300" / "status").unlink()  # the worker died: the cache still knows it
+    assert pm.engine_of(300, engines) == "decode-0"
+
+
+def test_an_xid_goes_to_the_engine_of_its_pid_and_gpus_are_learnt(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, TREE)
+    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d"), EngineConfig(name="prefill-0", url="http://p")]),
+              proc_root=proc)  # fmt: skip
+    due: list[str] = []
+    hub.snapshot_sink = type("S", (), {"snapshot_due": lambda self, name, ev: due.append(name)})()
+    hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
+    hub.emit(Fingerprint(engine="prefill-0", ts=0.0, facts={"pid": 200}))
+    hub.emit(GpuSample(gpu="GPU-0", index=0, ts=1.0, bus_id="0000:00:05.0", processes=[{"pid": 400, "used_memory": 1}]))
+    hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, bus_id="0000:00:06.0", processes=[{"pid": 300, "used_memory": 1}]))
+    assert hub.engines["decode-0"].learned_gpus == {1} and hub.engines["prefill-0"].learned_gpus == {0}
+    # named by its pid
+    hub.emit(Event(kind=EventKind.XID, ts=2.0, source="kmsg", message="Xid 43", xid=43, gpu="0000:00:06.0", pid=301,
+                   severity=Severity.WARNING))  # fmt: skip
+    # no pid (NVML's report of another fault): routed by the learnt GPU
+    hub.emit(Event(kind=EventKind.XID, ts=9.0, source="nvml", message="Xid 31", xid=31, gpu="0000:00:05.0",
+                   severity=Severity.WARNING))  # fmt: skip
+    assert due == ["decode-0", "prefill-0"]
+    doc = hub.freeze("decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
+    assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-1"}
