@@ -160,15 +160,15 @@ class Hub:
         ring.add(s)
         self.gpu_meta[s.gpu] = s
         self.counters["gpu_samples"] += 1
-        known = self._engine_pids()
-        for proc in s.processes:
-            name = self.pids.engine_of(proc.get("pid"), known)
-            if name is not None:
-                self.engines[name].learned_gpus.add(s.index)
         self.pending.gpu.append(s)
         if len(self.pending.gpu) > MAX_PENDING:
             del self.pending.gpu[: len(self.pending.gpu) - MAX_PENDING]
             self.pending.dropped += 1
+        known = self._engine_pids()
+        for proc in s.processes:
+            name = self.pids.engine_of(proc.get("pid") if isinstance(proc, dict) else None, known)
+            if name is not None:
+                self.engines[name].learned_gpus.add(s.index)
 
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)

@@ -48,8 +48,8 @@ class PidMap:
         self.proc = proc
         self._cache: dict[int, str] = {}
 
-    def engine_of(self, pid: int | None, engine_pids: Mapping[int, str]) -> str | None:
-        if pid is None or pid <= 1 or not engine_pids:
+    def engine_of(self, pid: object, engine_pids: Mapping[int, str]) -> str | None:
+        if not isinstance(pid, int) or pid <= 1 or not engine_pids:
             return None
         hit = self._cache.get(pid)
         if hit is not None:

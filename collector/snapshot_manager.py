@@ -8,6 +8,7 @@ including after a restart. Alerts about a snapshot are only sent after its commi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -109,7 +110,10 @@ class SnapshotManager:
                 sid, _ = await asyncio.to_thread(
                     self.repo.store_snapshot, doc, incident_window_s=self.window_s, incident_key=key, blobs=blobs
                 )
-                await asyncio.to_thread(self.repo.insert_event, event_row(trigger), snapshot_id=sid)
+                # The batching writer stores every event once; the trigger's row is linked
+                # to its snapshot (now if written, else the writer carries the link).
+                trigger.data["snapshot_id"] = sid
+                await asyncio.to_thread(self.repo.link_event, event_row(trigger), sid)
                 break
             except StorageError as exc:
                 self.failed += 1
@@ -128,6 +132,9 @@ class SnapshotManager:
             return
         cur.amended = True
         doc = self.hub.freeze(engine, trigger)
+        if cur.snapshot_id is not None:  # a write that raced the first link
+            with contextlib.suppress(StorageError):
+                await asyncio.to_thread(self.repo.link_event, event_row(trigger), cur.snapshot_id)
         try:
             await asyncio.to_thread(self.repo.amend_snapshot, cur.snapshot_id, doc)
         except StorageError as exc:

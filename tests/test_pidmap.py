@@ -54,3 +54,10 @@ def test_an_xid_goes_to_the_engine_of_its_pid_and_gpus_are_learnt(tmp_path: Path
     assert due == ["decode-0", "prefill-0"]
     doc = hub.freeze("decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
     assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-1"}
+
+
+def test_malformed_process_lists_are_ignored_not_fatal(tmp_path: Path) -> None:
+    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]), proc_root=fake_proc(tmp_path, TREE))
+    hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
+    hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, processes=[{"pid": "x"}, {"used_memory": 3}, "junk"]))  # type: ignore[list-item]
+    assert hub.pending.gpu and hub.engines["decode-0"].learned_gpus == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -115,3 +116,16 @@ def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path)
     rows, _ = repo.list_snapshots(SnapshotFilter(engine="decode-0"))
     assert len(rows) == 1 and rows[0]["step_count"] == 50
     assert len(repo.recent_steps("decode-0", since=0)) == 50
+
+
+@pytest.mark.slow
+def test_the_demo_fault_is_stored_once_and_linked_to_its_snapshot(demo_run: Any) -> None:
+    """The Xid seen by the kernel log and NVML is one event row, pointing at the snapshot."""
+    import sqlite3
+
+    conn = sqlite3.connect(demo_run.db.split("///", 1)[1])
+    xids = conn.execute("SELECT xid, snapshot_id, data FROM events WHERE kind = 'xid'").fetchall()
+    sid = conn.execute("SELECT id FROM snapshots WHERE engine = 'decode-0'").fetchone()[0]
+    assert len(xids) == 1 and xids[0][0] == 43 and xids[0][1] == sid
+    assert sorted(json.loads(xids[0][2])["sources"]) == ["kmsg", "nvml"]
+    assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] > 0

@@ -122,7 +122,7 @@ class SimPair:
                 memory=(int((40 + 90 * load) * 2**30), 141 * 2**30),
                 temperature=round(38 + 30 * load, 1),
                 power_w=round(120 + 480 * busy * (0.5 + 0.5 * load), 1),
-                compute_processes=[{"pid": eng.pids["Worker_TP0"], "used_memory": int((40 + 90 * load) * 2**30)}],
+                compute_processes=[(eng.pids["Worker_TP0"], int((40 + 90 * load) * 2**30))],  # NVML's (pid, bytes)
             )  # fmt: skip
 
     async def _die(self) -> None:

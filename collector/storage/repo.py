@@ -425,6 +425,19 @@ class Repository:
         with self._tx() as conn:
             return [_row_dict(r) for r in conn.execute(q).mappings()]
 
+    def link_event(self, ev: dict[str, Any], snapshot_id: int) -> int:
+        """Point the stored row of an event (written by the batching writer) at its snapshot;
+        returns the rows updated (0 while the writer has not written it yet)."""
+        with self._tx() as conn:
+            return int(
+                conn.execute(
+                    update(EventRow)
+                    .where(EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"],
+                           EventRow.source == ev["source"], EventRow.snapshot_id.is_(None))
+                    .values(snapshot_id=snapshot_id)
+                ).rowcount
+            )  # fmt: skip
+
     def insert_event(self, ev: dict[str, Any], *, snapshot_id: int | None = None) -> int:
         with self._tx() as conn:
             return int(

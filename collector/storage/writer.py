@@ -50,6 +50,7 @@ def event_row(ev: Any) -> dict[str, Any]:
         "ts": ev.ts, "kind": ev.kind.value, "source": ev.source, "severity": ev.severity.value,
         "engine": ev.engine, "gpu": ev.gpu, "xid": ev.xid, "pid": ev.pid, "process": ev.process,
         "message": redact(ev.message)[:8000], "data": redact(data),
+        "snapshot_id": ev.data.get("snapshot_id"),
     }  # fmt: skip
 
 

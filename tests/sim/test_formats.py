@@ -133,3 +133,31 @@ def test_the_simulated_crash_log_reads_like_a_real_one(tmp_path: Path) -> None:
     assert dump.data["stats"]["kv_cache_usage"] == pytest.approx(pair.decode.kv_usage())
     kinds = {e.kind for e in report.events}
     assert {EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD} <= kinds
+
+
+def test_the_simulated_gpus_read_through_the_real_nvml_source(tmp_path: Path) -> None:
+    """The demo's NVML is the fake backend driven by the pair; the real NvmlSource reads it into
+    samples whose process list names the engines' worker pids."""
+    from collector.model import GpuSample
+    from collector.sources.nvml import NvmlSource
+
+    pair = SimPair(PairConfig(workdir=tmp_path, recorder_dir=tmp_path / "rec", scenario=SMALL))
+    pair.decode.running.extend(LoadClient(SMALL).to_send())
+    pair._gpu_values()
+    got: list[GpuSample] = []
+
+    class Sink:
+        def emit(self, item: object) -> None:
+            if isinstance(item, GpuSample):
+                got.append(item)
+
+    async def run() -> None:
+        task = asyncio.create_task(NvmlSource(pair.nvml, interval=0.05, xid_events=False).run(Sink()))
+        while len(got) < 2:
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(run())
+    by_index = {s.index: s for s in got}
+    assert by_index[1].processes[0]["pid"] == pair.decode.pids["Worker_TP0"]
+    assert by_index[1].utilization is not None and by_index[1].utilization > by_index[0].utilization  # type: ignore[operator]
