@@ -63,9 +63,6 @@ class EngineState:
     ever_up: bool = False
     last_seen: float | None = None
     steps_received: int = 0
-    # snapshot bookkeeping: the open snapshot this engine's new triggers join
-    open_snapshot_until: float = 0.0
-    open_snapshot_id: int | None = None
     last_columns: StepColumns | None = None
     learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
 
@@ -94,7 +91,6 @@ class Hub:
         self.xid = XidMerger(window_s=2.0, clock=clock)
         self.snapshot_sink: SnapshotSink | None = None
         self.event_listeners: list[Callable[[Event, bool], None]] = []
-        self.counters: dict[str, int] = {"steps": 0, "events": 0, "gpu_samples": 0, "scrapes": 0, "log_lines": 0}
         self.xid_counts: dict[tuple[str, int], int] = {}
         self.pids = PidMap(proc_root)
         for eng in settings.engines:
@@ -128,7 +124,6 @@ class Hub:
                 self._scrape(item)
             elif isinstance(item, LogLine):
                 self.engine(item.engine).lines.add(item)
-                self.counters["log_lines"] += 1
             elif isinstance(item, Fingerprint):
                 st = self.engine(item.engine)
                 st.fingerprint = dict(item.facts)
@@ -146,7 +141,6 @@ class Hub:
         st.steps_received += 1
         st.last_seen = rec.ts
         st.up = st.ever_up = True
-        self.counters["steps"] += 1
         self.pending.steps[(rec.engine, held.step)] = held
         self.pending.seen[rec.engine] = rec.ts
         if len(self.pending.steps) > MAX_PENDING:
@@ -159,7 +153,6 @@ class Hub:
             ring = self.gpus[s.gpu] = TimeRing(self.settings.gpu_ring_seconds)
         ring.add(s)
         self.gpu_meta[s.gpu] = s
-        self.counters["gpu_samples"] += 1
         self.pending.gpu.append(s)
         if len(self.pending.gpu) > MAX_PENDING:
             del self.pending.gpu[: len(self.pending.gpu) - MAX_PENDING]
@@ -175,7 +168,6 @@ class Hub:
         st.scrapes.append(s)
         if getattr(s, "origin", "scrape") == "scrape":  # a replayed log line proves nothing live
             st.up = st.ever_up = True
-        self.counters["scrapes"] += 1
 
     def _event(self, ev: Event) -> None:
         is_new = True
@@ -184,7 +176,6 @@ class Hub:
             if is_new and ev.xid is not None:
                 key = (ev.gpu or "unknown", ev.xid)
                 self.xid_counts[key] = self.xid_counts.get(key, 0) + 1
-        self.counters["events"] += int(is_new)
         if ev.kind is EventKind.ENGINE_DOWN and ev.engine:
             self.engine(ev.engine).up = False
         if is_new:

@@ -59,7 +59,6 @@ class SnapshotManager:
         self._queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
         self.committed = 0
         self.commit_latency: list[float] = []  # seconds, fault event seen -> committed
-        self.failed = 0
         hub.snapshot_sink = self
 
     def snapshots_for(self, ev: Event) -> dict[str, int | None]:
@@ -116,7 +115,6 @@ class SnapshotManager:
                 await asyncio.to_thread(self.repo.link_event, event_row(trigger), sid)
                 break
             except StorageError as exc:
-                self.failed += 1
                 log.error("snapshot of %s not committed yet (%s); spooled at %s, retrying", doc.engine, exc, spooled)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)

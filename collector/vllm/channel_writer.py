@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from collector.channel.codec import encode
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.settings import engine_name_from_env, recorder_dir_from_env
+from collector.vllm.fingerprint import build_fingerprint
 
 log = logging.getLogger("collector.vllm")
 
@@ -114,6 +116,14 @@ class RecorderChannel:
                 ring.append(self._meta)
         except Exception as exc:  # noqa: BLE001
             self.fail(f"write failed: {exc!r}")
+
+    def write_fingerprint(self, vllm_config: Any, vllm_version: str) -> None:
+        """The deployment facts of this engine (``collector.vllm.fingerprint``), one record."""
+        facts = build_fingerprint(
+            vllm_config, engine_index=self.engine_index, vllm_version=vllm_version,
+            environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
+        )  # fmt: skip
+        self.write(encode({"t": "fp", "engine": self.engine, "ts": time.time(), "facts": facts}))
 
     def fail(self, reason: str) -> None:
         """Stop recording for good and say so once; never raises."""

@@ -16,17 +16,15 @@ the steps it is given.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from collector.channel.codec import encode, encode_step_fields
+from collector.channel.codec import encode_step_fields
 from collector.vllm._version import vllm_version
 from collector.vllm.channel_writer import STATS_RING_BYTES, RecorderChannel, guarded
 from collector.vllm.extract import finished_row, flatten_connector
-from collector.vllm.fingerprint import build_fingerprint
 
 
 class FlightRecorderStatLogger(StatLoggerBase):
@@ -69,15 +67,7 @@ class FlightRecorderStatLogger(StatLoggerBase):
 
     # -- ours -------------------------------------------------------------------------------
     def _write_fingerprint(self) -> None:
-        facts = build_fingerprint(
-            self.vllm_config,
-            engine_index=self.engine_index,
-            vllm_version=self.version,
-            environ=os.environ,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-        )
-        self.channel.write(encode({"t": "fp", "engine": self.channel.engine, "ts": time.time(), "facts": facts}))
+        self.channel.write_fingerprint(self.vllm_config, self.version)
         self._fp_written = True
 
     def _record(self, s: Any, it: Any) -> None:

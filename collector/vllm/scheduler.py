@@ -16,17 +16,14 @@ n+1 was scheduled: the step is found through the ``SchedulerOutput`` being proce
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from collector.channel.codec import encode
 from collector.vllm._version import vllm_version
 from collector.vllm.channel_writer import SCHED_RING_BYTES, RecorderChannel, guarded, log
 from collector.vllm.extract import RequestColumns
-from collector.vllm.fingerprint import build_fingerprint
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
 
@@ -56,14 +53,7 @@ class _SchedRecorder:
         self.current = 0
         self.in_flight: dict[int, int] = {}
         if self.channel.active:
-            guarded(self.channel, "fingerprint", self._fingerprint, vllm_config, version)
-
-    def _fingerprint(self, vllm_config: Any, version: str) -> None:
-        facts = build_fingerprint(
-            vllm_config, engine_index=self.engine_index, vllm_version=version,
-            environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
-        )  # fmt: skip
-        self.channel.write(encode({"t": "fp", "engine": self.channel.engine, "ts": time.time(), "facts": facts}))
+            guarded(self.channel, "fingerprint", self.channel.write_fingerprint, vllm_config, version)
 
     def scheduled(self, running: Any, output: Any) -> None:
         self.step += 1
