@@ -2,8 +2,8 @@
 list concatenations instead of a quarter-million attribute reads and JSON encodes.
 
 A snapshot's per-request part is columnar (``snapshot_doc.RequestTable``). At 4,096 steps x 64
-requests, building those columns at fault time and JSON-encoding them took ~0.6 s of the 0.5 s
-fault-to-durable-snapshot budget (``bench/bench_fault_to_snapshot.py``). Here each step's columns
+requests, building those columns at fault time and JSON-encoding them took ~0.4 s of the 0.5 s
+fault-to-durable-snapshot budget; ~0.16 s now (``bench/bench_freeze.py``). Here each step's columns
 are read once on arrival (``map`` over ``attrgetter``: C loops) and each column is JSON-encoded
 once; a column equal to the previous step's (ids, prompt lengths, statuses stay the same while
 the running set does) reuses its text. Steady-state cost: ~10-30 us per step at 64 requests.
