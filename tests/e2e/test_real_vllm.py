@@ -191,7 +191,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
                 items = []
             for item in items:
                 doc = get_json(f"{side_base}/api/v1/snapshots/{item['id']}", timeout=30)
-                if doc.get("steps"):
+                if doc.get("steps") and doc["summary"].get("amended_at"):  # the completed snapshot
                     snap = doc
                     break
             if snap is None:

@@ -81,8 +81,11 @@ def test_a_real_cuda_error_becomes_a_complete_snapshot(tmp_path: Path) -> None:
             threading.Thread(target=send, args=(base, str(model), i, errors), daemon=True).start()
 
         def complete(doc: dict[str, Any]) -> bool:
+            # the amended snapshot: committed at the first trigger, then completed with the
+            # evidence and the last steps that the sidecar read after it
             kinds = {e["kind"] for e in doc.get("events", [])}
-            return bool(doc.get("steps")) and "cuda_error" in kinds and "crash_dump" in kinds
+            amended = bool(doc.get("summary", {}).get("amended_at"))
+            return amended and bool(doc.get("steps")) and "cuda_error" in kinds and "crash_dump" in kinds
 
         snap = wait_for_snapshot(side, complete)
         assert snap is not None, (tmp_path / "sidecar.log").read_text()[-3000:] + log.read_text()[-3000:]
