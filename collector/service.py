@@ -21,6 +21,7 @@ from collector.model import Event, SourceStatus
 from collector.settings import Settings
 from collector.snapshot_doc import SnapshotDoc
 from collector.snapshot_manager import SnapshotManager
+from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
 from collector.storage.db import StorageError, make_engine
@@ -124,6 +125,8 @@ class Service:
                 ctx.unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
         sources.extend(self.extra_sources)
         ctx.supervised = [SupervisedSource(s) for s in sources]
+        recorders = [s for s in sources if isinstance(s, RecorderSource)]
+        snaps.before_freeze = lambda: [r.poll(hub) for r in recorders]
 
         from collector.api.app import create_app
 

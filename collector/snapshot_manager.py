@@ -48,8 +48,13 @@ class SnapshotManager:
         settle_s: float,
         window_s: float,
         on_committed: Callable[[SnapshotDoc, Event], None] | None = None,
+        before_freeze: Callable[[], object] | None = None,
     ) -> None:
         self.hub = hub
+        # Reads what the in-engine recorder published but the sidecar has not polled yet, so
+        # the first commit already ends at the engine's last step (the service passes the
+        # recorder source's poll; the amendment would otherwise bring those steps a second later).
+        self.before_freeze = before_freeze
         self.repo = repo
         self.spool_dir = Path(spool_dir)
         self.settle_s = settle_s
@@ -80,6 +85,11 @@ class SnapshotManager:
         while True:
             engine, trigger = await self._queue.get()
             seen_at = time.time()
+            if self.before_freeze is not None:
+                try:
+                    self.before_freeze()
+                except Exception:  # a late read must never cost the snapshot
+                    log.exception("reading the recorder before a freeze failed")
             doc = self.hub.freeze(engine, trigger)
             # encoded once, off the loop: the same blobs make the spool file and the rows
             blobs = await asyncio.to_thread(pack_parts, doc)

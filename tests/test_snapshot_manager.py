@@ -93,3 +93,24 @@ def test_a_spooled_snapshot_survives_a_restart(migrated_url: str, tmp_path: Path
     asyncio.run(restart())
     rows, _ = repo.list_snapshots(SnapshotFilter())
     assert [r["trigger_message"] for r in rows] == ["before the restart"]
+
+
+def test_the_first_commit_reads_what_the_recorder_published_last(migrated_url: str, tmp_path: Path) -> None:
+    """Steps the engine wrote just before the fault, not yet polled, are read before the freeze."""
+    hub, repo, mgr, committed = setup(migrated_url, tmp_path, settle=60)  # no amendment in this test
+    unread = [StepRecord(engine="decode-0", ts=time.time(), step=i, running=3) for i in (8, 9)]
+    mgr.before_freeze = lambda: [hub.emit(r) for r in unread]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(mgr.run())
+        for i in range(8):
+            hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=3))
+        hub.emit(fault(EventKind.ENGINE_DEAD, "log", "EngineDeadError"))
+        for _ in range(100):
+            if committed:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert repo.get_snapshot(committed[0]).steps[-1]["step"] == 9
