@@ -140,7 +140,7 @@ class SnapshotManager:
             return
         cur.amended = True
         doc = self.hub.freeze(engine, trigger)
-        if cur.snapshot_id is not None:  # a write that raced the first link
+        if cur.snapshot_id is not None:  # a write that raced the first link, or a late witness
             with contextlib.suppress(StorageError):
                 await asyncio.to_thread(self.repo.link_event, event_row(trigger), cur.snapshot_id)
         try:

@@ -426,15 +426,17 @@ class Repository:
             return [_row_dict(r) for r in conn.execute(q).mappings()]
 
     def link_event(self, ev: dict[str, Any], snapshot_id: int) -> int:
-        """Point the stored row of an event (written by the batching writer) at its snapshot;
+        """Point the stored row of an event (written by the batching writer) at its snapshot,
+        and refresh its data (a second witness merged into it after the row was written);
         returns the rows updated (0 while the writer has not written it yet)."""
         with self._tx() as conn:
             return int(
                 conn.execute(
                     update(EventRow)
                     .where(EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"],
-                           EventRow.source == ev["source"], EventRow.snapshot_id.is_(None))
-                    .values(snapshot_id=snapshot_id)
+                           EventRow.source == ev["source"],
+                           EventRow.snapshot_id.is_(None) | (EventRow.snapshot_id == snapshot_id))
+                    .values(snapshot_id=snapshot_id, data=ev["data"])
                 ).rowcount
             )  # fmt: skip
 

@@ -79,3 +79,15 @@ def test_database_down_is_a_storage_error_not_a_crash() -> None:
         r.list_snapshots(SnapshotFilter())
     with pytest.raises(StorageError):
         r.store_snapshot(doc(), incident_window_s=30, incident_key="k")
+
+
+def test_linking_an_event_refreshes_the_witnesses_merged_after_it_was_written(migrated_url: str) -> None:
+    r = repo(migrated_url)
+    sid, _ = r.store_snapshot(doc(), incident_window_s=30, incident_key="k")
+    row = {"ts": 1.0, "kind": "xid", "source": "nvml", "severity": "warning", "engine": None, "gpu": "0000:00:06.0",
+           "xid": 43, "pid": None, "process": None, "message": "Xid 43", "data": {"sources": ["nvml"]}}  # fmt: skip
+    r.write_batch([], [], [row])
+    assert r.link_event(row, sid) == 1
+    assert r.link_event(dict(row, data={"sources": ["nvml", "kmsg"]}), sid) == 1  # the amendment's pass
+    (stored,) = r.list_events(kind="xid")
+    assert stored["snapshot_id"] == sid and stored["data"]["sources"] == ["nvml", "kmsg"]
