@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.storage.repo import pack_parts

@@ -30,7 +30,7 @@ import httpx
 from sqlalchemy import insert, select
 
 from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, StepRecord
-from collector.snapshots import build_snapshot
+from collector.snapshot.freeze import build_snapshot
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.models import IncidentRow, SnapshotRow

@@ -73,7 +73,7 @@ class StepRecord:
     # requests that finished in this step, with vLLM's per-request figures (request_id,
     # finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens, ...)
     finished_requests: list[dict[str, Any]] = field(default_factory=list)
-    # the rows as columns with their JSON text (collector.request_columns), set by the hub
+    # the rows as columns with their JSON text (collector.ingest.request_columns), set by the hub
     request_columns: Any = field(default=None, repr=False, compare=False)
 
     @property

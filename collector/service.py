@@ -16,11 +16,11 @@ from typing import Any
 
 import uvicorn
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, SourceStatus
 from collector.settings import Settings
-from collector.snapshot_doc import SnapshotDoc
-from collector.snapshot_manager import SnapshotManager
+from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.committer import SnapshotManager
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
@@ -201,7 +201,7 @@ class Service:
     def _alerter(self, ctx: Context) -> Any:
         if not self.settings.alertmanager:
             return None
-        from collector.alerting.wiring import Alerter
+        from collector.alerting.router import Alerter
 
         return Alerter(ctx)
 

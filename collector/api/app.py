@@ -17,11 +17,11 @@ from collector import __version__
 from collector.api import schemas
 from collector.api.auth import require_read, require_write
 from collector.api.body_limit import MAX_BODY, BodyLimit
-from collector.api.checklist import checklist
+from collector.snapshot.checklist import checklist
 from collector.api.export_cache import ExportCache
 from collector.api.metrics import SidecarCollector
 from collector.model import EventKind
-from collector.snapshot_doc import export_gzip, unpack
+from collector.snapshot.document import export_gzip, unpack
 from collector.storage.db import StorageError
 from collector.storage.repo import BadCursor, NotFound, SnapshotFilter
 

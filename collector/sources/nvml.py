@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from collector.model import Event, EventKind, GpuSample, Observation, Severity
-from collector.parsers.xid import XidParseError, normalize_bus_id
+from collector.xid.parser import XidParseError, normalize_bus_id
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.nvml_backend import (
     XID_EVENT_TYPE,
@@ -41,7 +41,7 @@ from collector.sources.nvml_backend import (
     NvmlEvent,
     PynvmlBackend,
 )
-from collector.xid_catalog import XidCatalog, default_catalog
+from collector.xid.catalog import XidCatalog, default_catalog
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from collector.redact import redact
-from collector.snapshot_doc import ENCODING, PARTS, SnapshotDoc, pack, unpack
+from collector.snapshot.document import ENCODING, PARTS, SnapshotDoc, pack, unpack
 from collector.storage.db import StorageError
 from collector.storage.models import (
     EngineRow,

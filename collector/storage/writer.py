@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from collector.hub import Hub, PendingWrites
+from collector.ingest.hub import Hub, PendingWrites
 from collector.storage.db import StorageError
 from collector.storage.repo import Repository
 

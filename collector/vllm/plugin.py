@@ -23,7 +23,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from collector.channel.codec import encode_step_fields
 from collector.vllm._version import vllm_version
-from collector.vllm.channel_writer import STATS_RING_BYTES, RecorderChannel, guarded
+from collector.recorder.channel import STATS_RING_BYTES, RecorderChannel, guarded
 from collector.vllm.extract import finished_row, flatten_connector
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from collector.vllm._version import vllm_version
-from collector.vllm.channel_writer import SCHED_RING_BYTES, RecorderChannel, guarded, log
+from collector.recorder.channel import SCHED_RING_BYTES, RecorderChannel, guarded, log
 from collector.vllm.extract import RequestColumns
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most

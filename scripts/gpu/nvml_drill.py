@@ -39,7 +39,7 @@ from collector.sources.base import SourceError  # noqa: E402
 from collector.sources.kmsg import KmsgSource  # noqa: E402
 from collector.sources.nvml import READINGS, NvmlSource  # noqa: E402
 from collector.sources.nvml_backend import NvmlError, PynvmlBackend  # noqa: E402
-from collector.xid_merge import XidMerger  # noqa: E402
+from collector.xid.merge import XidMerger  # noqa: E402
 
 CHILD_CUPY = r"""
 import json, os, sys, time

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.settings import EngineConfig, Settings
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository

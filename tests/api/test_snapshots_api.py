@@ -16,8 +16,8 @@ from api_context import make_context
 from collector.api.app import create_app
 from collector.api.schemas import SnapshotDocOut
 from collector.model import Event, EventKind, GpuSample, LogLine, RequestRow, Severity, StepRecord
-from collector.snapshot_doc import SCHEMA, SnapshotDoc
-from collector.snapshots import build_snapshot
+from collector.snapshot.document import SCHEMA, SnapshotDoc
+from collector.snapshot.freeze import build_snapshot
 from collector.storage.repo import Repository
 
 PG_SECRET = "postgresql+psycopg://flight:hunter2-pw@db.internal:5432/flightrec"

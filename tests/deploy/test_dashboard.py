@@ -204,7 +204,7 @@ def sidecar_names() -> set[str]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from collector.api.metrics import SidecarCollector
-    from collector.hub import Hub
+    from collector.ingest.hub import Hub
     from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, SourceStatus, StepRecord
     from collector.settings import EngineConfig, Settings
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from collector.snapshot_doc import RequestTable
+from collector.snapshot.document import RequestTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.channel import RingReader
 from collector.channel.codec import decode
 from collector.model import Fingerprint, StepRecord
-from collector.parsers.xid import parse_line
+from collector.xid.parser import parse_line
 from collector.sim.engine import SimEngine
 from collector.sim.pair import PairConfig, SimPair
 from collector.sim.scenario import LoadClient, Phase, Scenario
@@ -110,7 +110,7 @@ def test_the_simulated_crash_log_reads_like_a_real_one(tmp_path: Path) -> None:
     """The sidecar's own log parser finds in the simulated decode log what it finds in a real
     vLLM crash: both workers' CUDA errors with their frames, the crash dump as rows, the fatal
     error and the dead engine."""
-    from collector.inspect_log import inspect_log
+    from collector.cli.inspect_log import inspect_log
     from collector.model import EventKind
 
     async def run() -> SimPair:

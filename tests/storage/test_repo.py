@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from collector.snapshot_doc import SnapshotDoc
+from collector.snapshot.document import SnapshotDoc
 from collector.storage.db import StorageError, make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 

@@ -4,7 +4,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.storage.db import make_engine

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from collector.model import GpuSample, LogLine, RequestRow, StepRecord
-from collector.ring import EngineRing, LineRing, TimeRing
+from collector.ingest.rings import EngineRing, LineRing, TimeRing
 
 
 def step(n: int, **kw: object) -> StepRecord:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
-from collector.pidmap import PidMap, owner, parent_pid
+from collector.ingest.pidmap import PidMap, owner, parent_pid
 from collector.settings import EngineConfig, Settings
 
 

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "snapshots":
             return _snapshots(args, _settings(args))
         if args.command == "inspect-log":
-            from collector.inspect_log import main as inspect_main
+            from collector.cli.inspect_log import main as inspect_main
 
             return inspect_main(args.file, args.json)
     except SettingsError as exc:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from collector.model import Severity
-from collector.xid_catalog import CATEGORIES, XidCatalog, XidCatalogError, default_catalog, lookup
+from collector.xid.catalog import CATEGORIES, XidCatalog, XidCatalogError, default_catalog, lookup
 
 REQUIRED = [13, 31, 32, 38, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143,
             144, 145, 146, 147, 148, 149, 150, 154]
@@ -44,7 +44,7 @@ def test_unknown_code_gets_default_entry() -> None:
 
 
 def test_catalog_json_entries_all_load() -> None:
-    raw = json.loads(Path("collector/data/xid_catalog.json").read_text())
+    raw = json.loads(Path("collector/xid/catalog.json").read_text())
     assert default_catalog().codes() == sorted(int(c) for c in raw["codes"])
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.inspect_log import SCHEMA, inspect_log, main
+from collector.cli.inspect_log import SCHEMA, inspect_log, main
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-logs"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-logs"
 
 
 def _run(path: Path | str, as_json: bool) -> tuple[int, str, str]:

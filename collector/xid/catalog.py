@@ -1,6 +1,6 @@
 """The Xid catalog: what an Xid code means, how bad it is and what to do, as data.
 
-The table lives in ``collector/data/xid_catalog.json`` so that it can be reviewed and
+The table lives in ``collector/xid/catalog.json`` so that it can be reviewed and
 extended without touching code; this module only loads it and answers ``lookup(code)``.
 Unknown codes get the catalog's ``default`` entry (with ``known=False``), never an error.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from collector.model import Severity
 
-PACKAGED = Path(__file__).parent / "data" / "xid_catalog.json"
+PACKAGED = Path(__file__).parent / "catalog.json"
 CATEGORIES = frozenset({"application", "driver", "hardware", "nvlink", "memory", "thermal"})
 
 

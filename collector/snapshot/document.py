@@ -78,7 +78,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     @classmethod
     def from_chunks(cls, chunks: list[Any]) -> RequestTable:
         """From per-step ``request_columns.StepColumns``; keeps them for ``json_bytes``."""
-        from collector.request_columns import COLUMNS
+        from collector.ingest.request_columns import COLUMNS
 
         cols: dict[str, list[Any]] = {"step": []}
         for ch in chunks:
@@ -95,7 +95,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     def json_bytes(self) -> bytes:
         """``json.dumps(self.to_json())``, spliced from the per-step texts when it has them."""
         if self._chunks is not None:
-            from collector.request_columns import columns_json
+            from collector.ingest.request_columns import columns_json
 
             return columns_json(self._chunks)
         return dumps(self.to_json())

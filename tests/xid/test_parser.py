@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.parsers.xid import (
+from collector.xid.parser import (
     GpuUuidRecord,
     XidParseError,
     XidRecord,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from collector.cli import main
-from collector.snapshot_doc import SnapshotDoc
+from collector.snapshot.document import SnapshotDoc
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 
-FIXTURE_LOG = Path(__file__).parent / "fixtures" / "vllm-logs" / "crash.log"
+FIXTURE_LOG = Path(__file__).parents[1] / "fixtures" / "vllm-logs" / "crash.log"
 
 
 @pytest.fixture(autouse=True)

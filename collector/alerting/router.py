@@ -16,8 +16,8 @@ from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition
 from collector.detectors.runner import DetectorRunner
 from collector.model import Event, EventKind, Severity
-from collector.snapshot_doc import SnapshotDoc
-from collector.snapshots import is_trigger
+from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.freeze import is_trigger
 
 log = logging.getLogger(__name__)
 

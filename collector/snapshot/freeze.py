@@ -15,8 +15,8 @@ from typing import Any
 
 from collector.model import Event, EventKind, GpuSample, LogLine, Severity, StepRecord
 from collector.redact import redact
-from collector.request_columns import StepColumns
-from collector.snapshot_doc import REQUEST_COLUMNS, RequestTable, SnapshotDoc
+from collector.ingest.request_columns import StepColumns
+from collector.snapshot.document import REQUEST_COLUMNS, RequestTable, SnapshotDoc
 
 # Events that freeze the ring. An Xid of the "info" class (e.g. a reported ECC correction)
 # does not; CRASH_DUMP lines ride along with the fatal error that accompanies them.

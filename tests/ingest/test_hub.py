@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, GpuSample, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 

@@ -4,10 +4,10 @@ import asyncio
 import time
 from pathlib import Path
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, LogLine, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.snapshot_manager import SnapshotManager
+from collector.snapshot.committer import SnapshotManager
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter

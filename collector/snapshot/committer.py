@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event
-from collector.snapshot_doc import SnapshotDoc, export_gzip
+from collector.snapshot.document import SnapshotDoc, export_gzip
 from collector.storage.db import StorageError
 from collector.storage.repo import Repository, pack_parts
 from collector.storage.writer import event_row

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collector.model import Event, EventKind, Severity
-from collector.xid_merge import XidMerger
+from collector.xid.merge import XidMerger
 
 
 class Clock:

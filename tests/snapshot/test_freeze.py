@@ -14,10 +14,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.hub import Hub
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.snapshot_doc import (
+from collector.snapshot.document import (
     PARTS,
     RequestTable,
     SnapshotDoc,
@@ -29,8 +29,8 @@ from collector.snapshot_doc import (
     segment_of,
     unpack,
 )
-from collector.snapshot_manager import SnapshotManager
-from collector.snapshots import build_snapshot, is_trigger, request_table, summarize
+from collector.snapshot.committer import SnapshotManager
+from collector.snapshot.freeze import build_snapshot, is_trigger, request_table, summarize
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 

@@ -31,13 +31,13 @@ from collector.model import (
     Severity,
     StepRecord,
 )
-from collector.pidmap import PidMap
-from collector.request_columns import StepColumns
-from collector.ring import EngineRing, LineRing, TimeRing
+from collector.ingest.pidmap import PidMap
+from collector.ingest.request_columns import StepColumns
+from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.settings import Settings
-from collector.snapshot_doc import SnapshotDoc
-from collector.snapshots import build_snapshot, is_trigger
-from collector.xid_merge import XidMerger
+from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.freeze import build_snapshot, is_trigger
+from collector.xid.merge import XidMerger
 
 log = logging.getLogger(__name__)
 

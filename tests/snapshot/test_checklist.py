@@ -15,7 +15,7 @@ from collector.api.app import create_app
 from collector.sim.engine import VERSION
 from collector.sim.scenario import Scenario
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "api"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 from api_context import make_context  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -16,12 +16,12 @@ import pytest
 
 from collector.alerting.alerts import Alert
 from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary
-from collector.alerting.wiring import Alerter
-from collector.hub import Hub
+from collector.alerting.router import Alerter
+from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import EngineConfig, Settings
-from collector.snapshot_manager import SnapshotManager
+from collector.snapshot.committer import SnapshotManager
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 
