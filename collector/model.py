@@ -180,6 +180,16 @@ class LogLine:
 
 
 @dataclass(slots=True)
+class WorkloadRecord:
+    """A request arriving at or leaving an engine (``wl`` records of the recorder channel), for
+    the workload log that replay reproduces. ``data`` is the record's body less ``t``."""
+
+    engine: str
+    ts: float
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
 class SourceStatus:
     """A source's own health, as data (served on /api/v1/sources and as a gauge)."""
 
@@ -192,7 +202,7 @@ class SourceStatus:
     details: dict[str, Any] = field(default_factory=dict)  # source-specific figures (durations...)
 
 
-Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine
+Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine | WorkloadRecord
 
 
 def now() -> float:

@@ -17,9 +17,19 @@ deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` us
 ``R``: the running requests of one step, from the RecordingScheduler, self-contained (a reader
 that starts anywhere in the ring decodes it alone)::
 
-    <QdIB           step, ts, n, flags (bit 0: a mirror-rows column follows)
+    <QdIB           step, ts, n, flags (bit 0: a mirror-rows column follows;
+                    bit 1: a host-blocks column follows)
     u32[n] prompt_len, u32[n] computed, u32[n] output, u32[n] preemptions, u8[n] status code,
-    [i32[n] mirror_rows, -1 where unknown], then the n request ids, UTF-8, joined by NUL
+    [i32[n] mirror_rows, -1 where unknown], [i32[n] host_blocks, -1 where unknown],
+    then the n request ids, UTF-8, joined by NUL
+
+``mirror_rows``: the host-mirror rows the HiSparse connector scheduled for the request this
+step (``HiSparseConnectorMetadata.row_mirrors``); ``host_blocks``: the host blocks the HiSparse
+coordinator holds for it. Both are -1 where the recorder could not read them.
+
+In an ``S`` record's JSON extras, ``"null": ["prefix_cache_queries", ...]`` names the fixed
+fields the recorder could not read (their binary slots hold 0): the sidecar stores them as
+null, never as 0.
 
 ``J``: a JSON object with a ``t`` field, for everything else::
 
@@ -27,6 +37,11 @@ that starts anywhere in the ring decodes it alone)::
      "vllm_version": "0.32.0"}
     {"t": "fp", "engine": ..., "ts": ..., "facts": {...}}           deployment fingerprint
     {"t": "ev", "engine": ..., "kind": "cuda_error", "ts": ..., ...Event fields}
+    {"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": <arrival, unix s>, "prompt_len": 32000,
+     "max_tokens": 2000, "n": 1, "ignore_eos": true, "has_stop": false}
+    {"t": "wl", "ev": "end", "id": "cmpl-1", "ts": ..., "output_len": 2000,
+     "finish": "stopped" | "length" | "aborted" | "error" | ..., "cached_tokens": 0 | null}
+                                                                     the workload, for replay
     {"t": "step", ...StepRecord fields}  and  {"t": "req", "cols": [...], "rows": [[...]]}
     (the JSON forms of the two binary records, still read)
 """
@@ -46,6 +61,7 @@ from collector.model import (
     RequestRow,
     Severity,
     StepRecord,
+    WorkloadRecord,
 )
 
 TAG_JSON = b"J"
@@ -55,6 +71,7 @@ REQ_COLS = ("id", "prompt_len", "computed", "output", "preempt", "status", "mirr
 STEP_HEAD = struct.Struct("<QdHIIIdIIIIQQ")
 REQS_HEAD = struct.Struct("<QdIB")
 FLAG_MIRROR = 1
+FLAG_HOST_BLOCKS = 2
 # Request status codes on the wire. Ours, not vLLM's enum values, which may be renumbered.
 STATUSES = (
     "running", "preempted", "waiting", "waiting_for_remote_kvs",
@@ -219,6 +236,11 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
             return None, Fingerprint(engine=name, ts=float(body.get("ts", 0.0)), facts=dict(body["facts"]))
         if kind == "ev":
             return None, _decode_event(name, body)
+        if kind == "wl":
+            data = {k: v for k, v in body.items() if k != "t"}
+            if data.get("ev") not in ("arrive", "end") or not isinstance(data.get("id"), str):
+                raise CodecError("workload record needs ev arrive|end and a string id")
+            return None, WorkloadRecord(engine=name, ts=float(body["ts"]), data=data)
     except (KeyError, TypeError, ValueError) as exc:
         raise CodecError(f"malformed {kind!r} record: {exc}") from exc
     raise CodecError(f"unknown record type {kind!r}")
