@@ -98,6 +98,7 @@ class SnapshotDocOut(BaseModel):
     events: list[dict[str, Any]]
     log_lines: list[dict[str, Any]]
     peers: list[Peer] = Field(default_factory=list, description="the other engines of the pair, with their fingerprints")
+    workload: dict[str, Any] | None = Field(default=None, description="the requests before the fault, for replay; null when not recorded")
 
     model_config = {"populate_by_name": True}
 

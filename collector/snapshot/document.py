@@ -16,7 +16,9 @@ The export (``GET /api/v1/snapshots/{id}``, ``GET /api/v1/snapshots/{id}/export`
                   "sparse": ["extras"]},
      "gpu_samples": [GpuSample fields], "events": [Event fields],
      "log_lines": [{"ts", "line"}],
-     "peers": [{"host", "engine", "pair", "role", "fingerprint"}]}
+     "peers": [{"host", "engine", "pair", "role", "fingerprint"}],
+     "workload": {"schema": "flightrec.workload/v1", "requests": {"columns": {...}},
+                  "concurrency": [[offset, in_flight], ...], "window", "truncated", ...} | null}
 
 ``requests`` is columnar: row ``i`` is ``{name: columns[name][i]}``; a column listed in
 ``sparse`` is left out of a row where its value is null. A 4096-step x 64-request snapshot
@@ -26,6 +28,8 @@ under half a second. In Python, ``SnapshotDoc.requests`` is a ``RequestTable`` t
 reads as a sequence of row dicts.
 
 Times are unix seconds. Fields may be added within v1; none are removed or renamed.
+``workload`` (the requests before the fault, for ``flightrec replay``: collector.ingest.workload)
+was added within v1: a snapshot stored without it reads and exports it as null.
 
 Each part is stored as a gzip member whose deflate body ends on a full flush, so the API
 splices the stored bytes of all parts into one gzip stream without decompressing them
@@ -43,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 SCHEMA = "flightrec.snapshot/v1"
-PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers")
+PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload")
+NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder) = null, not []
 HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
                  "summary", "fingerprint")  # fmt: skip
 ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
@@ -170,6 +175,8 @@ class SnapshotDoc:
     incident_id: int | None = None
     # fingerprints of the other engines of this engine's P/D pair, as stored at commit
     peers: list[dict[str, Any]] = field(default_factory=list)
+    # the requests before the fault (WorkloadLog.export), null when nothing recorded them
+    workload: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.requests = RequestTable.coerce(self.requests)
@@ -178,6 +185,9 @@ class SnapshotDoc:
         return getattr(self, name)
 
     def set_part(self, name: str, value: Any) -> None:
+        if name in NULLABLE_PARTS:
+            setattr(self, name, value or None)
+            return
         setattr(self, name, RequestTable.coerce(value) if name == "requests" else (value or []))
 
     def header(self) -> dict[str, Any]:
@@ -312,6 +322,12 @@ def assemble_gzip(pieces: Sequence[bytes | Segment]) -> bytes:
     return b"".join(out)
 
 
+def _empty_part(name: str) -> Any:
+    if name in NULLABLE_PARTS:
+        return None
+    return {"columns": {}, "sparse": []} if name == "requests" else []
+
+
 def export_gzip(header: dict[str, Any], parts: dict[str, bytes]) -> bytes:
     """The whole export as one gzip stream, from the header and the parts' stored blobs.
 
@@ -322,7 +338,7 @@ def export_gzip(header: dict[str, Any], parts: dict[str, bytes]) -> bytes:
         blob = parts.get(name)
         seg = segment_of(blob) if blob is not None else None
         if seg is None:
-            value = unpack(blob) if blob is not None else ({"columns": {}, "sparse": []} if name == "requests" else [])
+            value = unpack(blob) if blob is not None else _empty_part(name)
             if name == "requests" and isinstance(value, list):
                 value = RequestTable.from_rows(value).to_json()
             seg = deflate_segment(dumps(value))

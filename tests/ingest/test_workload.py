@@ -1,0 +1,132 @@
+"""The workload log: what it keeps of each request, its bounds, and the export at a fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from collector.ingest.workload import WorkloadLog, concurrency_series
+from collector.model import WorkloadRecord
+
+
+def arrive(rid: str, ts: float, *, prompt_len: int = 32000, max_tokens: int = 2000, engine: str = "decode-0",
+           **extra: object) -> WorkloadRecord:  # fmt: skip
+    data = {"ev": "arrive", "id": rid, "ts": ts, "prompt_len": prompt_len, "max_tokens": max_tokens, "n": 1,
+            "ignore_eos": True, "has_stop": False, **extra}  # fmt: skip
+    return WorkloadRecord(engine=engine, ts=ts, data=data)
+
+
+def end(rid: str, ts: float, *, output_len: int = 2000, finish: str = "length", cached: int | None = 0,
+        engine: str = "decode-0") -> WorkloadRecord:  # fmt: skip
+    data = {"ev": "end", "id": rid, "ts": ts, "output_len": output_len, "finish": finish, "cached_tokens": cached}
+    return WorkloadRecord(engine=engine, ts=ts, data=data)
+
+
+def rows(export: dict) -> list[dict]:
+    cols = export["requests"]["columns"]
+    return [{k: cols[k][i] for k in cols} for i in range(len(cols["id"]))]
+
+
+def test_each_request_keeps_its_shape_and_how_it_ended_at_the_fault() -> None:
+    log = WorkloadLog()
+    for rec in (arrive("a", 100.0), arrive("b", 101.0, max_tokens=16, ignore_eos=False, has_stop=True, n=2),
+                end("a", 110.0, cached=1024), arrive("c", 111.0), end("b", 112.0, output_len=7, finish="aborted"),
+                arrive("d", 113.0)):  # fmt: skip
+        log.add(rec)
+    out = log.export(120.0, crashed=True)
+    by_id = {r["id"]: r for r in rows(out)}
+    assert by_id["a"] == {"id": "a", "arrival_offset": 0.0, "prompt_len": 32000, "max_tokens": 2000, "n": 1,
+                          "ignore_eos": True, "has_stop": False, "end_offset": 10.0, "output_len": 2000,
+                          "finish": "length", "outcome": "finished", "cached_tokens": 1024}  # fmt: skip
+    assert (by_id["b"]["n"], by_id["b"]["ignore_eos"], by_id["b"]["has_stop"]) == (2, False, True)
+    assert (by_id["b"]["outcome"], by_id["b"]["output_len"]) == ("aborted", 7)
+    # arrived, never ended, and the engine died: failed by the crash, with nothing invented
+    assert by_id["c"]["outcome"] == by_id["d"]["outcome"] == "failed_by_crash"
+    assert by_id["c"]["output_len"] is None and by_id["c"]["cached_tokens"] is None
+    assert out["counts"] == {"requests": 4, "finished": 1, "aborted": 1, "error": 0, "failed_by_crash": 2,
+                             "in_flight": 0}  # fmt: skip
+    assert out["t0"] == 100.0 and out["crashed"] is True and out["truncated"]["any"] is False
+    # no prompt content anywhere, only lengths
+    assert "prompt" not in out["requests"]["columns"]
+
+
+def test_without_a_crash_open_requests_are_in_flight_and_later_records_do_not_count() -> None:
+    log = WorkloadLog()
+    log.add(arrive("a", 10.0))
+    log.add(arrive("b", 11.0))
+    log.add(end("a", 30.0))  # after the snapshot's time
+    log.add(arrive("c", 31.0))
+    out = log.export(20.0, crashed=False)
+    assert [(r["id"], r["outcome"]) for r in rows(out)] == [("a", "in_flight"), ("b", "in_flight")]
+    assert out["truncated"]["arrived_after_fault"] == 1
+
+
+def test_the_concurrency_series_steps_at_every_arrival_and_end() -> None:
+    log = WorkloadLog()
+    for rec in (arrive("a", 0.0), arrive("b", 1.0), end("a", 2.0), arrive("c", 2.0), end("b", 3.0),
+                end("c", 4.0), arrive("d", 5.0)):  # fmt: skip
+        log.add(rec)
+    out = log.export(6.0, crashed=True)
+    # at t=2 "a" ends as "c" arrives: an end first, so the level stays 2, never 3
+    assert out["concurrency"] == [[0.0, 1], [1.0, 2], [2.0, 2], [3.0, 1], [4.0, 0], [5.0, 1], [6.0, 1]]
+    assert max(level for _, level in out["concurrency"]) == 2
+
+
+def test_bounded_by_count_oldest_first_and_says_so() -> None:
+    log = WorkloadLog(max_requests=3)
+    for i in range(5):
+        log.add(arrive(f"r{i}", float(i)))
+        log.add(end(f"r{i}", i + 0.5))
+    out = log.export(10.0, crashed=True)
+    assert [r["id"] for r in rows(out)] == ["r2", "r3", "r4"]
+    assert out["truncated"]["dropped_by_count"] == 2 and out["truncated"]["any"] is True
+    assert out["t0"] == 2.0
+
+
+def test_bounded_by_age_but_a_long_request_still_running_is_kept() -> None:
+    log = WorkloadLog(max_age_s=100)
+    log.add(arrive("long", 0.0))  # still running at the fault: part of the load
+    log.add(arrive("old", 1.0))
+    log.add(end("old", 2.0))
+    log.add(arrive("new", 150.0))
+    out = log.export(160.0, crashed=True)
+    assert [r["id"] for r in rows(out)] == ["long", "new"]  # "old" ended before the window
+    assert out["window"]["max_age_s"] == 100 and out["window"]["end"] == 160.0
+    # pruning while adding: once "long" ends, the old ended requests go
+    log.add(end("long", 300.0))
+    log.add(arrive("later", 450.0))
+    assert log.dropped_by_age == 2 and len(log) == 2  # "long" and "old"; "new" and "later" are open
+
+
+def test_an_end_read_before_its_arrival_is_matched_and_ids_may_be_reused() -> None:
+    log = WorkloadLog()
+    log.add(end("x", 5.0, output_len=3))  # the end's ring was read first
+    log.add(arrive("x", 1.0, prompt_len=10))
+    log.add(arrive("x", 6.0, prompt_len=20))  # the client reuses the id once the first ended
+    out = log.export(9.0, crashed=True)
+    assert [(r["prompt_len"], r["output_len"], r["outcome"]) for r in rows(out)] == [
+        (10, 3, "finished"), (20, None, "failed_by_crash")]  # fmt: skip
+    assert out["truncated"]["ends_without_arrival"] == 0
+
+
+def test_engines_are_apart_and_unknown_values_are_null() -> None:
+    log = WorkloadLog()
+    log.add(arrive("a", 1.0, engine="prefill-0", max_tokens=1))
+    log.add(WorkloadRecord(engine="decode-0", ts=2.0, data={"ev": "arrive", "id": "a", "ts": 2.0, "prompt_len": 5}))
+    out = log.export(3.0, crashed=True, engine="decode-0")
+    (row,) = rows(out)
+    assert row["prompt_len"] == 5 and row["max_tokens"] is None and row["n"] is None and row["ignore_eos"] is None
+    assert len(rows(log.export(3.0, crashed=True))) == 2
+
+
+def test_an_empty_log_exports_an_empty_workload() -> None:
+    out = WorkloadLog().export(50.0, crashed=True)
+    assert out["counts"]["requests"] == 0 and out["concurrency"] == [] and out["requests"]["columns"]["id"] == []
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        WorkloadLog(max_requests=0)
+
+
+def test_concurrency_series_closes_at_until() -> None:
+    assert concurrency_series([0.0], [None], 3.0) == [[0.0, 1], [3.0, 1]]
