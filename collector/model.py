@@ -45,48 +45,84 @@ class RequestRow:
     output_tokens: int = 0
     preemptions: int = 0
     status: str = "running"
-    mirror_rows: int | None = None  # host-mirror rows held by the connector, when known
+    mirror_rows: int | None = None  # host-mirror rows the connector scheduled this step
+    host_blocks: int | None = None  # host blocks the HiSparse coordinator holds for it
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+# The fields of a step that come from the stat logger's half (SchedulerStats/IterationStats).
+# A step whose stats half never arrived has them None: unknown, never 0.
+STAT_FIELDS = (
+    "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
+    "finished", "waiting_by_reason", "prefix_cache_queries", "prefix_cache_hits", "connector",
+    "engine_index", "worker", "finished_requests",
+)  # fmt: skip
+HALF_STATS = 1  # the stat logger's record of the step arrived
+HALF_REQUESTS = 2  # the scheduler's per-request record arrived
 
 
 @dataclass(slots=True)
 class StepRecord:
-    """One engine step as the in-engine recorder (or the simulator) reports it."""
+    """One engine step as the in-engine recorder (or the simulator) reports it.
+
+    A step arrives in up to two halves from two processes: the stat logger's aggregates and
+    the scheduler's per-request block. Every figure is None until a half that carries it
+    arrives; ``halves`` says which did."""
 
     engine: str  # sidecar-side engine name (e.g. "decode-0")
     ts: float  # unix seconds
     step: int  # engine step counter
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0  # 0..1
-    preemptions: int = 0  # preemptions in this step
-    prompt_tokens: int = 0  # prompt tokens computed in this step
-    generation_tokens: int = 0  # tokens generated in this step
-    finished: int = 0  # requests finished in this step
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    preemptions: int | None = None  # preemptions in this step
+    prompt_tokens: int | None = None  # prompt tokens computed in this step
+    generation_tokens: int | None = None  # tokens generated in this step
+    finished: int | None = None  # requests finished in this step
     waiting_by_reason: dict[str, int] = field(default_factory=dict)
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    connector: dict[str, Any] = field(default_factory=dict)  # kv_connector_stats, flattened
-    requests: list[RequestRow] | None = None  # per-request rows, when recorded
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    connector: dict[str, Any] = field(default_factory=dict)  # kv_connector_stats, by connector
+    # per-request rows as row objects: only from tests and old JSON records; the hub turns
+    # them into ``request_block`` and drops them
+    requests: list[RequestRow] | None = None
     engine_index: int = 0  # vLLM's DP engine index
     worker: str | None = None  # process that reported it, when known
     # requests that finished in this step, with vLLM's per-request figures (request_id,
     # finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens, ...)
     finished_requests: list[dict[str, Any]] = field(default_factory=list)
-    # the rows as columns with their JSON text (collector.ingest.request_columns), set by the hub
-    request_columns: Any = field(default=None, repr=False, compare=False)
+    # the per-request rows as the recorder wrote them (collector.ingest.requests.RequestBlock)
+    request_block: Any = field(default=None, repr=False, compare=False)
+    halves: int = field(default=0, compare=False)
+    run: int = field(default=0, compare=False)  # the writing engine's server pid: step numbers restart with a new run
 
     @property
     def mirror_rows(self) -> int | None:
+        block = self.request_block
+        if block is not None and block.mirror_rows is not None:
+            return int(block.mirror_rows)
         if self.requests:
             rows = [r.mirror_rows for r in self.requests if r.mirror_rows is not None]
             if rows:
                 return sum(rows)
         value = self.connector.get("mirror_rows")
-        return int(value) if isinstance(value, (int, float)) else None
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def host_blocks(self) -> int | None:
+        block = self.request_block
+        return None if block is None or block.host_blocks is None else int(block.host_blocks)
+
+    @property
+    def request_count(self) -> int | None:
+        block = self.request_block
+        return None if block is None else int(block.n)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f: getattr(self, f) for f in ("engine", "ts", "step", *STAT_FIELDS)}
+        out["mirror_rows"] = self.mirror_rows
+        out["host_blocks"] = self.host_blocks
+        return out
 
 
 @dataclass(slots=True)
@@ -136,6 +172,7 @@ class Event:
     lines: list[str] = field(default_factory=list)  # raw log lines, traceback included
     data: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # every source that reported it (merged)
+    uid: str = ""  # given once at ingest; snapshots, stored rows and alerts link by it
 
     def __post_init__(self) -> None:
         if not self.sources:

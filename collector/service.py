@@ -8,19 +8,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from collector.alerting.router import Alerter
+from collector.context import AppContext
+from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
 from collector.model import Event, SourceStatus
 from collector.settings import Settings
+from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
-from collector.snapshot.committer import SnapshotManager
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
@@ -40,38 +43,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-@dataclass
-class Context:
-    """What the HTTP handlers see."""
-
-    settings: Settings
-    hub: Hub
-    repo: Repository
-    writer: BatchWriter
-    snapshots: SnapshotManager
-    loop: asyncio.AbstractEventLoop
-    supervised: list[SupervisedSource] = field(default_factory=list)
-    snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    alerter: Any = None
-    unsupported: list[SourceStatus] = field(default_factory=list)
-    port_getter: Any = None
-
-    def source_statuses(self) -> list[SourceStatus]:
-        out = list(self.unsupported)
-        for sup in self.supervised:
-            out.extend(sup.statuses())
-        return out
-
-    def service_port(self) -> int:
-        return self.port_getter() if self.port_getter is not None else self.settings.port
-
-    def alert_stats(self) -> dict[str, int]:
-        if self.alerter is None:
-            return {}
-        try:
-            return dict(self.alerter.stats())
-        except Exception:
-            return {}
+Context = AppContext  # the name tests and tools used
 
 
 class Service:
@@ -102,16 +74,32 @@ class Service:
         except StorageError as exc:
             migrated = False
             log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
-        hub = Hub(settings)
-        repo = Repository(db, host=hub.host)
-        writer = BatchWriter(hub, repo, interval=settings.write_batch_interval)
-        snaps = SnapshotManager(
+
+        # The stages, wired once, data flowing one way:
+        # sources -> ingest (hub) -> trigger policy + committer -> store; ingest -> writer -> store;
+        # ingest -> detector task -> (anomaly events back through ingest's front door);
+        # ingest events, detector transitions, commits -> alert router.
+        host = settings.host_name or socket.gethostname()
+        repo = Repository(db, host=host)
+        writer = BatchWriter(repo, interval=settings.write_batch_interval)
+        hub = Hub(settings, rows=writer)
+        committer = SnapshotCommitter(
             hub, repo, spool_dir=self.spool_dir, settle_s=settings.snapshot_settle_s,
-            window_s=settings.incident_window_s, on_committed=self._committed,
+            window_s=settings.incident_window_s, gpu_seconds=settings.snapshot_gpu_seconds,
+            scrape_interval=settings.scrape_interval, on_committed=[self._committed],
         )  # fmt: skip
-        ctx = self.ctx = Context(settings=settings, hub=hub, repo=repo, writer=writer, snapshots=snaps, loop=loop)
+        detectors = DetectorTask(hub, settings.detectors)
+        ctx = self.ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer,
+                                    detectors=detectors, loop=loop)  # fmt: skip
         ctx.port_getter = lambda: self.port
-        ctx.alerter = self._alerter(ctx)
+        hub.consumers.append(committer.on_event)
+        if settings.alertmanager:
+            alerter = ctx.alerter = Alerter(
+                settings, host=hub.host, snapshots_for=committer.snapshots_for,
+                engine_up=lambda n: hub.engines[n].up if n in hub.engines else None, port=lambda: self.port,
+            )  # fmt: skip
+            hub.consumers.append(alerter.on_event)
+            detectors.consumers.append(alerter.on_transition)
         for eng in settings.engines:
             with contextlib.suppress(StorageError):
                 await asyncio.to_thread(repo.register_engine, eng.name, url=eng.url, pair=eng.pair)
@@ -125,8 +113,8 @@ class Service:
                 ctx.unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
         sources.extend(self.extra_sources)
         ctx.supervised = [SupervisedSource(s) for s in sources]
-        recorders = [s for s in sources if isinstance(s, RecorderSource)]
-        snaps.before_freeze = lambda: [r.poll(hub) for r in recorders]
+        ctx.recorders = [s for s in sources if isinstance(s, RecorderSource)]
+        committer.before_capture = lambda: [r.poll(hub) for r in ctx.recorders]
 
         from collector.api.app import create_app
 
@@ -138,9 +126,12 @@ class Service:
                 loop.add_signal_handler(sig, self.request_stop)
 
         tasks = [asyncio.create_task(s.run(hub), name=f"source:{s.name}") for s in ctx.supervised]
+        n_sources = len(tasks)
         tasks.append(asyncio.create_task(writer.run(), name="writer"))
-        tasks.append(asyncio.create_task(snaps.run(), name="snapshots"))
+        tasks.append(asyncio.create_task(committer.run(), name="snapshots"))
+        tasks.append(asyncio.create_task(detectors.run(), name="detectors"))
         tasks.append(asyncio.create_task(self._retention(repo), name="retention"))
+        tasks.append(asyncio.create_task(self._heartbeat(ctx), name="heartbeat"))
         if not migrated:
             tasks.append(asyncio.create_task(self._migrate_when_back(), name="migrate"))
         if ctx.alerter is not None:
@@ -158,12 +149,12 @@ class Service:
         await self.stop_event.wait()
 
         log.warning("stopping: flushing what is held")
-        for t in tasks[: len(ctx.supervised)]:
+        for t in tasks[:n_sources]:
             t.cancel()
-        await asyncio.gather(*tasks[: len(ctx.supervised)], return_exceptions=True)
-        await self._drain_snapshots(snaps)
-        await writer.flush()
-        for t in tasks[len(ctx.supervised) :]:
+        await asyncio.gather(*tasks[:n_sources], return_exceptions=True)
+        await committer.drain(timeout=10.0)
+        await writer.flush(everything=True)
+        for t in tasks[n_sources:]:
             t.cancel()
         if ctx.alerter is not None:
             with contextlib.suppress(Exception):
@@ -176,6 +167,13 @@ class Service:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
 
+    async def _heartbeat(self, ctx: AppContext, every: float = 0.25) -> None:
+        """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz)."""
+        while True:
+            t0 = time.monotonic()
+            await asyncio.sleep(every)
+            ctx.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)
+
     @property
     def port(self) -> int:
         if self.server is not None and self.server.servers:
@@ -183,11 +181,6 @@ class Service:
                 for sock in s.sockets:
                     return int(sock.getsockname()[1])
         return self.settings.port
-
-    async def _drain_snapshots(self, snaps: SnapshotManager, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not snaps._queue.empty() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
 
     def _committed(self, doc: SnapshotDoc, trigger: Event) -> None:
         assert self.ctx is not None
@@ -197,13 +190,6 @@ class Service:
             self.ctx.alerter.snapshot_committed(doc, trigger)
         for cb in self.on_snapshot:
             cb(doc, trigger)
-
-    def _alerter(self, ctx: Context) -> Any:
-        if not self.settings.alertmanager:
-            return None
-        from collector.alerting.router import Alerter
-
-        return Alerter(ctx)
 
     async def _migrate_when_back(self) -> None:
         """A database that was down at start gets its schema as soon as it answers; until then
@@ -237,6 +223,8 @@ class Service:
 
 
 def _default_spool(settings: Settings) -> Path:
+    if settings.spool_dir is not None:
+        return settings.spool_dir
     if settings.database.startswith("sqlite") and "///" in settings.database:
         db_path = Path(settings.database.split("///", 1)[1])
         return db_path.parent / "flightrec-spool"

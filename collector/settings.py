@@ -93,6 +93,14 @@ class Settings(BaseSettings):
     ring_steps: int = Field(default=4096, ge=16, le=1_000_000)
     gpu_ring_seconds: float = Field(default=600.0, gt=0)
     log_ring_lines: int = Field(default=2000, ge=10)
+    ring_request_bytes: int = Field(
+        default=24 * 1024 * 1024, ge=1 << 16,
+        description="per engine: per-request blocks kept (the oldest steps keep only their aggregates past it)",
+    )  # fmt: skip
+    workload_requests: int = Field(default=10_000, ge=0, description="requests kept per engine for replay")
+    workload_seconds: float = Field(default=3600.0, gt=0, description="how far back the workload log reaches")
+    recorder_join_wait: float = Field(default=120.0, ge=0, description="hold an unmatched ring this long for its engine's port")
+    spool_dir: Path | None = Field(default=None, description="where snapshots wait for the database; default beside SQLite")
     api_token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)

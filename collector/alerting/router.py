@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition
-from collector.detectors.runner import DetectorRunner
-from collector.model import Event, EventKind, Severity
+from collector.detectors.base import Transition
+from collector.model import Event, EventKind
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import is_trigger
 
@@ -23,32 +25,50 @@ log = logging.getLogger(__name__)
 
 
 class Alerter:
-    def __init__(self, ctx: Any, *, client: AlertmanagerClient | None = None, detector_interval: float = 1.0) -> None:
-        s = ctx.settings
+    """The alert router: consumes ingest's events, the detector task's transitions and the
+    committer's commits; calls nothing upstream. ``snapshots_for`` is the committer's
+    read-only query of which snapshot holds an event."""
+
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        host: str,
+        snapshots_for: Callable[[Event], dict[str, int | None]],
+        engine_up: Callable[[str], bool | None],
+        port: Callable[[], int],
+        client: AlertmanagerClient | None = None,
+        hold_max_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        s = settings
         a = s.alerting
-        self.ctx = ctx
+        self.settings = s
         self.client = client or AlertmanagerClient(
             s.alertmanager, resend_interval=a.resend_interval, resolved_resend_for=a.resolved_resend_for,
             batch_max=a.batch_max, queue_max=a.queue_max, backoff_min=a.backoff_min,
             backoff_max=a.backoff_max, timeout=a.timeout,
         )  # fmt: skip
-        self.host = a.host or ctx.hub.host
+        self.host = a.host or host
         self.runbook_base = a.runbook_base
         self.hold = a.event_hold
-        self.runner = DetectorRunner(s.detectors, clock=ctx.hub.clock)
-        self.detector_interval = detector_interval
-        self._held: dict[str, list[Event]] = {}  # engine -> triggers waiting for its commit
+        self.snapshots_for = snapshots_for
+        self.engine_up = engine_up
+        self.port = port
+        # a trigger waits for its snapshot's commit, at most this long (a database that is down
+        # must not delay the page: it goes out without the link)
+        self.hold_max_s = hold_max_s
+        self.clock = clock
+        self._held: dict[str, list[tuple[float, Event]]] = {}  # engine -> triggers waiting for a commit
         self._down: dict[str, Alert] = {}
-        ctx.hub.event_listeners.append(self.on_event)
 
     @property
     def public_url(self) -> str:
-        s = self.ctx.settings
+        s = self.settings
         if s.alerting.public_url or s.public_url:
             return (s.alerting.public_url or s.public_url or "").rstrip("/")
         host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
-        port = self.ctx.service_port() if hasattr(self.ctx, "service_port") else s.port
-        return f"http://{host}:{port}"
+        return f"http://{host}:{self.port()}"
 
     def stats(self) -> dict[str, int]:
         st = self.client.stats()
@@ -66,14 +86,14 @@ class Alerter:
         if ev.kind is EventKind.ENGINE_DOWN and ev.engine:
             self._down[ev.engine] = alert
 
-    # Hub listener: runs on the loop, after the hub has scheduled any snapshot.
+    # Ingest consumer: runs on the loop, after the trigger policy has opened any snapshot.
     def on_event(self, ev: Event, is_new: bool) -> None:
-        if not is_new or (ev.kind is EventKind.ANOMALY and ev.data.get("alerted")):
-            return
+        if not is_new or ev.kind is EventKind.ANOMALY:
+            return  # anomalies page through their detector transitions
         if not is_trigger(ev):
             self._fire(ev)
             return
-        targets = self.ctx.snapshots.snapshots_for(ev)
+        targets = self.snapshots_for(ev)
         if not targets:
             self._fire(ev)  # no snapshot for it (e.g. an engine never seen up)
             return
@@ -81,49 +101,48 @@ class Alerter:
             if snapshot_id is not None:
                 self._fire(ev, snapshot_id)
             else:
-                self._held.setdefault(name, []).append(ev)
+                self._held.setdefault(name, []).append((self.clock(), ev))
+
+    def on_transition(self, tr: Transition) -> None:
+        fire, resolve = alerts_for_transition(tr, host=self.host, public_url=self.public_url,
+                                              runbook_base=self.runbook_base)  # fmt: skip
+        if resolve is not None:
+            self.client.resolve(resolve)
+        if fire is not None:
+            self.client.fire(fire)
 
     def snapshot_committed(self, doc: SnapshotDoc, trigger: Event) -> None:
-        for ev in self._held.pop(doc.engine, []):
-            self._fire(ev, doc.id)
+        waiting = self._held.pop(doc.engine, [])
+        keep = []
+        for since, ev in waiting:
+            sid = self.snapshots_for(ev).get(doc.engine)
+            if sid is not None:
+                self._fire(ev, sid)
+            else:
+                keep.append((since, ev))
+        if keep:
+            self._held[doc.engine] = keep
 
     async def run(self) -> None:
         sender = asyncio.create_task(self.client.run(), name="alertmanager-client")
         try:
             while True:
-                await asyncio.sleep(self.detector_interval)
-                try:
-                    self.tick()
-                except Exception:
-                    log.exception("detector evaluation failed")
+                await asyncio.sleep(0.25)
+                self.tick()
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
 
     def tick(self) -> None:
-        hub = self.ctx.hub
-        steps = {name: st.ring.steps()[-2048:] for name, st in hub.engines.items()}
-        scrapes = {name: list(st.scrapes) for name, st in hub.engines.items()}
-        samples = {gpu: ring.since(0.0) for gpu, ring in hub.gpus.items()}
-        for tr in self.runner.evaluate(steps, samples, scrapes):
-            fire, resolve = alerts_for_transition(tr, host=self.host, public_url=self.public_url,
-                                                  runbook_base=self.runbook_base)  # fmt: skip
-            if resolve is not None:
-                self.client.resolve(resolve)
-            if fire is not None:
-                self.client.fire(fire)
-            cur = tr.current
-            hub.emit(Event(
-                kind=EventKind.ANOMALY, ts=cur.ts, source="detector",
-                message=f"{cur.name} {cur.state.value}: {cur.reason}",
-                severity=Severity(cur.state.value) if cur.state.value != "ok" else Severity.INFO,
-                engine=cur.labels.get("engine"), gpu=cur.labels.get("gpu"),
-                data={"detector": cur.name, "state": cur.state.value, "labels": cur.labels,
-                      "suggested_action": cur.suggested_action, "value": cur.value, "alerted": True},
-            ))  # fmt: skip
+        now = self.clock()
+        for name, waiting in list(self._held.items()):
+            late = [(s, ev) for s, ev in waiting if now - s >= self.hold_max_s]
+            if late:
+                for _, ev in late:
+                    self._fire(ev, None)
+                self._held[name] = [(s, ev) for s, ev in waiting if now - s < self.hold_max_s]
         for name, alert in list(self._down.items()):
-            st = hub.engines.get(name)
-            if st is not None and st.up:
+            if self.engine_up(name):
                 self.client.resolve(alert.key)
                 del self._down[name]
 

@@ -4,6 +4,7 @@ FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import zlib
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from collector import __version__
+from collector.redact import redact
 from collector.api import schemas
 from collector.api.auth import require_read, require_write
 from collector.api.body_limit import MAX_BODY, BodyLimit
@@ -79,50 +81,50 @@ def create_app(ctx: Any) -> FastAPI:
     async def _bad_cursor(_: Request, exc: BadCursor) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
+    # Handlers that read ingest's live state are async: they run on the loop that writes it,
+    # never in a worker thread beside it. Database reads go to a thread.
     @app.get("/healthz", response_model=schemas.Health)
-    def healthz() -> dict[str, Any]:
-        statuses = [dataclasses.asdict(s) for s in ctx.source_statuses()]
-        degraded = ctx.writer.db_up is False or any(s["supported"] and not s["up"] for s in statuses)
-        return {
-            "status": "degraded" if degraded else "ok",
-            "version": __version__,
-            "database_up": ctx.writer.db_up,
-            "sources": statuses,
-            "snapshots_committed": ctx.snapshots.committed,
-        }
+    async def healthz() -> dict[str, Any]:
+        return ctx.health()
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics(_: None = Read) -> Response:
+    async def metrics(_: None = Read) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/api/v1/detectors", response_model=list[schemas.DetectorOut])
+    async def detectors(_: None = Read) -> list[dict[str, Any]]:
+        return ctx.detector_states()
+
     @app.get("/api/v1/engines", response_model=list[schemas.EngineOut])
-    def engines(_: None = Read) -> list[dict[str, Any]]:
-        stored = {(e["host"], e["name"]): e for e in ctx.repo.list_engines()}
-        out = []
-        for name, st in sorted(ctx.hub.engines.items()):
-            last = st.ring.last()
-            row = stored.pop((ctx.hub.host, name), {})
-            out.append({
-                "name": name, "host": ctx.hub.host, "url": st.url, "pair": st.pair, "up": st.up,
-                "last_seen": st.last_seen, "steps_in_ring": len(st.ring),
-                "last_step": last.step if last else None, "running": last.running if last else None,
-                "waiting": last.waiting if last else None,
-                "kv_cache_usage": last.kv_cache_usage if last else None,
-                "vllm_version": st.fingerprint.get("vllm_version") or row.get("vllm_version"),
-                "fingerprint": st.fingerprint or row.get("fingerprint"),
-            })  # fmt: skip
-        for row in stored.values():  # engines other sidecars (or earlier runs) stored
+    async def engines(_: None = Read) -> list[dict[str, Any]]:
+        out = ctx.engines_live()
+        try:
+            stored = await asyncio.to_thread(ctx.repo.list_engines)
+        except StorageError:
+            stored = []  # degraded: live state only
+        by_key = {(e["host"], e["name"]): e for e in stored}
+        for row in out:
+            prev = by_key.pop((row["host"], row["name"]), {})
+            row["vllm_version"] = row["vllm_version"] or prev.get("vllm_version")
+            row["fingerprint"] = row["fingerprint"] or prev.get("fingerprint")
+        for row in by_key.values():  # engines other sidecars (or earlier runs) stored
             out.append({k: row.get(k) for k in ("name", "host", "url", "pair", "last_seen", "vllm_version", "fingerprint")})
+        for row in out:
+            row["fingerprint"] = redact(row.get("fingerprint")) if row.get("fingerprint") else row.get("fingerprint")
         return out
 
     @app.get("/api/v1/gpus", response_model=list[schemas.GpuOut])
-    def gpus(_: None = Read) -> list[dict[str, Any]]:
+    async def gpus(_: None = Read) -> list[dict[str, Any]]:
         out = []
         for gpu, s in sorted(ctx.hub.gpu_meta.items()):
             out.append({"gpu": gpu, "host": ctx.hub.host, "index": s.index, "bus_id": s.bus_id, "name": s.name,
                         "last_sample": s.to_dict()})  # fmt: skip
         live = {g["gpu"] for g in out}
-        for row in ctx.repo.list_gpus():
+        try:
+            stored_gpus = await asyncio.to_thread(ctx.repo.list_gpus)
+        except StorageError:
+            stored_gpus = []
+        for row in stored_gpus:
             if row["gpu"] not in live or row["host"] != ctx.hub.host:
                 out.append({k: row.get(k) for k in ("gpu", "host", "index", "bus_id", "name")})
         return out
@@ -198,15 +200,21 @@ def create_app(ctx: Any) -> FastAPI:
             cache.put(snapshot_id, body)
         return body
 
-    @app.post("/api/v1/snapshots", status_code=202, response_model=schemas.ManualSnapshotOut)
-    def manual_snapshot(body: schemas.ManualSnapshotIn, _: None = Write) -> dict[str, Any]:
+    @app.post("/api/v1/snapshots", status_code=201, response_model=schemas.ManualSnapshotOut,
+              responses={202: {"description": "accepted, not committed yet (database down): ids follow"}})
+    async def manual_snapshot(body: schemas.ManualSnapshotIn, response: Response, _: None = Write) -> dict[str, Any]:
         if body.engine is not None and body.engine not in ctx.hub.engines:
             raise HTTPException(404, f"no engine named {body.engine!r}")
         if body.engine is None and not ctx.hub.engines:
             raise HTTPException(409, "no engines are watched")
-        names = [body.engine] if body.engine else sorted(ctx.hub.engines)
-        ctx.loop.call_soon_threadsafe(ctx.hub.manual_trigger, body.engine, body.reason)
-        return {"engines": names, "status": "accepted"}
+        taken = await ctx.manual_snapshot(body.engine, body.reason)
+        ids = [t["id"] for t in taken if t["id"] is not None]
+        if ids and len(ids) == len(taken):
+            response.headers["Location"] = f"/api/v1/snapshots/{ids[0]}"
+        else:
+            response.status_code = 202
+        return {"engines": [t["engine"] for t in taken], "status": "committed" if response.status_code == 201 else "accepted",
+                "snapshots": taken, "ids": ids}  # fmt: skip
 
     @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
     def incidents(

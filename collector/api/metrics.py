@@ -23,18 +23,51 @@ class SidecarCollector(Collector):
         step = GaugeMetricFamily("flightrec_engine_last_step", "last engine step recorded", labels=["engine"])
         steps = CounterMetricFamily("flightrec_steps_received", "engine steps received from the recorder", labels=["engine"])
         mirror = GaugeMetricFamily("flightrec_mirror_rows", "host-mirror rows at the last step", labels=["engine"])
+        source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from",
+                                   labels=["engine", "source"])  # fmt: skip
+        rows = CounterMetricFamily("flightrec_request_rows_received", "per-request rows received from the recorder",
+                                   labels=["engine"])  # fmt: skip
+
+        def put(fam: GaugeMetricFamily, name: str, value: float | None) -> None:
+            if value is not None:  # unknown is absent, never 0
+                fam.add_metric([name], float(value))
+
         for name, st in sorted(hub.engines.items()):
             up.add_metric([name], 1.0 if st.up else 0.0)
             steps.add_metric([name], st.steps_received)
+            rows.add_metric([name], st.requests_received)
             last = st.ring.last()
             if last is not None:
-                running.add_metric([name], last.running)
-                waiting.add_metric([name], last.waiting)
-                kv.add_metric([name], last.kv_cache_usage)
+                source.add_metric([name, "recorder"], 1.0)
+                put(running, name, last.running)
+                put(waiting, name, last.waiting)
+                put(kv, name, last.kv_cache_usage)
                 step.add_metric([name], last.step)
-                if last.mirror_rows is not None:
-                    mirror.add_metric([name], last.mirror_rows)
-        yield from (up, running, waiting, kv, step, steps, mirror)
+                put(mirror, name, last.mirror_rows)
+            elif st.scrapes:  # an engine with /metrics only: its last scrape
+                source.add_metric([name, "scrape"], 1.0)
+                v = st.scrapes[-1].values
+                put(running, name, v.get("num_requests_running"))
+                put(waiting, name, v.get("num_requests_waiting"))
+                put(kv, name, v.get("kv_cache_usage_perc"))
+        yield from (up, running, waiting, kv, step, steps, mirror, source, rows)
+
+        figures = self.ctx.ingest_figures()
+        rec = figures["recorder"]
+        lost = CounterMetricFamily("flightrec_recorder_lost_bytes", "ring bytes the writers overwrote before they were read")
+        lost.add_metric([], rec.get("lost_bytes") or 0)
+        bad = CounterMetricFamily("flightrec_recorder_bad_records", "ring records set aside (bad CRC or body)")
+        bad.add_metric([], rec.get("bad_records") or 0)
+        lag = GaugeMetricFamily("flightrec_recorder_lag_seconds", "age of the newest record read, worst ring")
+        if rec.get("lag_s") is not None:
+            lag.add_metric([], rec["lag_s"])
+        loop_lag = GaugeMetricFamily("flightrec_loop_lag_seconds", "how late the sidecar's own event loop ran")
+        loop_lag.add_metric([], figures["loop_lag_s"])
+        pending = GaugeMetricFamily("flightrec_write_pending_rows", "rows queued for the database")
+        pending.add_metric([], figures["rows_pending"])
+        backlog = GaugeMetricFamily("flightrec_snapshots_waiting", "snapshots captured, not committed yet")
+        backlog.add_metric([], figures["snapshot_backlog"])
+        yield from (lost, bad, lag, loop_lag, pending, backlog)
 
         temp = GaugeMetricFamily("flightrec_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
         power = GaugeMetricFamily("flightrec_gpu_power_watts", "GPU power draw", labels=["gpu"])
@@ -76,7 +109,7 @@ class SidecarCollector(Collector):
         db.add_metric([], 0.0 if self.ctx.writer.db_up is False else 1.0)
         yield db
         dropped = CounterMetricFamily("flightrec_write_dropped", "rows dropped while the database was down")
-        dropped.add_metric([], hub.pending.dropped)
+        dropped.add_metric([], self.ctx.writer.dropped)
         yield dropped
         alerts = self.ctx.alert_stats()
         for key, value in alerts.items():

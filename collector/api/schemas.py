@@ -13,6 +13,11 @@ class Health(BaseModel):
     database_up: bool | None
     sources: list[dict[str, Any]]
     snapshots_committed: int
+    snapshots_waiting: int = Field(0, description="captured snapshots not committed yet (database down)")
+    database_error: str | None = None
+    ingest: dict[str, Any] = Field(default_factory=dict, description="records received, written, lost, lag")
+    behind: bool = Field(False, description="the sidecar itself is late (its loop or its ring reads)")
+    recorder_missing: dict[str, str] = Field(default_factory=dict, description="engine -> how to add its recorder")
 
 
 class EngineOut(BaseModel):
@@ -29,6 +34,22 @@ class EngineOut(BaseModel):
     kv_cache_usage: float | None = None
     vllm_version: str | None = None
     fingerprint: dict[str, Any] | None = None
+    configured: bool | None = Field(None, description="false: steps of an engine no engines: entry names")
+    steps_received: int | None = None
+    request_rows_received: int | None = None
+    last_scrape: dict[str, Any] | None = None
+    recorder: str | None = Field(None, description="recording, none, or missing (serves /metrics, no recorder)")
+    recorder_fix: str | None = None
+
+
+class DetectorOut(BaseModel):
+    name: str
+    state: str
+    reason: str = ""
+    suggested_action: str = ""
+    value: float | None = None
+    ts: float | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class GpuOut(BaseModel):
@@ -112,7 +133,9 @@ class ManualSnapshotIn(BaseModel):
 
 class ManualSnapshotOut(BaseModel):
     engines: list[str]
-    status: str = "accepted"
+    status: str = Field("committed", description="committed, or accepted while the database is down")
+    ids: list[int] = Field(default_factory=list)
+    snapshots: list[dict[str, Any]] = Field(default_factory=list, description="per engine: id, status, error")
 
 
 class IncidentOut(BaseModel):

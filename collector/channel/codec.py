@@ -63,6 +63,7 @@ from collector.model import (
     StepRecord,
     WorkloadRecord,
 )
+from collector.model import HALF_REQUESTS, HALF_STATS
 
 TAG_JSON = b"J"
 TAG_STEP = b"S"
@@ -130,6 +131,8 @@ def encode_step_fields(
 
 
 def encode_step(step: StepRecord) -> bytes:
+    """A StepRecord as an ``S`` record (tests, simulators): a None figure is sent as 0 and named
+    in the extras' ``"null"`` list, so it arrives as None."""
     deferred = int(step.waiting_by_reason.get("deferred", 0))
     extras: dict[str, Any] = {}
     if step.connector:
@@ -141,11 +144,23 @@ def encode_step(step: StepRecord) -> bytes:
         extras["waiting_by_reason"] = other
     if step.worker is not None:
         extras["worker"] = step.worker
+    unknown = [n for n in _NULLABLE_ORDER if getattr(step, n) is None]
+    if unknown:
+        extras["null"] = unknown
+
+    def v(name: str) -> Any:
+        value = getattr(step, name)
+        return 0 if value is None else value
+
     return encode_step_fields(
-        step.step, step.ts, step.engine_index, step.running, step.waiting, deferred,
-        step.kv_cache_usage, step.preemptions, step.prompt_tokens, step.generation_tokens,
-        step.finished, step.prefix_cache_queries, step.prefix_cache_hits, extras,
+        step.step, step.ts, step.engine_index, v("running"), v("waiting"), deferred,
+        float(v("kv_cache_usage")), v("preemptions"), v("prompt_tokens"), v("generation_tokens"),
+        v("finished"), v("prefix_cache_queries"), v("prefix_cache_hits"), extras,
     )  # fmt: skip
+
+
+_NULLABLE_ORDER = ("running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
+                   "finished", "prefix_cache_queries", "prefix_cache_hits")  # fmt: skip
 
 
 def encode_request_columns(
@@ -213,7 +228,7 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
     if tag == TAG_STEP:
         return None, _decode_step_binary(name, payload)
     if tag == TAG_REQS:
-        return None, _decode_requests_binary(name, payload)
+        return None, _decode_request_block(name, payload)
     if tag != TAG_JSON:
         raise CodecError(f"unknown record tag {tag!r}")
     try:
@@ -229,7 +244,7 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
             return body, None
         if kind == "step":
             fields = {k: body[k] for k in _STEP_FIELDS if k in body}
-            return None, StepRecord(engine=name, ts=float(body["ts"]), step=int(body["step"]), **fields)
+            return None, StepRecord(engine=name, ts=float(body["ts"]), step=int(body["step"]), halves=HALF_STATS, **fields)
         if kind == "req":
             return None, _decode_requests_json(name, body)
         if kind == "fp":
@@ -266,17 +281,39 @@ def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
         by_reason.update(more)
     connector = extras.get("connector")
     finished_requests = extras.get("finished_requests")
-    return StepRecord(
+    worker = extras.get("worker")
+    rec = StepRecord(
         engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
         preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
         waiting_by_reason=by_reason, prefix_cache_queries=pq, prefix_cache_hits=ph,
         connector=connector if isinstance(connector, dict) else {},
-        engine_index=engine_index, worker=extras.get("worker"),
+        engine_index=engine_index, worker=worker if isinstance(worker, str) else None,
         finished_requests=finished_requests if isinstance(finished_requests, list) else [],
+        halves=HALF_STATS,
     )  # fmt: skip
+    unknown = extras.get("null")
+    if isinstance(unknown, list):
+        for name in unknown:
+            if name in _NULLABLE_STEP_FIELDS:
+                setattr(rec, name, None)
+    return rec
 
 
-def _decode_requests_binary(engine: str, payload: bytes) -> StepRecord:
+# fixed fields of an S record a recorder may name as unread (``"null"`` in its extras)
+_NULLABLE_STEP_FIELDS = frozenset(_NULLABLE_ORDER)
+
+
+def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
+    """An ``R`` record as a step half holding the record's bytes: no row objects."""
+    from collector.ingest.requests import RequestBlock  # noqa: PLC0415 - it imports this module
+
+    block = RequestBlock.from_payload(payload)
+    return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running,
+                      request_block=block, halves=HALF_REQUESTS)  # fmt: skip
+
+
+def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
+    """An ``R`` record as row objects: for tests and tools, never on the ingest path."""
     if len(payload) < 1 + REQS_HEAD.size:
         raise CodecError("short request record")
     step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
@@ -338,7 +375,8 @@ def _decode_requests_json(engine: str, body: dict[str, Any]) -> StepRecord:
             )
         )
     running = sum(1 for r in rows if r.status == "running")
-    return StepRecord(engine=engine, ts=float(body["ts"]), step=int(body["step"]), running=running, requests=rows)
+    return StepRecord(engine=engine, ts=float(body["ts"]), step=int(body["step"]), running=running, requests=rows,
+                      halves=HALF_REQUESTS)  # fmt: skip
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:

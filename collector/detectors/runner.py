@@ -95,7 +95,11 @@ class DetectorRunner:
         labels = {"engine": engine}
         out = []
         # Steps when the recorder runs; scrapes otherwise. A hung engine stops stepping but its
-        # /metrics still answers, so the stall check merges both.
+        # /metrics still answers, so the stall check merges both. Only steps whose stats half
+        # arrived carry the figures (the others' are unknown, not 0).
+        all_steps = steps
+        steps = [s for s in steps if s.kv_cache_usage is not None and s.waiting is not None and s.running is not None
+                 and s.preemptions is not None and s.generation_tokens is not None and s.prompt_tokens is not None]
         if steps:
             waiting = [(s.ts, float(s.waiting)) for s in steps]
             tokens = S.step_tokens(steps)
@@ -116,10 +120,10 @@ class DetectorRunner:
             out.append(detect_kv_jump(kv, now=now, labels=labels, thr=t.kv_jump))
         if t.preemption.enabled:
             out.append(detect_preemption_storm(preempt, now=now, labels=labels, thr=t.preemption))
-        if t.mirror_rows.enabled and steps:
-            rows = [(s.ts, float(m)) for s in steps if (m := s.mirror_rows) is not None]
+        if t.mirror_rows.enabled and all_steps:
+            rows = [(s.ts, float(m)) for s in all_steps if (m := s.mirror_rows) is not None]
             if rows:
-                running = [(s.ts, float(s.running)) for s in steps]
+                running = [(s.ts, float(s.running)) for s in all_steps if s.running is not None]
                 out.append(detect_mirror_rows_growth(rows, running, now=now, labels=labels, thr=t.mirror_rows))
         if t.throughput.enabled:
             # scrapes reach further back than a step ring at hundreds of steps a second

@@ -1,12 +1,11 @@
-"""The hub: where every source's observations land.
+"""Ingest: where every source's observations land.
 
-``emit`` (synchronous, never blocking) files each observation into the in-memory rings, queues
-it for the batching writer, and checks it against the triggers. A trigger schedules a snapshot
-of each affected engine: frozen and committed at once (fault to durable snapshot in
-milliseconds), then amended once after ``snapshot_settle_s`` with the evidence that arrives
-late (the engine's own error line comes hundreds of ms after the Xid; the second TP worker's
-traceback; vLLM's crash dump; the steps the recorder flushed last). One fault seen by several
-sources is one snapshot per engine: later triggers within ``incident_window_s`` join it.
+``emit`` (synchronous, never blocking, on the event loop) files each observation into the
+in-memory rings, hands rows to the writer's queue, gives events their id, merges the kernel's
+and NVML's report of one Xid, routes GPU faults to engines, and passes every event downstream
+(``on_event``: the trigger policy, then the alert router). Data flows one way: sources -> this
+-> consumers given at construction; nothing downstream is called back into, and what the API
+and the snapshot freeze read goes through the read-only queries at the bottom.
 """
 
 from __future__ import annotations
@@ -14,13 +13,19 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from pathlib import Path
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from collector.ingest.pidmap import PidMap
+from collector.ingest.requests import RequestBlock
+from collector.ingest.rings import EngineRing, LineRing, TimeRing
+from collector.ingest.workload import WorkloadLog
 from collector.model import (
+    HALF_REQUESTS,
     Event,
     EventKind,
     Fingerprint,
@@ -28,73 +33,87 @@ from collector.model import (
     LogLine,
     MetricsScrape,
     Observation,
-    Severity,
     StepRecord,
+    WorkloadRecord,
 )
-from collector.ingest.pidmap import PidMap
-from collector.ingest.request_columns import StepColumns
-from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.settings import Settings
-from collector.snapshot.document import SnapshotDoc
-from collector.snapshot.freeze import build_snapshot, is_trigger
 from collector.xid.merge import XidMerger
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 200_000  # rows held for the writer while the database is down, per kind
+
+class RowSink(Protocol):
+    """The writer's queue (``collector.storage.writer.BatchWriter``)."""
+
+    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_gpu(self, s: GpuSample) -> None: ...
+    def offer_scrape(self, s: MetricsScrape) -> None: ...
+    def offer_event(self, ev: Event) -> None: ...
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
 
 
-class SnapshotSink(Protocol):
-    def snapshot_due(self, engine: str, trigger: Event) -> None: ...
+class _NoRows:
+    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_gpu(self, s: GpuSample) -> None: ...
+    def offer_scrape(self, s: MetricsScrape) -> None: ...
+    def offer_event(self, ev: Event) -> None: ...
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
+
+
+EventConsumer = Callable[[Event, bool], None]  # (event, is_new)
 
 
 @dataclass
 class EngineState:
+    """One engine as ingest knows it. Owned by the hub; read by others through queries."""
+
     name: str
     url: str | None = None
     pair: str | None = None
     gpus: list[int] | None = None
+    configured: bool = False
     ring: EngineRing = field(default_factory=lambda: EngineRing(4096))
     lines: LineRing = field(default_factory=lambda: LineRing(2000))
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=500))
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=900))
+    workload: WorkloadLog = field(default_factory=WorkloadLog)
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    up: bool | None = None
+    up: bool | None = None  # the one place engine up/down is kept
     ever_up: bool = False
-    last_seen: float | None = None
+    last_seen: float | None = None  # newest record from the recorder
+    last_scrape_ok: float | None = None
     steps_received: int = 0
-    last_columns: StepColumns | None = None
+    requests_received: int = 0  # request rows, counted per block (no per-row work)
+    last_block: RequestBlock | None = None
     learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
 
 
-@dataclass
-class PendingWrites:
-    steps: dict[tuple[str, int], StepRecord] = field(default_factory=dict)
-    gpu: list[GpuSample] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seen: dict[str, float] = field(default_factory=dict)
-    dropped: int = 0
-
-
 class Hub:
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time,
-                 proc_root: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        rows: RowSink | None = None,
+        consumers: Sequence[EventConsumer] = (),
+        clock: Callable[[], float] = time.time,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.host = settings.host_name or socket.gethostname()
+        self.rows: RowSink = rows or _NoRows()
+        self.consumers = list(consumers)
         self.engines: dict[str, EngineState] = {}
         self.gpus: dict[str, TimeRing] = {}
         self.gpu_meta: dict[str, GpuSample] = {}
         self.host_events: deque[Event] = deque(maxlen=500)  # GPU-level events (Xid, lost)
-        self.pending = PendingWrites()
         self.xid = XidMerger(window_s=2.0, clock=clock)
-        self.snapshot_sink: SnapshotSink | None = None
-        self.event_listeners: list[Callable[[Event, bool], None]] = []
         self.xid_counts: dict[tuple[str, int], int] = {}
         self.pids = PidMap(proc_root)
+        self.dropped = 0  # observations that raised while being filed (counted, logged once each kind)
+        self._drop_logged: set[str] = set()
         for eng in settings.engines:
-            self.engine(eng.name, url=eng.url, pair=eng.pair, gpus=eng.gpus)
+            self.engine(eng.name, url=eng.url, pair=eng.pair, gpus=eng.gpus, configured=True)
 
     # -- engines -----------------------------------------------------------------------------
     def engine(self, name: str, **attrs: Any) -> EngineState:
@@ -102,8 +121,9 @@ class Hub:
         if st is None:
             st = EngineState(
                 name=name,
-                ring=EngineRing(self.settings.ring_steps),
+                ring=EngineRing(self.settings.ring_steps, max_request_bytes=self.settings.ring_request_bytes),
                 lines=LineRing(self.settings.log_ring_lines),
+                workload=WorkloadLog(max_requests=self.settings.workload_requests, max_age_s=self.settings.workload_seconds),
             )
             self.engines[name] = st
         for k, v in attrs.items():
@@ -127,25 +147,41 @@ class Hub:
             elif isinstance(item, Fingerprint):
                 st = self.engine(item.engine)
                 st.fingerprint = dict(item.facts)
-                self.pending.fingerprints[item.engine] = st.fingerprint
+                self.rows.offer_fingerprint(item.engine, st.fingerprint)
+            elif isinstance(item, WorkloadRecord):
+                self.engine(item.engine).workload.add(item)
         except Exception:  # a bad record must never stop the sources feeding us
-            log.exception("hub dropped a %s", type(item).__name__)
+            self.dropped += 1
+            kind = type(item).__name__
+            if kind not in self._drop_logged:
+                self._drop_logged.add(kind)
+                log.exception("ingest set aside a %s (further ones are counted, not logged)", kind)
 
     def _step(self, rec: StepRecord) -> None:
         # Records come from other processes: a wrong type must not poison the ring's order.
-        rec.step, rec.ts = int(rec.step), float(rec.ts)
+        if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or not isinstance(rec.ts, float):
+            rec.step, rec.ts = int(rec.step), float(rec.ts)
+            if not 0 <= rec.step < 1 << 62:
+                raise ValueError(f"step {rec.step} out of range")
         st = self.engine(rec.engine)
-        if rec.requests is not None:
-            rec.request_columns = st.last_columns = StepColumns(rec.step, rec.requests, st.last_columns)
+        if rec.requests is not None and rec.request_block is None:
+            rec.request_block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, st.last_block)
+            rec.requests = None
+            rec.halves |= HALF_REQUESTS
+            if rec.running is None:
+                rec.running = rec.request_block.running
+        block = rec.request_block
+        if block is not None:
+            last = st.last_block
+            if last is not None and last.ids == block.ids:
+                block.ids = last.ids  # one copy of a stable running set's ids
+            st.last_block = block
+            st.requests_received += block.n
         held = st.ring.add(rec)
         st.steps_received += 1
         st.last_seen = rec.ts
         st.up = st.ever_up = True
-        self.pending.steps[(rec.engine, held.step)] = held
-        self.pending.seen[rec.engine] = rec.ts
-        if len(self.pending.steps) > MAX_PENDING:
-            self.pending.steps.pop(next(iter(self.pending.steps)))
-            self.pending.dropped += 1
+        self.rows.offer_step(held)
 
     def _gpu(self, s: GpuSample) -> None:
         ring = self.gpus.get(s.gpu)
@@ -153,10 +189,7 @@ class Hub:
             ring = self.gpus[s.gpu] = TimeRing(self.settings.gpu_ring_seconds)
         ring.add(s)
         self.gpu_meta[s.gpu] = s
-        self.pending.gpu.append(s)
-        if len(self.pending.gpu) > MAX_PENDING:
-            del self.pending.gpu[: len(self.pending.gpu) - MAX_PENDING]
-            self.pending.dropped += 1
+        self.rows.offer_gpu(s)
         known = self._engine_pids()
         for proc in s.processes:
             name = self.pids.engine_of(proc.get("pid") if isinstance(proc, dict) else None, known)
@@ -166,10 +199,14 @@ class Hub:
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)
         st.scrapes.append(s)
-        if getattr(s, "origin", "scrape") == "scrape":  # a replayed log line proves nothing live
+        if s.origin == "scrape":  # a replayed log line proves nothing live
             st.up = st.ever_up = True
+            st.last_scrape_ok = s.ts
+            self.rows.offer_scrape(s)
 
     def _event(self, ev: Event) -> None:
+        if not ev.uid:
+            ev.uid = uuid.uuid4().hex
         is_new = True
         if ev.kind in (EventKind.XID, EventKind.GPU_LOST):
             ev, is_new = self.xid.offer(ev)
@@ -179,29 +216,21 @@ class Hub:
         if ev.kind is EventKind.ENGINE_DOWN and ev.engine:
             self.engine(ev.engine).up = False
         if is_new:
-            self.pending.events.append(ev)
-        targets = self._engines_for(ev)
+            self.rows.offer_event(ev)
+        targets = self.engines_for(ev)
         if is_new:
             if ev.engine is None:
                 self.host_events.append(ev)
             for name in targets:
                 self.engine(name).events.append(ev)
-        if is_new and is_trigger(ev) and self.snapshot_sink is not None:
-            if ev.kind is EventKind.ENGINE_DOWN:
-                # An engine never seen up has no last steps to freeze: the event (and its
-                # alert) says it is down; a snapshot would be empty.
-                targets = [n for n in targets if self.engines[n].ever_up]
-            for name in targets:
-                self.snapshot_sink.snapshot_due(name, ev)
-        # Listeners (the alerter) run after the snapshot is scheduled, so they can hold an
-        # alert until the snapshot it links to is committed.
-        for listener in self.event_listeners:
+        for consumer in self.consumers:
             try:
-                listener(ev, is_new)
+                consumer(ev, is_new)
             except Exception:
-                log.exception("event listener failed")
+                log.exception("event consumer failed")
 
-    def _engines_for(self, ev: Event) -> list[str]:
+    def engines_for(self, ev: Event) -> list[str]:
+        """The engines an event belongs to."""
         if ev.engine is not None:
             self.engine(ev.engine)
             return [ev.engine]
@@ -215,22 +244,23 @@ class Hub:
         if owner is not None:
             return [owner]
         index = self._gpu_index(ev.gpu)
-        mapped = [n for n, st in self.engines.items() if index in self._gpus_of(st)]
+        mapped = [n for n, st in self.engines.items() if index in self.gpus_of(st)]
         if mapped:
             return mapped
-        return [n for n, st in self.engines.items() if not self._gpus_of(st) or index is None]
+        return [n for n, st in self.engines.items() if not self.gpus_of(st) or index is None]
 
     @staticmethod
-    def _gpus_of(st: EngineState) -> set[int]:
+    def gpus_of(st: EngineState) -> set[int]:
         return set(st.gpus) if st.gpus is not None else st.learned_gpus
 
     def _engine_pids(self) -> dict[int, str]:
         """Known engine processes: the recorder's fingerprint carries the API server's pid."""
         out = {}
         for name, st in self.engines.items():
-            pid = st.fingerprint.get("pid")
-            if isinstance(pid, int) and pid > 1:
-                out[pid] = name
+            for key in ("server_pid", "pid"):
+                pid = st.fingerprint.get(key)
+                if isinstance(pid, int) and pid > 1:
+                    out[pid] = name
         return out
 
     def _gpu_index(self, gpu: str | None) -> int | None:
@@ -241,58 +271,22 @@ class Hub:
                 return s.index
         return None
 
-    # -- snapshots ---------------------------------------------------------------------------
-    def freeze(self, engine: str, trigger: Event) -> SnapshotDoc:
-        st = self.engine(engine)
-        steps = st.ring.steps()
-        since = trigger.ts - self.settings.snapshot_gpu_seconds
-        samples: list[GpuSample] = []
-        for gpu, ring in self.gpus.items():
+    # -- read-only queries (the freeze, the API, the detectors) -------------------------------
+    def engine_names(self) -> list[str]:
+        return list(self.engines)
+
+    def steps(self, engine: str) -> list[StepRecord]:
+        st = self.engines.get(engine)
+        return st.ring.steps() if st is not None else []
+
+    def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
+        return self.steps(engine)[-n:]
+
+    def gpu_samples(self, *, since: float, gpus: set[int] | None = None) -> list[GpuSample]:
+        out: list[GpuSample] = []
+        for gpu, ring in list(self.gpus.items()):
             meta = self.gpu_meta.get(gpu)
-            gpus = self._gpus_of(st)
             if not gpus or (meta is not None and meta.index in gpus):
-                samples.extend(ring.since(since))
-        samples.sort(key=lambda s: s.ts)
-        horizon = (steps[0].ts if steps else trigger.ts) - 60.0
-        events = [e for e in st.events if e.ts >= horizon]
-        events += [e for e in self.host_events if e.ts >= horizon and e not in events]
-        events.sort(key=lambda e: e.ts)
-        extra: dict[str, Any] = {}
-        if st.scrapes:
-            extra["last_scrape"] = {"ts": st.scrapes[-1].ts, "values": st.scrapes[-1].values}
-        if st.pair:
-            extra["pair"] = st.pair
-        return build_snapshot(
-            host=self.host, engine=engine, trigger=trigger, steps=steps, gpu_samples=samples,
-            events=events, log_lines=st.lines.all(), fingerprint=st.fingerprint, extra_summary=extra,
-        )  # fmt: skip
-
-    def manual_trigger(self, engine: str | None, reason: str) -> list[str]:
-        names = [engine] if engine else list(self.engines)
-        ev = Event(kind=EventKind.MANUAL, ts=self.clock(), source="api", message=reason or "manual snapshot",
-                   severity=Severity.INFO)  # fmt: skip
-        self.pending.events.append(ev)
-        if self.snapshot_sink is not None:
-            for name in names:
-                self.snapshot_sink.snapshot_due(name, ev)
-        return names
-
-    def take_pending(self) -> PendingWrites:
-        out, self.pending = self.pending, PendingWrites()
+                out.extend(ring.since(since))
+        out.sort(key=lambda s: s.ts)
         return out
-
-    def requeue(self, batch: PendingWrites) -> None:
-        """Put a batch the database refused back in front, within the bound."""
-        cur = self.pending
-        merged = PendingWrites(
-            steps={**batch.steps, **cur.steps},
-            gpu=(batch.gpu + cur.gpu)[-MAX_PENDING:],
-            events=(batch.events + cur.events)[-MAX_PENDING:],
-            fingerprints={**batch.fingerprints, **cur.fingerprints},
-            seen={**batch.seen, **cur.seen},
-            dropped=batch.dropped + cur.dropped,
-        )
-        while len(merged.steps) > MAX_PENDING:
-            merged.steps.pop(next(iter(merged.steps)))
-            merged.dropped += 1
-        self.pending = merged

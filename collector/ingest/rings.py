@@ -1,70 +1,116 @@
 """The flight recorder's memory: bounded rings of the last steps, GPU samples and log lines.
 
 ``EngineRing`` keeps the last ``max_steps`` steps of one engine. A step can arrive in two
-halves from two processes (the stat logger's SchedulerStats and the scheduler's per-request
-rows), so records with the same step number are merged, whichever comes first.
+halves from two processes (the stat logger's aggregates and the scheduler's per-request
+block), so records with the same step number are merged, whichever comes first; a figure no
+half carried stays None. Per-request blocks are the recorder's own bytes
+(``collector.ingest.requests``) and are bounded by ``max_request_bytes`` as well: at 256
+running requests a step's block is ~5-16 KB, so the oldest steps give up their blocks (and
+keep their aggregates) first.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
 
-from collector.model import GpuSample, LogLine, StepRecord
+from collector.model import HALF_REQUESTS, HALF_STATS, STAT_FIELDS, GpuSample, LogLine, StepRecord
 
-_STAT_FIELDS = (
-    "ts", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens",
-    "generation_tokens", "finished", "waiting_by_reason", "prefix_cache_queries",
-    "prefix_cache_hits", "connector", "engine_index", "worker", "finished_requests",
-)  # fmt: skip
+DEFAULT_REQUEST_BYTES = 24 * 1024 * 1024
 
 
 class EngineRing:
-    def __init__(self, max_steps: int) -> None:
+    """Steps in arrival order (step order per writer), merged by step number.
+
+    Only the event loop touches it. Readers on other threads (the API's workers) must use
+    ``steps()``/``last()``, which copy under no lock but never iterate the live dict."""
+
+    def __init__(self, max_steps: int, *, max_request_bytes: int = DEFAULT_REQUEST_BYTES) -> None:
         if max_steps < 1:
             raise ValueError("max_steps must be at least 1")
         self.max_steps = max_steps
-        self._steps: OrderedDict[int, StepRecord] = OrderedDict()
-        self._has_stats: set[int] = set()
+        self.max_request_bytes = max_request_bytes
+        self._steps: dict[int, StepRecord] = {}
+        self._order: deque[tuple[int, int]] = deque()  # (run, step)
+        self._with_blocks: deque[tuple[int, int]] = deque()  # (run, step) holding a block, oldest first
+        self._block_bytes = 0
+        self._last: StepRecord | None = None
         self.received = 0
         self.evicted = 0
+        self.blocks_evicted = 0  # blocks dropped for the byte bound (their steps kept)
 
     def __len__(self) -> int:
         return len(self._steps)
+
+    @property
+    def request_bytes(self) -> int:
+        return self._block_bytes
 
     def add(self, rec: StepRecord) -> StepRecord:
         """Insert or merge; returns the record now held for that step."""
         self.received += 1
         held = self._steps.get(rec.step)
-        is_stats = rec.requests is None
-        if held is None:
+        if held is None or held.run != rec.run:
+            if held is not None:  # a new run of the engine reuses step numbers
+                self._drop(rec.step)
             self._steps[rec.step] = rec
-            if is_stats:
-                self._has_stats.add(rec.step)
-            if len(self._steps) > self.max_steps:
-                old, _ = self._steps.popitem(last=False)
-                self._has_stats.discard(old)
-                self.evicted += 1
+            self._order.append((rec.run, rec.step))
+            if rec.request_block is not None:
+                self._track_block(rec)
+            while len(self._steps) > self.max_steps and self._order:
+                run, step = self._order.popleft()
+                cur = self._steps.get(step)
+                if cur is not None and cur.run == run:
+                    self._drop(step)
+                    self.evicted += 1
+            if self._last is None or rec.step >= self._last.step or rec.run != self._last.run:
+                self._last = rec
             return rec
-        if is_stats:
-            for name in _STAT_FIELDS:
+        if rec.halves & HALF_STATS:
+            for name in STAT_FIELDS:
                 setattr(held, name, getattr(rec, name))
-            self._has_stats.add(rec.step)
-        else:
-            held.requests = rec.requests
-            held.request_columns = rec.request_columns
-            if rec.step not in self._has_stats:
+            held.ts = rec.ts
+        if rec.halves & HALF_REQUESTS and rec.request_block is not None:
+            had = held.request_block is not None
+            if had:
+                self._block_bytes -= held.request_block.nbytes
+            held.request_block = rec.request_block
+            if not had:
+                self._track_block(held)
+            else:
+                self._block_bytes += held.request_block.nbytes
+            if not held.halves & HALF_STATS:
                 held.running = rec.running
+        held.halves |= rec.halves
         return held
 
+    def _track_block(self, rec: StepRecord) -> None:
+        self._with_blocks.append((rec.run, rec.step))
+        self._block_bytes += rec.request_block.nbytes
+        while self._block_bytes > self.max_request_bytes and len(self._with_blocks) > 1:
+            run, step = self._with_blocks.popleft()
+            old = self._steps.get(step)
+            if old is not None and old.run == run and old.request_block is not None:
+                self._block_bytes -= old.request_block.nbytes
+                old.request_block = None
+                self.blocks_evicted += 1
+
+    def _drop(self, step: int) -> None:
+        old = self._steps.pop(step, None)
+        if old is not None and old.request_block is not None:
+            self._block_bytes -= old.request_block.nbytes
+            old.request_block = None
+
     def steps(self) -> list[StepRecord]:
-        """The held steps in step order (arrival order is step order per writer)."""
-        return sorted(self._steps.values(), key=lambda r: r.step)
+        """The held steps in step order (a copy), an earlier run's first."""
+        run = self._run()
+        return sorted(list(self._steps.values()), key=lambda r: (r.run == run, r.step))
+
+    def _run(self) -> int:
+        return self._last.run if self._last is not None else 0
 
     def last(self) -> StepRecord | None:
-        if not self._steps:
-            return None
-        return max(self._steps.values(), key=lambda r: r.step)
+        return self._last
 
     def get(self, step: int) -> StepRecord | None:
         return self._steps.get(step)

@@ -1,44 +1,83 @@
-"""Commits snapshots: at once on the first trigger, amended once after the settle time.
+"""The trigger policy and the snapshot committer.
 
-A snapshot is spooled to a file before the database sees it, so a database that is down (or a
-sidecar stopped mid-commit) loses nothing: spooled snapshots are committed when it is back,
-including after a restart. Alerts about a snapshot are only sent after its commit.
+Policy (``on_event``, a consumer of ingest's events, on the loop): a trigger captures a
+snapshot of each engine it belongs to at once (``freeze.capture``: references only,
+milliseconds), so what a snapshot holds is what the rings held at the fault, however late the
+commit. One fault seen by several witnesses is one snapshot per engine: a trigger that comes
+while the engine's snapshot is still open (``incident_window_s``) joins it as late evidence.
+A later *distinct* fault is kept as its own snapshot, filed in the same incident: a GPU fault
+(Xid, GPU lost) with an Xid code the open snapshot does not hold yet, or a critical anomaly,
+arriving after the open snapshot was amended. We chose a snapshot of its own over amending the
+first one because its rings differ (they end at the second fault), and the incident already
+groups the two; its alert links the snapshot that holds it. A manual snapshot is always its own.
+
+Committer (``run``, a task): builds and encodes each capture off the loop, spools it to a file
+(``spool``: atomic, fsynced) before the database sees it, commits it, and only then tells the
+alert router (``on_committed``). A commit that fails (database down, hung, full) leaves the
+snapshot spooled and the queue moves on; a retry task commits spooled snapshots in order when
+the database is back, also after a restart. Each snapshot is amended once, ``settle_s`` after
+its capture, with the evidence that arrived late (the workers' own tracebacks, vLLM's crash
+dump, the last steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
-import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from collector.ingest.hub import Hub
-from collector.model import Event
-from collector.snapshot.document import SnapshotDoc, export_gzip
+from collector.model import Event, EventKind, Severity
+from collector.snapshot import spool
+from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.freeze import Capture, capture, is_trigger
 from collector.storage.db import StorageError
 from collector.storage.repo import Repository, pack_parts
 from collector.storage.writer import event_row
 
 log = logging.getLogger(__name__)
 
+DISTINCT_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.ANOMALY})
+
 
 @dataclass
-class _Open:
+class OpenSnapshot:
+    """One fault's snapshot of one engine, from its trigger until its window closes."""
+
     engine: str
     trigger: Event
-    snapshot_id: int | None
     until: float
-    late: list[Event]
+    late: list[Event] = field(default_factory=list)
+    snapshot_id: int | None = None
     amended: bool = False
+    spool_path: Path | None = None
+    committed: asyncio.Future[int] | None = None
+    error: str = ""
+
+    def holds(self, ev: Event) -> bool:
+        return ev is self.trigger or any(ev is e for e in self.late) or (bool(ev.uid) and ev.uid in self.uids())
+
+    def uids(self) -> set[str]:
+        return {e.uid for e in (self.trigger, *self.late) if e.uid}
+
+    def xids(self) -> set[int]:
+        return {e.xid for e in (self.trigger, *self.late) if e.xid is not None}
 
 
-class SnapshotManager:
+@dataclass
+class _Job:
+    open: OpenSnapshot
+    capture: Capture | None
+    amend: bool
+    spooled: spool.Spooled | None = None  # recovered from the spool (no capture)
+
+
+class SnapshotCommitter:
     def __init__(
         self,
         hub: Hub,
@@ -47,135 +86,257 @@ class SnapshotManager:
         spool_dir: Path,
         settle_s: float,
         window_s: float,
-        on_committed: Callable[[SnapshotDoc, Event], None] | None = None,
-        before_freeze: Callable[[], object] | None = None,
+        gpu_seconds: float = 300.0,
+        scrape_interval: float | None = None,
+        on_committed: Sequence[Callable[[SnapshotDoc, Event], None]] = (),
+        before_capture: Callable[[], object] | None = None,
+        retry_every: float = 2.0,
     ) -> None:
         self.hub = hub
-        # Reads what the in-engine recorder published but the sidecar has not polled yet, so
-        # the first commit already ends at the engine's last step (the service passes the
-        # recorder source's poll; the amendment would otherwise bring those steps a second later).
-        self.before_freeze = before_freeze
         self.repo = repo
         self.spool_dir = Path(spool_dir)
         self.settle_s = settle_s
         self.window_s = window_s
-        self.on_committed = on_committed
-        self._open: dict[str, _Open] = {}
-        self._queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
+        self.gpu_seconds = gpu_seconds
+        self.scrape_interval = scrape_interval
+        self.on_committed = list(on_committed)
+        # Reads what the in-engine recorder published but the sidecar has not polled yet, so a
+        # capture already ends at the engine's last step (the service passes the recorder's poll).
+        self.before_capture = before_capture
+        self.retry_every = retry_every
+        self._open: dict[str, OpenSnapshot] = {}
+        self._recent: list[OpenSnapshot] = []  # closed and open, newest last (bounded)
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._waiting: list[_Job] = []  # spooled, not committed yet (database down)
         self.committed = 0
-        self.commit_latency: list[float] = []  # seconds, fault event seen -> committed
-        hub.snapshot_sink = self
+        self.failed = 0  # snapshots the database refused for good (set aside, logged)
+        self.commit_latency: list[float] = []  # seconds, trigger seen -> committed
 
-    def snapshots_for(self, ev: Event) -> dict[str, int | None]:
-        """The open snapshots this event started or joined: engine -> id (None until committed)."""
-        return {name: cur.snapshot_id for name, cur in self._open.items() if ev is cur.trigger or ev in cur.late}
+    # -- policy (on the loop) ----------------------------------------------------------------
+    def on_event(self, ev: Event, is_new: bool) -> None:
+        if not is_trigger(ev):
+            return
+        if not is_new:
+            return  # a second witness of a merged Xid: the first already decided
+        targets = self.hub.engines_for(ev)
+        if ev.kind is EventKind.ENGINE_DOWN:
+            # An engine never seen up has no last steps to freeze: the event (and its alert)
+            # says it is down; a snapshot would be empty.
+            targets = [n for n in targets if self.hub.engines[n].ever_up]
+        for name in targets:
+            self.snapshot_due(name, ev)
 
-    # Called by the hub from the event loop thread.
-    def snapshot_due(self, engine: str, trigger: Event) -> None:
+    def snapshot_due(self, engine: str, trigger: Event) -> OpenSnapshot:
         now = self.hub.clock()
         cur = self._open.get(engine)
-        if cur is not None and now < cur.until:
+        if cur is not None and now < cur.until and trigger.kind is not EventKind.MANUAL and not self._distinct(cur, trigger):
             cur.late.append(trigger)  # same fault, another witness: no second snapshot
-            return
-        self._open[engine] = _Open(engine, trigger, None, now + self.window_s, [])
-        self._queue.put_nowait((engine, trigger))
+            if cur.snapshot_id is not None:
+                self._link_later(trigger, cur.snapshot_id)
+            return cur
+        opened = OpenSnapshot(engine, trigger, now + self.window_s)
+        with contextlib.suppress(RuntimeError):
+            opened.committed = asyncio.get_running_loop().create_future()
+        if cur is None or cur.trigger.kind is not EventKind.MANUAL or trigger.kind is EventKind.MANUAL:
+            self._open[engine] = opened
+        self._recent.append(opened)
+        del self._recent[:-500]
+        self._queue.put_nowait(_Job(opened, self._capture(engine, trigger), amend=False))
+        return opened
 
+    def _distinct(self, cur: OpenSnapshot, ev: Event) -> bool:
+        if not cur.amended or ev.kind not in DISTINCT_KINDS:
+            return False
+        if ev.kind is EventKind.ANOMALY:
+            return ev.severity is Severity.CRITICAL
+        return ev.xid is None or ev.xid not in cur.xids()
+
+    def _capture(self, engine: str, trigger: Event) -> Capture:
+        if self.before_capture is not None:
+            try:
+                self.before_capture()
+            except Exception:  # a late read must never cost the snapshot
+                log.exception("reading the recorder before a capture failed")
+        return capture(self.hub, engine, trigger, gpu_seconds=self.gpu_seconds, scrape_interval=self.scrape_interval)
+
+    def snapshots_for(self, ev: Event) -> dict[str, int | None]:
+        """The snapshots this event started or joined: engine -> id (None until committed)."""
+        return {o.engine: o.snapshot_id for o in self._recent if o.holds(ev)}
+
+    def opens_for(self, ev: Event) -> list[OpenSnapshot]:
+        return [o for o in self._recent if o.trigger is ev]
+
+    @property
+    def backlog(self) -> int:
+        return self._queue.qsize() + len(self._waiting)
+
+    # -- committing (a task) -------------------------------------------------------------------
     async def run(self) -> None:
         await self._recover_spool()
-        while True:
-            engine, trigger = await self._queue.get()
-            seen_at = time.time()
-            if self.before_freeze is not None:
+        retry = asyncio.create_task(self._retry_loop(), name="snapshot-retry")
+        try:
+            while True:
+                job = await self._queue.get()
                 try:
-                    self.before_freeze()
-                except Exception:  # a late read must never cost the snapshot
-                    log.exception("reading the recorder before a freeze failed")
-            doc = self.hub.freeze(engine, trigger)
-            # encoded once, off the loop: the same blobs make the spool file and the rows
-            blobs = await asyncio.to_thread(pack_parts, doc)
-            sid = await self._commit(doc, trigger, blobs)
-            if sid is None:
-                continue
-            self.commit_latency.append(time.time() - seen_at)
-            self.commit_latency = self.commit_latency[-1000:]
-            cur = self._open.get(engine)
-            if cur is not None and cur.trigger is trigger:
-                cur.snapshot_id = sid
-            if self.on_committed is not None:
+                    await self._process(job)
+                except Exception:  # one snapshot's failure must never stop the next
+                    log.exception("snapshot of %s failed", job.open.engine)
+                finally:
+                    self._queue.task_done()
+        finally:
+            retry.cancel()
+            await asyncio.gather(retry, return_exceptions=True)
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown: process what is queued (amendments due now), within ``timeout``."""
+        for o in list(self._open.values()):
+            if o.snapshot_id is not None and not o.amended:
+                self._schedule_amend(o, delay=0.0)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._queue.join(), timeout)
+
+    async def _process(self, job: _Job) -> None:
+        o = job.open
+        assert job.capture is not None
+        doc, blobs = await asyncio.to_thread(_build, job.capture)
+        meta = {"incident_key": f"{o.trigger.kind.value}:{int(o.trigger.ts)}", "trigger_uid": o.trigger.uid,
+                "snapshot_id": o.snapshot_id, "amend": job.amend, "counts": _counts(doc),
+                "late_uids": sorted(o.uids())}  # fmt: skip
+        name = f"snapshot-{job.capture.trigger.ts:.6f}-{_safe(o.engine)}-{o.trigger.uid[:12]}.spool"
+        try:
+            if o.spool_path is not None and o.spool_path.name != name:
+                o.spool_path.unlink(missing_ok=True)
+            o.spool_path = await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs)
+        except OSError as exc:
+            o.spool_path = None
+            log.error("cannot spool the snapshot of %s (%s): it is held in memory until committed", o.engine, exc)
+        spooled = spool.Spooled(o.spool_path or Path(name), doc.header(), meta, blobs)
+        job.spooled = spooled
+        if job.amend:
+            o.amended = True
+        if not job.amend:
+            self._schedule_amend(o)
+        if not await self._commit(job):
+            self._waiting = [j for j in self._waiting if j.open is not o]  # the newest version waits
+            self._waiting.append(job)
+
+    async def _commit(self, job: _Job) -> bool:
+        """One attempt; True when the database has it (or refused it for good)."""
+        o, sp = job.open, job.spooled
+        assert sp is not None
+        doc = SnapshotDoc.from_export({k: v for k, v in sp.header.items() if k not in ("id", "incident_id")})
+        counts = sp.meta.get("counts") or {}
+        first = o.snapshot_id is None
+        try:
+            if first:
+                sid, _ = await asyncio.to_thread(
+                    self.repo.store_snapshot, doc, incident_window_s=self.window_s,
+                    incident_key=str(sp.meta.get("incident_key")), blobs=sp.blobs, counts=counts,
+                )  # fmt: skip
+                o.snapshot_id = sid
+            else:
+                await asyncio.to_thread(self.repo.amend_snapshot, o.snapshot_id, doc, blobs=sp.blobs, counts=counts)
+            for ev in (o.trigger, *o.late):
+                ev.data["snapshot_id"] = o.snapshot_id
+                await asyncio.to_thread(self.repo.link_event, event_row(ev), o.snapshot_id)
+        except StorageError as exc:
+            o.error = str(exc)
+            if exc.permanent:
+                self.failed += 1
+                log.error("the database refused the snapshot of %s for good (%s); its spool file is kept aside",
+                          o.engine, exc)  # fmt: skip
+                if o.spool_path is not None:
+                    spool.set_aside(o.spool_path, str(exc))
+                self._resolve(o)
+                return True
+            log.error("snapshot of %s not committed yet (%s); spooled at %s, retrying",
+                      o.engine, exc, o.spool_path.name if o.spool_path else "memory")  # fmt: skip
+            return False
+        o.error = ""
+        self._waiting = [j for j in self._waiting if j.open is not o or j is job]
+        if sp.path.exists() and sp.path.parent == self.spool_dir:
+            sp.path.unlink(missing_ok=True)
+        if o.spool_path == sp.path:
+            o.spool_path = None
+        if first:
+            self.committed += 1
+            self.commit_latency.append(max(time.time() - o.trigger.ts, 0.0))
+            del self.commit_latency[:-1000]
+            log.info("snapshot %d of %s committed (trigger %s: %s)", o.snapshot_id, o.engine, o.trigger.kind.value,
+                     o.trigger.message[:120])  # fmt: skip
+            self._resolve(o)
+            doc.id = o.snapshot_id
+            for cb in self.on_committed:
                 try:
-                    self.on_committed(doc, trigger)
+                    cb(doc, o.trigger)
                 except Exception:
                     log.exception("snapshot listener failed")
-            asyncio.get_running_loop().call_later(
-                self.settle_s, lambda e=engine, t=trigger: asyncio.ensure_future(self._amend(e, t))
-            )
+        return True
 
-    async def _commit(self, doc: SnapshotDoc, trigger: Event, blobs: dict[str, bytes]) -> int | None:
-        spooled = await asyncio.to_thread(self._spool, doc, blobs)
-        key = f"{trigger.kind.value}:{int(trigger.ts)}"
-        delay = 0.5
-        while True:
-            try:
-                sid, _ = await asyncio.to_thread(
-                    self.repo.store_snapshot, doc, incident_window_s=self.window_s, incident_key=key, blobs=blobs
-                )
-                # The batching writer stores every event once; the trigger's row is linked
-                # to its snapshot (now if written, else the writer carries the link).
-                trigger.data["snapshot_id"] = sid
-                await asyncio.to_thread(self.repo.link_event, event_row(trigger), sid)
-                break
-            except StorageError as exc:
-                log.error("snapshot of %s not committed yet (%s); spooled at %s, retrying", doc.engine, exc, spooled)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        if spooled is not None:
-            spooled.unlink(missing_ok=True)
-        self.committed += 1
-        log.warning("snapshot %d of %s committed (trigger %s: %s)", sid, doc.engine, trigger.kind.value, trigger.message[:120])
-        return sid
+    def _resolve(self, o: OpenSnapshot) -> None:
+        if o.committed is not None and not o.committed.done():
+            o.committed.set_result(o.snapshot_id or 0)
 
-    async def _amend(self, engine: str, trigger: Event) -> None:
-        cur = self._open.get(engine)
-        if cur is None or cur.trigger is not trigger or cur.snapshot_id is None or cur.amended:
-            return
-        cur.amended = True
-        doc = self.hub.freeze(engine, trigger)
-        if cur.snapshot_id is not None:  # a write that raced the first link, or a late witness
+    def _schedule_amend(self, o: OpenSnapshot, delay: float | None = None) -> None:
+        def due() -> None:
+            if o.amended:
+                return
+            o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
+            self._queue.put_nowait(_Job(o, self._capture(o.engine, o.trigger), amend=True))
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_later(self.settle_s if delay is None else delay, due)
+
+    def _link_later(self, ev: Event, snapshot_id: int) -> None:
+        async def link() -> None:
+            ev.data["snapshot_id"] = snapshot_id
             with contextlib.suppress(StorageError):
-                await asyncio.to_thread(self.repo.link_event, event_row(trigger), cur.snapshot_id)
-        try:
-            await asyncio.to_thread(self.repo.amend_snapshot, cur.snapshot_id, doc)
-        except StorageError as exc:
-            log.error("could not amend snapshot %s: %s", cur.snapshot_id, exc)
+                await asyncio.to_thread(self.repo.link_event, event_row(ev), snapshot_id)
 
-    def _spool(self, doc: SnapshotDoc, blobs: dict[str, bytes] | None = None) -> Path | None:
-        try:
-            blobs = blobs if blobs is not None else pack_parts(doc)
-            self.spool_dir.mkdir(parents=True, exist_ok=True)
-            path = self.spool_dir / f"snapshot-{doc.created_at:.6f}-{doc.engine.replace('/', '_')}.json.gz"
-            path.write_bytes(export_gzip(doc.header(), blobs))  # the export file: spliced, not re-encoded
-            return path
-        except OSError as exc:
-            log.error("cannot spool snapshot: %s", exc)
-            return None
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(link())
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.retry_every)
+            while self._waiting:
+                job = self._waiting[0]
+                if not await self._commit(job):
+                    break
+                self._waiting.pop(0)
 
     async def _recover_spool(self) -> None:
-        if not self.spool_dir.is_dir():
-            return
-        for path in sorted(self.spool_dir.glob("snapshot-*.json.gz")):
+        """Spooled snapshots of an earlier run (a database that was down, a crash mid-commit)."""
+        for path in await asyncio.to_thread(spool.pending, self.spool_dir):
             try:
-                data: dict[str, Any] = json.loads(gzip.decompress(path.read_bytes()))
-                doc = SnapshotDoc.from_export({k: v for k, v in data.items() if k not in ("id", "incident_id")})
-            except (OSError, ValueError, TypeError) as exc:
-                log.error("spooled snapshot %s unreadable (%s); left in place", path, exc)
+                sp = await asyncio.to_thread(spool.read, path)
+                trigger = Event(kind=EventKind(sp.header["trigger"]["kind"]), ts=float(sp.header["fault_ts"]),
+                                source=str(sp.header["trigger"].get("source", "spool")),
+                                message=str(sp.header["trigger"].get("message", "")),
+                                uid=str(sp.meta.get("trigger_uid") or ""))  # fmt: skip
+                engine = str(sp.header["engine"])
+            except (spool.SpoolError, KeyError, TypeError, ValueError) as exc:
+                spool.set_aside(path, str(exc))
                 continue
-            key = f"{doc.trigger.get('kind')}:{int(doc.fault_ts)}"
-            while True:
-                try:
-                    await asyncio.to_thread(self.repo.store_snapshot, doc, incident_window_s=self.window_s, incident_key=key)
-                    break
-                except StorageError as exc:
-                    log.error("spooled snapshot %s not committed yet: %s", path.name, exc)
-                    await asyncio.sleep(5)
-            path.unlink(missing_ok=True)
-            log.warning("committed spooled snapshot %s", path.name)
+            o = OpenSnapshot(engine, trigger, 0.0, snapshot_id=sp.meta.get("snapshot_id"), amended=True, spool_path=path)
+            job = _Job(o, None, amend=o.snapshot_id is not None, spooled=sp)
+            self._recent.append(o)
+            if not await self._commit(job):
+                self._waiting.append(job)
+            else:
+                log.warning("committed spooled snapshot %s", path.name)
+
+
+def _build(cap: Capture) -> tuple[SnapshotDoc, dict[str, bytes]]:
+    doc = cap.build()
+    return doc, pack_parts(doc)
+
+
+def _counts(doc: SnapshotDoc) -> dict[str, Any]:
+    return {"step_count": len(doc.steps), "request_rows": len(doc.requests),
+            "first_step": doc.steps[0]["step"] if doc.steps else None,
+            "last_step": doc.steps[-1]["step"] if doc.steps else None}  # fmt: skip
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]

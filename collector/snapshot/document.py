@@ -17,6 +17,7 @@ The export (``GET /api/v1/snapshots/{id}``, ``GET /api/v1/snapshots/{id}/export`
      "gpu_samples": [GpuSample fields], "events": [Event fields],
      "log_lines": [{"ts", "line"}],
      "peers": [{"host", "engine", "pair", "role", "fingerprint"}],
+     "scrapes": [{"ts", "values": {...}, "rates": {...}}],
      "workload": {"schema": "flightrec.workload/v1", "requests": {"columns": {...}},
                   "concurrency": [[offset, in_flight], ...], "window", "truncated", ...} | null}
 
@@ -47,25 +48,28 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 SCHEMA = "flightrec.snapshot/v1"
-PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload")
+PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload", "scrapes")
 NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder) = null, not []
 HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
                  "summary", "fingerprint")  # fmt: skip
 ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
-REQUEST_COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions",
-                   "status", "mirror_rows")  # fmt: skip
+from collector.ingest.requests import COLUMNS as REQUEST_COLUMNS  # noqa: E402 - one list, where rows are decoded
 
 
 class RequestTable(Sequence[dict[str, Any]]):
-    """Per-request rows held as columns; reads as a sequence of row dicts."""
+    """Per-request rows held as columns; reads as a sequence of row dicts.
 
-    __slots__ = ("columns", "sparse", "_n", "_chunks")
+    A table frozen from the rings holds the recorder's own blocks
+    (``collector.ingest.requests.RequestBlock``) and decodes them into columns only when
+    something reads them; its stored form is those blocks, compressed (``stored_blob``)."""
+
+    __slots__ = ("_columns", "sparse", "_n", "_blocks")
 
     def __init__(self, columns: dict[str, list[Any]] | None = None, sparse: Iterable[str] = ()) -> None:
-        self.columns: dict[str, list[Any]] = dict(columns or {})
+        self._columns: dict[str, list[Any]] | None = dict(columns or {})
         self.sparse = frozenset(sparse)
-        self._chunks: list[Any] | None = None
-        lengths = {len(v) for v in self.columns.values()}
+        self._blocks: list[Any] | None = None
+        lengths = {len(v) for v in self._columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"request columns differ in length: {sorted(lengths)}")
         self._n = lengths.pop() if lengths else 0
@@ -81,39 +85,57 @@ class RequestTable(Sequence[dict[str, Any]]):
         return cls({k: [r.get(k) for r in rows] for k in names}, sparse)
 
     @classmethod
-    def from_chunks(cls, chunks: list[Any]) -> RequestTable:
-        """From per-step ``request_columns.StepColumns``; keeps them for ``json_bytes``."""
-        from collector.ingest.request_columns import COLUMNS
-
-        cols: dict[str, list[Any]] = {"step": []}
-        for ch in chunks:
-            cols["step"].extend([ch.step] * ch.n)
-        for name in COLUMNS:
-            col: list[Any] = []
-            for ch in chunks:
-                col.extend(ch.cols[name])
-            cols[name] = col
-        table = cls(cols)
-        table._chunks = list(chunks)
+    def from_blocks(cls, blocks: Sequence[Any]) -> RequestTable:
+        """From the rings' request blocks: nothing decoded until read."""
+        table = cls()
+        table._columns = None
+        table._blocks = list(blocks)
+        table._n = sum(b.n for b in table._blocks)
         return table
 
-    def json_bytes(self) -> bytes:
-        """``json.dumps(self.to_json())``, spliced from the per-step texts when it has them."""
-        if self._chunks is not None:
-            from collector.ingest.request_columns import columns_json
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        if self._columns is None:
+            from collector.ingest.requests import decode_columns
 
-            return columns_json(self._chunks)
+            self._columns = decode_columns(self._blocks or [])
+        return self._columns
+
+    @property
+    def blocks(self) -> list[Any] | None:
+        return self._blocks
+
+    def stored_blob(self) -> bytes:
+        """The stored form: the recorder's blocks compressed, else this table's JSON gzip."""
+        if self._blocks is not None:
+            from collector.ingest.requests import pack_blocks
+
+            return pack_blocks(self._blocks)
+        return pack(self)
+
+    def json_bytes(self) -> bytes:
         return dumps(self.to_json())
 
     @classmethod
     def coerce(cls, value: Any) -> RequestTable:
         if isinstance(value, RequestTable):
             return value
+        if isinstance(value, (bytes, bytearray)):
+            return cls.from_stored(bytes(value))
         if isinstance(value, dict):
             return cls(value.get("columns") or {}, value.get("sparse") or ())
         if value is None:
             return cls()
         return cls.from_rows(value)
+
+    @classmethod
+    def from_stored(cls, blob: bytes) -> RequestTable:
+        """A stored ``requests`` part, in either form."""
+        from collector.ingest.requests import is_block_blob, unpack_blocks
+
+        if is_block_blob(blob):
+            return cls.from_blocks(unpack_blocks(blob))
+        return cls.coerce(unpack(blob))
 
     def to_json(self) -> dict[str, Any]:
         return {"columns": self.columns, "sparse": sorted(self.sparse)}
@@ -177,6 +199,8 @@ class SnapshotDoc:
     peers: list[dict[str, Any]] = field(default_factory=list)
     # the requests before the fault (WorkloadLog.export), null when nothing recorded them
     workload: dict[str, Any] | None = None
+    # the engine's /metrics scrapes of the last minutes (``summary.scrape_interval_s`` apart)
+    scrapes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.requests = RequestTable.coerce(self.requests)
@@ -338,9 +362,10 @@ def export_gzip(header: dict[str, Any], parts: dict[str, bytes]) -> bytes:
         blob = parts.get(name)
         seg = segment_of(blob) if blob is not None else None
         if seg is None:
-            value = unpack(blob) if blob is not None else _empty_part(name)
-            if name == "requests" and isinstance(value, list):
-                value = RequestTable.from_rows(value).to_json()
+            if name == "requests" and blob is not None:
+                value = RequestTable.from_stored(blob).to_json()  # decoded on read
+            else:
+                value = unpack(blob) if blob is not None else _empty_part(name)
             seg = deflate_segment(dumps(value))
         pieces.append(f',"{name}":'.encode())
         pieces.append(seg)

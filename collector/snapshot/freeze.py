@@ -11,12 +11,13 @@ import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from collector.model import Event, EventKind, GpuSample, LogLine, Severity, StepRecord
+from collector.ingest.hub import Hub
+from collector.model import HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
-from collector.ingest.request_columns import StepColumns
-from collector.snapshot.document import REQUEST_COLUMNS, RequestTable, SnapshotDoc
+from collector.snapshot.document import RequestTable, SnapshotDoc
 
 # Events that freeze the ring. An Xid of the "info" class (e.g. a reported ECC correction)
 # does not; CRASH_DUMP lines ride along with the fatal error that accompanies them.
@@ -30,6 +31,9 @@ TRIGGER_KINDS = frozenset(
 # Events that name a process that failed (a TP worker, the engine core).
 FAILURE_KINDS = frozenset({EventKind.CUDA_ERROR, EventKind.NCCL_ERROR, EventKind.ENGINE_FATAL})
 TRIGGER_KIND_VALUES = frozenset(k.value for k in TRIGGER_KINDS) | {EventKind.ANOMALY.value}
+# Triggers that mean the engine died: requests still in flight failed with it.
+CRASH_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.CUDA_ERROR, EventKind.NCCL_ERROR,
+                         EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.RECORDER_SILENT})  # fmt: skip
 
 
 def is_trigger(ev: Event) -> bool:
@@ -41,34 +45,22 @@ def is_trigger(ev: Event) -> bool:
 
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
+    """A step as the export's ``steps`` part holds it: unknown figures are null."""
     return {
         "step": rec.step, "ts": rec.ts, "running": rec.running, "waiting": rec.waiting,
         "kv_cache_usage": rec.kv_cache_usage, "preemptions": rec.preemptions,
         "prompt_tokens": rec.prompt_tokens, "generation_tokens": rec.generation_tokens,
-        "finished": rec.finished, "mirror_rows": rec.mirror_rows,
+        "finished": rec.finished, "mirror_rows": rec.mirror_rows, "host_blocks": rec.host_blocks,
         "waiting_by_reason": rec.waiting_by_reason, "connector": rec.connector,
         "prefix_cache_queries": rec.prefix_cache_queries, "prefix_cache_hits": rec.prefix_cache_hits,
-        "engine_index": rec.engine_index, "has_requests": rec.requests is not None,
+        "engine_index": rec.engine_index, "has_requests": rec.request_block is not None,
+        "has_stats": bool(rec.halves & HALF_STATS), "requests": rec.request_count,
     }  # fmt: skip
 
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
-    """The per-request rows of the steps, as columns (no row dicts: 262k of them cost ~1 s)."""
-    steps = list(steps)
-    chunks = [rec.request_columns for rec in steps if rec.requests]
-    if all(isinstance(c, StepColumns) and not c.has_extras and c.n == len(rec.requests or ())
-           for c, rec in zip(chunks, [r for r in steps if r.requests], strict=True)):  # fmt: skip
-        # the hub built each step's columns on arrival: concatenate them
-        return RequestTable.from_chunks(chunks)  # type: ignore[arg-type]
-    pairs = [(rec.step, r) for rec in steps for r in rec.requests or ()]
-    cols: dict[str, list[Any]] = {"step": [s for s, _ in pairs]}
-    for name in REQUEST_COLUMNS[1:]:
-        cols[name] = [getattr(r, name) for _, r in pairs]
-    sparse = []
-    if any(r.extras for _, r in pairs):
-        cols["extras"] = [r.extras or None for _, r in pairs]
-        sparse.append("extras")
-    return RequestTable(cols, sparse)
+    """The per-request rows of the steps: the recorder's blocks, decoded only when read."""
+    return RequestTable.from_blocks([rec.request_block for rec in steps if rec.request_block is not None])
 
 
 def request_rows(steps: Iterable[StepRecord]) -> list[dict[str, Any]]:
@@ -95,32 +87,62 @@ def _event_step(ev: Event) -> int | None:
     return None
 
 
+LAST_KNOWN = ("running", "waiting", "kv_cache_usage", "mirror_rows", "host_blocks")
+
+
+def _last_known(steps: Sequence[StepRecord], name: str) -> tuple[Any, int | None]:
+    for s in reversed(steps):
+        value = getattr(s, name)
+        if value is not None:
+            return value, s.step
+    return None, None
+
+
+def _max(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str, Any]:
-    """The figures an on-call engineer reads first: the state at the last step."""
+    """The figures an on-call engineer reads first: the state at the fault. Each figure is the
+    last value the recorder saw, with the step it is from (``at_step``); null when never seen."""
     out: dict[str, Any] = {"step_count": len(steps)}
     if steps:
         last = steps[-1]
-        with_reqs = next((s for s in reversed(steps) if s.requests), None)
+        known: dict[str, Any] = {}
+        at: dict[str, int | None] = {}
+        for name in LAST_KNOWN:
+            known[name], at[name] = _last_known(steps, name)
+        preempt = [s.preemptions for s in steps if s.preemptions is not None]
+        both = [s.running + s.waiting for s in steps if s.running is not None and s.waiting is not None]
         out.update(
-            first_step=steps[0].step, last_step=last.step, last_step_ts=last.ts, running=last.running,
-            waiting=last.waiting, kv_cache_usage=last.kv_cache_usage,
-            preemptions_in_ring=sum(s.preemptions for s in steps),
-            max_running_in_ring=max(s.running for s in steps),
-            concurrency_at_fault=last.running + last.waiting,
+            first_step=steps[0].step, last_step=last.step, last_step_ts=last.ts,
+            running=known["running"], waiting=known["waiting"], kv_cache_usage=known["kv_cache_usage"],
+            mirror_rows=known["mirror_rows"], host_blocks=known["host_blocks"], at_step=at,
+            preemptions_in_ring=sum(preempt) if preempt else None,
+            max_running_in_ring=_max(s.running for s in steps),
+            concurrency_at_fault=(known["running"] + known["waiting"]
+                                  if known["running"] is not None and known["waiting"] is not None else None),
             # the load phase: the most requests the engine held at once in the ring
-            peak_concurrency=max(s.running + s.waiting for s in steps),
-            mirror_rows=last.mirror_rows,
+            peak_concurrency=max(both) if both else None,
+            steps_with_stats=sum(1 for s in steps if s.halves & HALF_STATS),
+            steps_with_requests=sum(1 for s in steps if s.request_block is not None),
         )  # fmt: skip
-        if with_reqs is not None and with_reqs.requests:
-            ctx = [r.computed_tokens for r in with_reqs.requests]
+        with_reqs = next((s for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
+        if with_reqs is not None:
+            block = with_reqs.request_block
+            cols = block.column  # decodes this one block only
+            ctx = cols("computed_tokens")
+            mirror = cols("mirror_rows")
             out["requests_at_last_step"] = {
                 "step": with_reqs.step,
                 "count": len(ctx),
                 "context_len_min": min(ctx),
                 "context_len_max": max(ctx),
                 "context_len_mean": sum(ctx) / len(ctx),
-                "preemptions": sum(r.preemptions for r in with_reqs.requests),
-                "mirror_rows": {r.request_id: r.mirror_rows for r in with_reqs.requests},
+                "preemptions": sum(cols("preemptions")),
+                "mirror_rows": dict(zip(cols("request_id"), mirror, strict=True)),
+                "host_blocks": dict(zip(cols("request_id"), cols("host_blocks"), strict=True)),
             }
     dump_step = next((_event_step(e) for e in events if e.kind is EventKind.CRASH_DUMP and _event_step(e)), None)
     failed: dict[str, dict[str, Any]] = {}
@@ -140,6 +162,70 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
     if xids:
         out["xids"] = xids
     return out
+
+
+@dataclass
+class Capture:
+    """What a snapshot is made of, taken on the event loop: references, copied lists, nothing
+    decoded or encoded (milliseconds at any load). ``build`` makes the document, off the loop."""
+
+    host: str
+    engine: str
+    trigger: Event
+    steps: list[StepRecord]
+    gpu_samples: list[GpuSample]
+    events: list[Event]
+    log_lines: list[LogLine]
+    fingerprint: dict[str, Any]
+    extra: dict[str, Any]
+    scrapes: list[MetricsScrape]
+    workload: Any  # WorkloadLog export, made on the loop (bounded: at most its max_requests)
+
+    def build(self) -> SnapshotDoc:
+        doc = build_snapshot(
+            host=self.host, engine=self.engine, trigger=self.trigger, steps=self.steps,
+            gpu_samples=self.gpu_samples, events=self.events, log_lines=self.log_lines,
+            fingerprint=self.fingerprint, extra_summary=self.extra,
+        )  # fmt: skip
+        doc.scrapes = [{"ts": s.ts, "values": s.values, "rates": s.rates} for s in self.scrapes]
+        doc.workload = self.workload
+        return doc
+
+
+def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = 300.0,
+            scrape_interval: float | None = None) -> Capture:  # fmt: skip
+    st = hub.engines.get(engine) or hub.engine(engine)
+    steps = st.ring.steps()
+    samples = hub.gpu_samples(since=trigger.ts - gpu_seconds, gpus=hub.gpus_of(st) or None)
+    horizon = (steps[0].ts if steps else trigger.ts) - 60.0
+    events = [e for e in st.events if e.ts >= horizon]
+    seen = {e.uid for e in events}
+    events += [e for e in hub.host_events if e.ts >= horizon and e.uid not in seen]
+    events.sort(key=lambda e: e.ts)
+    extra: dict[str, Any] = {"configured": st.configured, "scrape_interval_s": scrape_interval}
+    if st.scrapes:
+        extra["last_scrape"] = {"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)}
+    if st.pair:
+        extra["pair"] = st.pair
+    if not steps:
+        extra["no_recorder"] = (
+            "no step records from an in-engine recorder for this engine: install the package in the "
+            "engine's environment (and --scheduler-cls collector.vllm.RecordingScheduler for per-request "
+            "rows); the scrape series is all there is"
+        )
+    workload = st.workload.export(trigger.ts, crashed=trigger.kind in CRASH_KINDS) if len(st.workload) else None
+    return Capture(
+        host=hub.host, engine=engine, trigger=trigger, steps=steps, gpu_samples=samples, events=events,
+        log_lines=st.lines.all(), fingerprint=dict(st.fingerprint), extra=extra,
+        scrapes=[s for s in st.scrapes if s.ts >= trigger.ts - scrape_seconds], workload=workload,
+    )  # fmt: skip
+
+
+def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = 300.0,
+           scrape_interval: float | None = None) -> SnapshotDoc:  # fmt: skip
+    """``capture`` then ``build`` in one call (tests, tools)."""
+    return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds,
+                   scrape_interval=scrape_interval).build()  # fmt: skip
 
 
 @contextmanager

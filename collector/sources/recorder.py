@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import CodecError, decode
 from collector.channel.naming import parse_ring_file_name
-from collector.model import Event, EventKind, Severity, SourceStatus
+from collector.ingest.join import EngineJoin, Joined
+from collector.model import Event, EventKind, Observation, Severity, SourceStatus, StepRecord
 from collector.sources.base import Sink
 
 log = logging.getLogger(__name__)
@@ -44,14 +46,26 @@ class _Tail:
     engine: str | None = None
     role: str = "unknown"
     pid: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    joined: Joined | None = None
+    held: list[Observation] = field(default_factory=list)  # records waiting for the join
+    first_seen: float = field(default_factory=time.time)
     last_data: float = field(default_factory=time.time)
     last_head: int = -1
     silent_reported: bool = False
     bad_records: int = 0
     newest_ts: float = 0.0
+    run: int = 0
 
 
 class RecorderSource:
+    """``join`` maps a recorder's engine name and meta record to the sidecar's engine name
+    (``collector.ingest.join.EngineJoin``). A ring that does not join a configured engine yet
+    (its API server has not bound its port) holds its records for up to ``join_wait`` seconds
+    while a configured engine still lacks a recorder, so the engine's first records (the
+    fingerprint) land under the right name; after that it is shown as an engine nobody
+    configured."""
+
     name = "recorder"
 
     def __init__(
@@ -60,25 +74,52 @@ class RecorderSource:
         *,
         poll_interval: float = 0.05,
         silent_after: float = 1.0,
-        name_map: Callable[[str], str] | None = None,
+        join: EngineJoin | None = None,
+        join_wait: float = 120.0,
         alive: Callable[[int], bool] = pid_alive,
         clock: Callable[[], float] = time.time,
         keep_dead_for: float = 3600.0,
         recent_window: float = 300.0,
+        max_held: int = 50_000,
     ) -> None:
         self.directory = Path(directory)
         self.poll_interval = poll_interval
         self.silent_after = silent_after
-        self.name_map = name_map or (lambda n: n)
+        self.join = join or EngineJoin([])
+        self.join_wait = join_wait
         self.alive = alive
         self.clock = clock
         self.keep_dead_for = keep_dead_for
         self.recent_window = recent_window
+        self.max_held = max_held
         self._tails: dict[Path, _Tail] = {}
         self._status = SourceStatus(name=self.name, up=True)
+        self._bad_header_logged: set[Path] = set()
+        self.records = 0  # records emitted
+        self.bad_records = 0  # records set aside (bad CRC counted by the reader, bad body here)
+        self.lost_bytes = 0  # bytes the writers overwrote before we read them (we fell behind)
 
     def status(self) -> list[SourceStatus]:
+        self._status.details = self.figures()
         return [self._status]
+
+    def figures(self) -> dict[str, Any]:
+        now = self.clock()
+        lag = [now - t.newest_ts for t in self._tails.values() if t.newest_ts and not t.silent_reported]
+        return {
+            "rings": len(self._tails),
+            "records": self.records,
+            "bad_records": self.bad_records + sum(t.reader.corrupt_records for t in self._tails.values()),
+            "lost_bytes": self.lost_bytes + sum(t.reader.lost_bytes for t in self._tails.values()),
+            "lag_s": round(max(lag), 3) if lag else None,
+            "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
+            "unconfigured": sorted(
+                {t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}
+            ),
+        }
+
+    def joined_engines(self) -> set[str]:
+        return {t.engine for t in self._tails.values() if t.engine and t.joined is not None and t.joined.configured}
 
     async def run(self, sink: Sink) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -98,22 +139,44 @@ class RecorderSource:
             tail = self._tails.get(path)
             if tail is None:
                 try:
-                    tail = _Tail(RingReader(path), last_data=self.clock())
+                    tail = _Tail(RingReader(path), last_data=self.clock(), first_seen=self.clock())
                 except RingCorrupt as exc:
-                    log.debug("skipping %s: %s", path, exc)
+                    if path not in self._bad_header_logged:  # once per file, not every poll
+                        self._bad_header_logged.add(path)
+                        log.warning("skipping %s: %s", path.name, exc)
                     continue
                 # The file name names the writer until its meta record is read (a ring that
                 # wrapped may hold records written before the last copy of that record).
                 parsed = parse_ring_file_name(path.name)
                 if parsed is not None:
-                    tail.engine = self.name_map(parsed.engine)
+                    tail.engine = parsed.engine
                     tail.role = parsed.role
                 self._tails[path] = tail
             emitted += self._drain(path, tail, sink)
         for path in [p for p in self._tails if p not in paths]:
             self._tails.pop(path).reader.close()
+        self._bad_header_logged &= set(paths)
         self._status.up, self._status.reason, self._status.last_ok = True, "", self.clock()
         return emitted
+
+    def _resolve(self, tail: _Tail, now: float) -> bool:
+        """Join the ring to an engine; False while it should wait for its engine's port."""
+        if tail.joined is not None:
+            return True
+        own = str(tail.meta.get("engine") or tail.engine or "unknown")
+        joined = self.join.resolve(own, tail.meta)
+        if not joined.configured:
+            waiting_for = self.join.names - self.joined_engines()
+            if waiting_for and self.join.targets and now - tail.first_seen < self.join_wait and len(tail.held) < self.max_held:
+                return False
+            log.warning(
+                "recorder ring %s (engine %s) matches no configured engine: its steps are kept as engine %r; "
+                "set FLIGHTREC_ENGINE_NAME in that engine's environment, or add its URL to engines:",
+                tail.reader.path.name, own, own,
+            )  # fmt: skip
+        tail.joined = joined
+        tail.engine = joined.name
+        return True
 
     def _drain(self, path: Path, tail: _Tail, sink: Sink) -> int:
         now = self.clock()
@@ -121,28 +184,44 @@ class RecorderSource:
             info = tail.reader.info()
             payloads = tail.reader.read()
         except (RingCorrupt, ValueError, OSError) as exc:
-            log.warning("ring %s unreadable: %s", path, exc)
+            if path not in self._bad_header_logged:
+                self._bad_header_logged.add(path)
+                log.warning("ring %s unreadable: %s", path.name, exc)
             return 0
         tail.pid = info.pid
-        emitted = 0
+        out = tail.held
         for payload in payloads:
             try:
                 meta, obs = decode(payload)
             except CodecError as exc:
                 tail.bad_records += 1
+                self.bad_records += 1
                 self._status.errors += 1
                 log.debug("bad record in %s: %s", path, exc)
                 continue
             if meta is not None:
-                tail.engine = self.name_map(str(meta.get("engine") or path.stem.split(".")[0]))
-                tail.role = str(meta.get("role", "unknown"))
+                tail.meta = meta
+                tail.role = str(meta.get("role", tail.role))
+                run = meta.get("server_pid")
+                tail.run = run if isinstance(run, int) else tail.run or info.pid
                 continue
             assert obs is not None
-            engine = tail.engine or self.name_map(str(getattr(obs, "engine", None) or path.stem.split(".")[0]))
-            obs.engine = engine
-            tail.newest_ts = max(tail.newest_ts, float(getattr(obs, "ts", 0.0)))
-            sink.emit(obs)
-            emitted += 1
+            out.append(obs)
+        emitted = 0
+        if out and self._resolve(tail, now if self.alive(info.pid) else now + self.join_wait):
+            engine = tail.engine or "unknown"
+            run = tail.run or info.pid
+            for obs in out:
+                obs.engine = engine
+                if isinstance(obs, StepRecord):
+                    obs.run = run
+                ts = getattr(obs, "ts", 0.0)
+                if isinstance(ts, float) and ts > tail.newest_ts:
+                    tail.newest_ts = ts
+                sink.emit(obs)
+                emitted += 1
+            tail.held = []
+            self.records += emitted
         if payloads or info.head != tail.last_head:
             tail.last_data, tail.last_head = now, info.head
         elif (
@@ -150,6 +229,7 @@ class RecorderSource:
             and now - tail.last_data >= self.silent_after
             and not self.alive(info.pid)
             and tail.engine is not None
+            and self._resolve(tail, now + self.join_wait)
         ):
             tail.silent_reported = True
             # A death is news if the writer wrote recently: a ring left by an engine that died

@@ -66,7 +66,9 @@ def _recorder(settings: Settings) -> list[Any]:
 
     if settings.recorder == "off":
         return []
-    return [RecorderSource(settings.recorder_dir)]
+    from collector.ingest.join import EngineJoin
+
+    return [RecorderSource(settings.recorder_dir, join=EngineJoin(settings.engines), join_wait=settings.recorder_join_wait)]
 
 
 SOURCES: list[tuple[str, Callable[[Settings], list[Any]]]] = [

@@ -14,7 +14,21 @@ from sqlalchemy.exc import SQLAlchemyError
 
 
 class StorageError(Exception):
-    """The database is unreachable or refused a statement."""
+    """The database is unreachable, hung, or refused a statement.
+
+    ``permanent`` is True when the database refused the statement for its content (a value it
+    cannot store, a constraint): retrying the same rows can never succeed, so the caller sets
+    them aside instead of holding them forever."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+# A statement that runs longer than this on Postgres is cancelled: a hung database must turn
+# into a StorageError within seconds, never a request or a writer that waits forever.
+STATEMENT_TIMEOUT_MS = 5000
+CONNECT_TIMEOUT_S = 3
 
 
 def is_sqlite(url: str) -> bool:
@@ -29,7 +43,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
                 Path(path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
             except OSError:
                 pass  # connecting will fail with a StorageError, which callers handle and retry
-        engine = create_engine(url, connect_args={"timeout": 15, "check_same_thread": False}, **kwargs)
+        engine = create_engine(url, connect_args={"timeout": 5, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -37,14 +51,32 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoint; WAL keeps commits
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=15000")
+            cur.execute("PRAGMA busy_timeout=5000")
             cur.close()
 
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, connect_args={"connect_timeout": 5}, **kwargs)
+    kwargs.setdefault("pool_timeout", CONNECT_TIMEOUT_S)
+    return create_engine(
+        url,
+        connect_args={
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}",
+            # a peer that stops answering mid-query (SIGSTOP, a dead link) is noticed by TCP
+            "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 2,
+        },
+        **kwargs,
+    )
+
+
+def translate(exc: SQLAlchemyError) -> StorageError:
+    """A driver error as ours: content errors (DataError, IntegrityError) are permanent."""
+    from sqlalchemy.exc import DataError, IntegrityError
+
+    permanent = isinstance(exc, (DataError, IntegrityError))
+    return StorageError(f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:500]}", permanent=permanent)
 
 
 def check(engine: Engine) -> None:

@@ -67,20 +67,44 @@ class GpuRow(Base):
 
 
 class EngineStepRow(Base):
+    """One engine step, both halves merged. A figure no half carried is NULL (unknown), never 0.
+    ``run`` is the engine's API-server pid: step numbers restart when the engine does."""
+
     __tablename__ = "engine_steps"
-    __table_args__ = (Index("ix_engine_steps_engine_ts", "engine_id", "ts"),)
+    __table_args__ = (
+        Index("ix_engine_steps_engine_ts", "engine_id", "ts"),
+        UniqueConstraint("engine_id", "run", "step", name="uq_engine_steps_engine_run_step"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
     ts: Mapped[float] = mapped_column(Double)
     step: Mapped[int] = mapped_column(BigInteger)
-    running: Mapped[int] = mapped_column(Integer)
-    waiting: Mapped[int] = mapped_column(Integer)
-    kv_cache_usage: Mapped[float] = mapped_column(Double)
-    preemptions: Mapped[int] = mapped_column(Integer)
-    prompt_tokens: Mapped[int] = mapped_column(Integer)
-    generation_tokens: Mapped[int] = mapped_column(Integer)
+    run: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    running: Mapped[int | None] = mapped_column(Integer)
+    waiting: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Double)
+    preemptions: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    generation_tokens: Mapped[int | None] = mapped_column(Integer)
     mirror_rows: Mapped[int | None] = mapped_column(Integer)
+    host_blocks: Mapped[int | None] = mapped_column(Integer)
+
+
+class EngineScrapeRow(Base):
+    """One /metrics scrape of an engine: the series of engines without a recorder (vLLM's
+    official image), and the cross-check of those with one."""
+
+    __tablename__ = "engine_scrapes"
+    __table_args__ = (Index("ix_engine_scrapes_engine_ts", "engine_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Double)
+    running: Mapped[float | None] = mapped_column(Double)
+    waiting: Mapped[float | None] = mapped_column(Double)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Double)
+    values: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
 
 
 class GpuSampleRow(Base):
@@ -159,9 +183,11 @@ class EventRow(Base):
         Index("ix_events_ts", "ts"),
         Index("ix_events_kind_ts", "kind", "ts"),
         Index("ix_events_engine_ts", "engine", "ts"),
+        Index("ix_events_uid", "uid"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    uid: Mapped[str | None] = mapped_column(String(40))  # given at ingest; links snapshots and alerts
     ts: Mapped[float] = mapped_column(Double)
     host: Mapped[str] = mapped_column(String(255))
     kind: Mapped[str] = mapped_column(String(32))

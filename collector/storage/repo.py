@@ -17,9 +17,10 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from collector.redact import redact
 from collector.snapshot.document import ENCODING, PARTS, SnapshotDoc, pack, unpack
-from collector.storage.db import StorageError
+from collector.storage.db import StorageError, translate
 from collector.storage.models import (
     EngineRow,
+    EngineScrapeRow,
     EngineStepRow,
     EventRow,
     GpuRow,
@@ -71,13 +72,27 @@ SUMMARY_COLUMNS = (
 
 def pack_parts(doc: SnapshotDoc) -> dict[str, bytes]:
     """The stored form of a snapshot's parts (peers are added at commit). Encode once: the
-    same blobs make the spool file (``export_gzip``) and the database rows."""
-    return {name: pack(doc.part(name)) for name in PARTS if name != "peers"}
+    same blobs make the spool file and the database rows. The request rows are stored as the
+    recorder wrote them (``RequestTable.stored_blob``), decoded when read."""
+    return {name: doc.requests.stored_blob() if name == "requests" else pack(doc.part(name))
+            for name in PARTS if name != "peers"}  # fmt: skip
+
+
+def nul_free(value: Any) -> Any:
+    """Postgres text and JSONB cannot hold NUL: a NUL byte in a log line or a reason would make
+    the whole batch fail forever. Replaced, everywhere a string is kept in a column."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {nul_free(k): nul_free(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nul_free(v) for v in value]
+    return value
 
 
 class Repository:
-    def __init__(self, engine: Engine, *, host: str) -> None:
-        self.engine = engine
+    def __init__(self, db: Engine, *, host: str) -> None:
+        self.db = db  # the SQLAlchemy engine (named so beside vLLM's engines)
         self.host = host
         self._engine_ids: dict[str, int] = {}
         self._gpu_ids: dict[str, int] = {}
@@ -85,16 +100,16 @@ class Repository:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         try:
-            with self.engine.begin() as conn:
+            with self.db.begin() as conn:
                 yield conn
         except NotFound:
             raise
         except SQLAlchemyError as exc:
-            raise StorageError(f"{exc.__class__.__name__}: {str(exc).splitlines()[0]}") from exc
+            raise translate(exc) from exc
 
     @property
     def dialect(self) -> str:
-        return self.engine.dialect.name
+        return self.db.dialect.name
 
     # -- engines and GPUs -------------------------------------------------------------------
     def engine_id(self, conn: Connection, name: str, *, url: str | None = None, pair: str | None = None) -> int:
@@ -156,8 +171,11 @@ class Repository:
         gpu_samples: Sequence[dict[str, Any]],
         events: Sequence[dict[str, Any]],
         seen: dict[str, float] | None = None,
+        *,
+        scrapes: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """One transaction for a batch of the continuous series (the writer's flush)."""
+        """One transaction for a batch of the continuous series (the writer's flush). A step
+        already stored (a ring read again after a restart) is skipped, not duplicated."""
         with self._tx() as conn:
             if steps:
                 rows = []
@@ -165,7 +183,15 @@ class Repository:
                     s = dict(s)
                     s["engine_id"] = self.engine_id(conn, s.pop("engine"))
                     rows.append(s)
-                conn.execute(insert(EngineStepRow), rows)
+                conn.execute(self._insert_ignore(EngineStepRow, ["engine_id", "run", "step"]), rows)
+            if scrapes:
+                rows = []
+                for s in scrapes:
+                    s = dict(s)
+                    s["engine_id"] = self.engine_id(conn, s.pop("engine"))
+                    s["values"] = nul_free(s["values"])
+                    rows.append(s)
+                conn.execute(insert(EngineScrapeRow), rows)
             if gpu_samples:
                 rows = []
                 for g in gpu_samples:
@@ -175,16 +201,26 @@ class Repository:
                     rows.append(g)
                 conn.execute(insert(GpuSampleRow), rows)
             if events:
-                conn.execute(insert(EventRow), [dict(e, host=self.host) for e in events])
+                conn.execute(insert(EventRow), [nul_free(dict(e, host=self.host)) for e in events])
             for name, ts in (seen or {}).items():
                 eid = self.engine_id(conn, name)
                 conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))
+
+    def _insert_ignore(self, table: Any, keys: list[str]) -> Any:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(table).on_conflict_do_nothing(index_elements=keys)
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=keys)
 
     def prune(self, *, steps_before: float, gpu_before: float, events_before: float,
               snapshots_before: float | None) -> dict[str, int]:  # fmt: skip
         counts = {}
         with self._tx() as conn:
             counts["engine_steps"] = conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < steps_before)).rowcount
+            counts["engine_scrapes"] = conn.execute(delete(EngineScrapeRow).where(EngineScrapeRow.ts < steps_before)).rowcount
             counts["gpu_samples"] = conn.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < gpu_before)).rowcount
             counts["events"] = conn.execute(
                 delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))
@@ -199,7 +235,7 @@ class Repository:
 
     # -- snapshots and incidents -----------------------------------------------------------
     def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
-                       blobs: dict[str, bytes] | None = None) -> tuple[int, int]:  # fmt: skip
+                       blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
 
         A snapshot joins the incident whose faults lie within ``incident_window_s`` of its own
@@ -224,11 +260,9 @@ class Repository:
                     incident_id=incident_id, host=doc.host, engine=doc.engine, created_at=doc.created_at,
                     fault_ts=doc.fault_ts, trigger_kind=str(doc.trigger.get("kind")),
                     trigger_source=str(doc.trigger.get("source")),
-                    trigger_message=str(doc.trigger.get("message", ""))[:4000],
-                    step_count=len(doc.steps), request_rows=len(doc.requests),
-                    first_step=doc.steps[0]["step"] if doc.steps else None,
-                    last_step=doc.steps[-1]["step"] if doc.steps else None,
-                    summary=summary, fingerprint=doc.fingerprint,
+                    trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]),
+                    **(counts or _counts(doc)),
+                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint),
                 ).returning(SnapshotRow.id)
             ).scalar_one()  # fmt: skip
             conn.execute(
@@ -352,14 +386,15 @@ class Repository:
         doc, blobs = self.get_snapshot_blobs(snap_id, parts=parts)
         for name, blob in blobs.items():
             try:
-                doc.set_part(name, unpack(blob))
+                doc.set_part(name, blob if name == "requests" else unpack(blob))
             except (OSError, zlib.error, ValueError) as exc:
                 raise StorageError(f"snapshot {snap_id} part {name} is unreadable: {exc}") from exc
         return doc
 
-    def amend_snapshot(self, snap_id: int, doc: SnapshotDoc) -> None:
+    def amend_snapshot(self, snap_id: int, doc: SnapshotDoc, *, blobs: dict[str, bytes] | None = None,
+                       counts: dict[str, Any] | None = None) -> None:  # fmt: skip
         """Replace a snapshot's parts and summary with a later freeze of the same fault."""
-        blobs = pack_parts(doc)
+        blobs = dict(blobs) if blobs is not None else pack_parts(doc)
         with self._tx() as conn:
             old = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == snap_id)).scalar_one_or_none()
             if old is None:
@@ -371,10 +406,7 @@ class Repository:
             summary["amended_at"] = time.time()
             conn.execute(
                 update(SnapshotRow).where(SnapshotRow.id == snap_id).values(
-                    summary=summary, fingerprint=doc.fingerprint, step_count=len(doc.steps),
-                    request_rows=len(doc.requests),
-                    first_step=doc.steps[0]["step"] if doc.steps else None,
-                    last_step=doc.steps[-1]["step"] if doc.steps else None,
+                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(counts or _counts(doc)),
                 )
             )  # fmt: skip
             # delete + insert, not update: a part added since the first commit (peers) has no row
@@ -428,15 +460,19 @@ class Repository:
     def link_event(self, ev: dict[str, Any], snapshot_id: int) -> int:
         """Point the stored row of an event (written by the batching writer) at its snapshot,
         and refresh its data (a second witness merged into it after the row was written);
-        returns the rows updated (0 while the writer has not written it yet)."""
+        returns the rows updated (0 while the writer has not written it yet). Events are
+        found by the id they got at ingest."""
+        if ev.get("uid"):
+            where = [EventRow.host == self.host, EventRow.uid == ev["uid"]]
+        else:  # a row written before events had ids
+            where = [EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"],
+                     EventRow.source == ev["source"]]  # fmt: skip
         with self._tx() as conn:
             return int(
                 conn.execute(
                     update(EventRow)
-                    .where(EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"],
-                           EventRow.source == ev["source"],
-                           EventRow.snapshot_id.is_(None) | (EventRow.snapshot_id == snapshot_id))
-                    .values(snapshot_id=snapshot_id, data=ev["data"])
+                    .where(*where, EventRow.snapshot_id.is_(None) | (EventRow.snapshot_id == snapshot_id))
+                    .values(snapshot_id=snapshot_id, data=nul_free(ev["data"]))
                 ).rowcount
             )  # fmt: skip
 
@@ -444,7 +480,7 @@ class Repository:
         with self._tx() as conn:
             return int(
                 conn.execute(
-                    insert(EventRow).values(**ev, host=self.host, snapshot_id=snapshot_id).returning(EventRow.id)
+                    insert(EventRow).values(**nul_free(dict(ev)), host=self.host, snapshot_id=snapshot_id).returning(EventRow.id)
                 ).scalar_one()
             )
 
@@ -456,12 +492,25 @@ class Repository:
         with self._tx() as conn:
             return [_row_dict(r) for r in conn.execute(select(GpuRow).order_by(GpuRow.host, GpuRow.index)).mappings()]
 
+    def recent_scrapes(self, engine: str, *, since: float) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            q = (select(EngineScrapeRow).join(EngineRow, EngineRow.id == EngineScrapeRow.engine_id)
+                 .where(EngineRow.name == engine, EngineRow.host == self.host, EngineScrapeRow.ts >= since)
+                 .order_by(EngineScrapeRow.ts))  # fmt: skip
+            return [_row_dict(r) for r in conn.execute(q).mappings()]
+
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         with self._tx() as conn:
             q = (select(EngineStepRow).join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
                  .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
                  .order_by(EngineStepRow.ts))  # fmt: skip
             return [_row_dict(r) for r in conn.execute(q).mappings()]
+
+
+def _counts(doc: SnapshotDoc) -> dict[str, Any]:
+    return {"step_count": len(doc.steps), "request_rows": len(doc.requests),
+            "first_step": doc.steps[0]["step"] if doc.steps else None,
+            "last_step": doc.steps[-1]["step"] if doc.steps else None}  # fmt: skip
 
 
 def _row_dict(row: Any) -> dict[str, Any]:

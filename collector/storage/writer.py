@@ -1,32 +1,51 @@
-"""The batching writer: every ``interval`` it takes what the hub queued and writes it in one
-transaction (SQLite: ~300k rows/s batched vs ~10k one commit per row). A database that is down
-costs nothing but memory: the batch goes back to the hub (bounded, oldest dropped and counted)
-and is retried next round."""
+"""The batching writer: it owns the queue of rows for the continuous series, its bound and its
+retries. Every ``interval`` it writes what is due in one transaction (SQLite: ~300k rows/s
+batched vs ~10k one commit per row).
+
+Steps: a step arrives in up to two halves (the stat logger's and the scheduler's), hundreds of
+microseconds to a few milliseconds apart, and the ring merges them into one record. The queue
+holds a reference to that record and writes it once, ``hold_s`` after its first half came, so
+the stored row has both halves and a step is one row (the table's unique key on engine, run
+and step makes a re-read ring after a restart a no-op, not duplicates).
+
+A database that is down or hung costs memory only: the batch stays queued (bounded: the oldest
+rows are dropped and counted in ``dropped``) and is retried next round. A row the database
+refuses for its content (``StorageError.permanent``) is set aside and counted, so one bad row
+never blocks the rest.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
-from collector.ingest.hub import Hub, PendingWrites
+from collector.model import Event, GpuSample, MetricsScrape, StepRecord
+from collector.redact import redact, redact_text
 from collector.storage.db import StorageError
 from collector.storage.repo import Repository
 
 log = logging.getLogger(__name__)
 
+MAX_PENDING = 200_000  # rows held per kind while the database is down
 
-def _step_row(rec: Any) -> dict[str, Any]:
-    return {
-        "engine": rec.engine, "ts": rec.ts, "step": rec.step, "running": rec.running,
-        "waiting": rec.waiting, "kv_cache_usage": float(rec.kv_cache_usage),
-        "preemptions": rec.preemptions, "prompt_tokens": rec.prompt_tokens,
-        "generation_tokens": rec.generation_tokens, "mirror_rows": rec.mirror_rows,
-    }  # fmt: skip
+STEP_COLUMNS = ("ts", "step", "run", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens",
+                "generation_tokens", "mirror_rows", "host_blocks")  # fmt: skip
 
 
-def _gpu_row(s: Any) -> dict[str, Any]:
+def step_row(rec: StepRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {"engine": rec.engine}
+    for name in STEP_COLUMNS:
+        row[name] = getattr(rec, name)
+    if row["kv_cache_usage"] is not None:
+        row["kv_cache_usage"] = float(row["kv_cache_usage"])
+    return row
+
+
+def gpu_row(s: GpuSample) -> dict[str, Any]:
     return {
         "gpu": s.gpu, "index": s.index, "bus_id": s.bus_id, "name": s.name, "ts": s.ts,
         "memory_used": s.memory_used, "memory_total": s.memory_total, "utilization": s.utilization,
@@ -37,9 +56,16 @@ def _gpu_row(s: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def event_row(ev: Any) -> dict[str, Any]:
-    from collector.redact import redact
+def scrape_row(s: MetricsScrape) -> dict[str, Any]:
+    v = s.values
+    return {
+        "engine": s.engine, "ts": s.ts, "running": v.get("num_requests_running"),
+        "waiting": v.get("num_requests_waiting"), "kv_cache_usage": v.get("kv_cache_usage_perc"),
+        "values": {**v, **{f"rate:{k}": r for k, r in s.rates.items()}},
+    }  # fmt: skip
 
+
+def event_row(ev: Event) -> dict[str, Any]:
     data = dict(ev.data)
     if ev.frames:
         data["frames"] = ev.frames
@@ -47,53 +73,171 @@ def event_row(ev: Any) -> dict[str, Any]:
         data["lines"] = ev.lines[-200:]
     data["sources"] = ev.sources
     return {
-        "ts": ev.ts, "kind": ev.kind.value, "source": ev.source, "severity": ev.severity.value,
-        "engine": ev.engine, "gpu": ev.gpu, "xid": ev.xid, "pid": ev.pid, "process": ev.process,
-        "message": redact(ev.message)[:8000], "data": redact(data),
+        "uid": ev.uid or None, "ts": ev.ts, "kind": ev.kind.value, "source": ev.source,
+        "severity": ev.severity.value, "engine": ev.engine, "gpu": ev.gpu, "xid": ev.xid, "pid": ev.pid,
+        "process": ev.process, "message": redact_text(ev.message)[:8000], "data": redact(data),
         "snapshot_id": ev.data.get("snapshot_id"),
     }  # fmt: skip
 
 
+@dataclass
+class _Queue:
+    steps: OrderedDict[tuple[str, int, int], tuple[float, StepRecord]] = field(default_factory=OrderedDict)
+    gpu: list[GpuSample] = field(default_factory=list)
+    scrapes: list[MetricsScrape] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)
+
+
 class BatchWriter:
-    def __init__(self, hub: Hub, repo: Repository, *, interval: float) -> None:
-        self.hub = hub
+    def __init__(self, repo: Repository, *, interval: float, hold_s: float = 1.0,
+                 clock: Any = time.monotonic, max_pending: int = MAX_PENDING) -> None:  # fmt: skip
         self.repo = repo
         self.interval = interval
+        self.hold_s = hold_s
+        self.clock = clock
+        self.max_pending = max_pending
+        self._q = _Queue()
         self.db_up: bool | None = None
         self.last_error = ""
         self.rows_written = 0
+        self.steps_written = 0
+        self.dropped = 0  # rows dropped by the bound while the database was down
+        self.rejected = 0  # rows the database refused for their content
         self.flushes = 0
         self.last_flush_s = 0.0
+        self.last_ok: float | None = None
 
+    # -- the queue (called on the event loop by ingest) ------------------------------------
+    def offer_step(self, rec: StepRecord) -> None:
+        key = (rec.engine, rec.run, rec.step)
+        steps = self._q.steps
+        if key not in steps:
+            steps[key] = (self.clock(), rec)
+            if len(steps) > self.max_pending:
+                steps.popitem(last=False)
+                self.dropped += 1
+        self._q.seen[rec.engine] = rec.ts
+
+    def offer_gpu(self, s: GpuSample) -> None:
+        self._bounded(self._q.gpu).append(s)
+
+    def offer_scrape(self, s: MetricsScrape) -> None:
+        self._bounded(self._q.scrapes).append(s)
+
+    def offer_event(self, ev: Event) -> None:
+        self._bounded(self._q.events).append(ev)
+
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
+        self._q.fingerprints[engine] = facts
+
+    def _bounded(self, items: list[Any]) -> list[Any]:
+        if len(items) >= self.max_pending:
+            del items[: len(items) - self.max_pending + 1]
+            self.dropped += 1
+        return items
+
+    @property
+    def pending_rows(self) -> int:
+        q = self._q
+        return len(q.steps) + len(q.gpu) + len(q.scrapes) + len(q.events)
+
+    # -- writing ------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
             await self.flush()
 
-    async def flush(self) -> None:
-        batch = self.hub.take_pending()
-        if not (batch.steps or batch.gpu or batch.events or batch.fingerprints or batch.seen):
+    def _take(self, *, everything: bool) -> _Queue:
+        q, due = self._q, _Queue()
+        cutoff = self.clock() - self.hold_s
+        steps = q.steps
+        while steps:
+            key, (first, rec) = next(iter(steps.items()))
+            if not everything and first > cutoff:
+                break
+            steps.popitem(last=False)
+            due.steps[key] = (first, rec)
+        due.gpu, q.gpu = q.gpu, []
+        due.scrapes, q.scrapes = q.scrapes, []
+        due.events, q.events = q.events, []
+        due.fingerprints, q.fingerprints = q.fingerprints, {}
+        due.seen, q.seen = q.seen, {}
+        return due
+
+    def _give_back(self, batch: _Queue) -> None:
+        """A batch the database did not take goes back in front, within the bound."""
+        q = self._q
+        merged = OrderedDict(batch.steps)
+        merged.update(q.steps)
+        while len(merged) > self.max_pending:
+            merged.popitem(last=False)
+            self.dropped += 1
+        q.steps = merged
+        for name in ("gpu", "scrapes", "events"):
+            items = getattr(batch, name) + getattr(q, name)
+            if len(items) > self.max_pending:
+                self.dropped += len(items) - self.max_pending
+                items = items[-self.max_pending :]
+            setattr(q, name, items)
+        q.fingerprints = {**batch.fingerprints, **q.fingerprints}
+        q.seen = {**batch.seen, **q.seen}
+
+    async def flush(self, *, everything: bool = False) -> None:
+        batch = self._take(everything=everything)
+        if not (batch.steps or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
             return
         t0 = time.perf_counter()
         try:
-            await asyncio.to_thread(self._write, batch)
+            written = await asyncio.to_thread(self._write, batch)
         except StorageError as exc:
             if self.db_up is not False:
                 log.error("database write failed, holding %d rows in memory: %s", len(batch.steps), exc)
             self.db_up, self.last_error = False, str(exc)
-            self.hub.requeue(batch)
+            self._give_back(batch)
             return
         if self.db_up is False:
             log.warning("database is back; wrote the rows held meanwhile")
-        self.db_up, self.last_error = True, ""
+        self.db_up, self.last_error, self.last_ok = True, "", time.time()
         self.flushes += 1
+        self.rows_written += written
         self.last_flush_s = time.perf_counter() - t0
 
-    def _write(self, batch: PendingWrites) -> None:
-        steps = [_step_row(r) for r in batch.steps.values()]
-        gpu = [_gpu_row(s) for s in batch.gpu]
+    def _write(self, batch: _Queue) -> int:
+        steps = [step_row(rec) for _, rec in batch.steps.values()]
+        gpu = [gpu_row(s) for s in batch.gpu]
+        scrapes = [scrape_row(s) for s in batch.scrapes]
         events = [event_row(e) for e in batch.events]
-        self.repo.write_batch(steps, gpu, events, batch.seen)
+        try:
+            self.repo.write_batch(steps, gpu, events, batch.seen, scrapes=scrapes)
+        except StorageError as exc:
+            if not exc.permanent:
+                raise
+            # One bad row must not block every row behind it: write kinds apart, then rows
+            # one by one within the kind that failed, and set aside what is refused.
+            self.rejected += self._write_apart(steps, gpu, events, scrapes, batch.seen)
+            log.error("database refused %d row(s) of a batch: %s", self.rejected, exc)
         for name, facts in batch.fingerprints.items():
-            self.repo.update_engine(name, fingerprint=facts, vllm_version=str(facts.get("vllm_version") or "") or None)
-        self.rows_written += len(steps) + len(gpu) + len(events)
+            self.repo.update_engine(name, fingerprint=redact(facts),
+                                    vllm_version=str(facts.get("vllm_version") or "")[:64] or None)  # fmt: skip
+        self.steps_written += len(steps)
+        return len(steps) + len(gpu) + len(events) + len(scrapes)
+
+    def _write_apart(self, steps: list[dict[str, Any]], gpu: list[dict[str, Any]], events: list[dict[str, Any]],
+                     scrapes: list[dict[str, Any]], seen: dict[str, float]) -> int:  # fmt: skip
+        refused = 0
+        kinds: list[tuple[str, list[dict[str, Any]]]] = [("steps", steps), ("gpu", gpu), ("events", events),
+                                                          ("scrapes", scrapes)]  # fmt: skip
+        for kind, rows in kinds:
+            for row in rows:
+                args: dict[str, Any] = {"steps": [], "gpu_samples": [], "events": [], "scrapes": []}
+                args[{"gpu": "gpu_samples"}.get(kind, kind)] = [row]
+                try:
+                    self.repo.write_batch(args["steps"], args["gpu_samples"], args["events"], None, scrapes=args["scrapes"])
+                except StorageError as exc:
+                    if not exc.permanent:
+                        raise
+                    refused += 1
+        self.repo.write_batch([], [], [], seen)
+        return refused

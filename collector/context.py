@@ -1,0 +1,166 @@
+"""The application context the HTTP handlers and the sidecar's ``/metrics`` see: the stages the
+service wired, and read-only queries over them. The queries read ingest's state and must run
+on the event loop (the handlers that use them are ``async``): nothing here is read from a
+worker thread while the loop writes it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector import __version__
+from collector.alerting.router import Alerter
+from collector.detectors.task import DetectorTask
+from collector.ingest.hub import Hub
+from collector.model import Event, EventKind, Severity, SourceStatus
+from collector.settings import Settings
+from collector.snapshot.committer import SnapshotCommitter
+from collector.sources.recorder import RecorderSource
+from collector.sources.supervisor import SupervisedSource
+from collector.storage.repo import Repository
+from collector.storage.writer import BatchWriter
+
+# a configured engine that serves /metrics but has had no recorder for this long is reported
+RECORDER_MISSING_AFTER_S = 60.0
+RECORDER_FIX = (
+    "install vllm-flight-recorder into the engine's Python environment (the stat-logger plugin "
+    "loads by itself) and give engine and sidecar the same FLIGHTREC_RECORDER_DIR; add "
+    "--scheduler-cls collector.vllm.RecordingScheduler for per-request rows"
+)
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    hub: Hub
+    repo: Repository
+    writer: BatchWriter
+    committer: SnapshotCommitter
+    detectors: DetectorTask
+    loop: asyncio.AbstractEventLoop
+    recorders: list[RecorderSource] = field(default_factory=list)
+    supervised: list[SupervisedSource] = field(default_factory=list)
+    unsupported: list[SourceStatus] = field(default_factory=list)
+    alerter: Alerter | None = None
+    port_getter: Callable[[], int] | None = None
+    snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    loop_lag_s: float = 0.0  # how late the loop's heartbeat last ran (the sidecar's own lateness)
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def snapshots(self) -> SnapshotCommitter:  # the name the API and older callers use
+        return self.committer
+
+    def source_statuses(self) -> list[SourceStatus]:
+        out = list(self.unsupported)
+        for sup in self.supervised:
+            out.extend(sup.statuses())
+        return out
+
+    def service_port(self) -> int:
+        return self.port_getter() if self.port_getter is not None else self.settings.port
+
+    def alert_stats(self) -> dict[str, int]:
+        return self.alerter.stats() if self.alerter is not None else {}
+
+    def recorder_missing(self) -> dict[str, str]:
+        """Configured engines that answer /metrics but have no recorder: engine -> the fix."""
+        now = time.time()
+        out = {}
+        for name, st in self.hub.engines.items():
+            if not st.configured or st.steps_received or st.last_scrape_ok is None:
+                continue
+            if now - self.started_at >= RECORDER_MISSING_AFTER_S:
+                out[name] = RECORDER_FIX
+        return out
+
+    def ingest_figures(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {}
+        for r in self.recorders:
+            for k, v in r.figures().items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    rec[k] = (rec.get(k) or 0) + v
+                elif isinstance(v, list):
+                    rec[k] = sorted(set(rec.get(k, [])) | set(v))
+                elif v is None:
+                    rec.setdefault(k, None)
+        w = self.writer
+        return {
+            "recorder": rec,
+            "steps_received": sum(st.steps_received for st in self.hub.engines.values()),
+            "request_rows_received": sum(st.requests_received for st in self.hub.engines.values()),
+            "steps_written": w.steps_written,
+            "rows_pending": w.pending_rows,
+            "rows_dropped": w.dropped,
+            "rows_rejected": w.rejected,
+            "ingest_dropped": self.hub.dropped,
+            "snapshot_backlog": self.committer.backlog,
+            "loop_lag_s": round(self.loop_lag_s, 4),
+        }
+
+    def health(self) -> dict[str, Any]:
+        statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
+        figures = self.ingest_figures()
+        behind = figures["loop_lag_s"] > 1.0 or (figures["recorder"].get("lag_s") or 0) > 5.0
+        missing = self.recorder_missing()
+        degraded = (self.writer.db_up is False or behind or bool(missing)
+                    or any(s["supported"] and not s["up"] for s in statuses))  # fmt: skip
+        return {
+            "status": "degraded" if degraded else "ok",
+            "version": __version__,
+            "database_up": self.writer.db_up,
+            "database_error": self.writer.last_error or None,
+            "sources": statuses,
+            "snapshots_committed": self.committer.committed,
+            "snapshots_waiting": self.committer.backlog,
+            "ingest": figures,
+            "behind": behind,
+            "recorder_missing": missing,
+        }
+
+    def engines_live(self) -> list[dict[str, Any]]:
+        missing = self.recorder_missing()
+        out = []
+        for name, st in sorted(self.hub.engines.items()):
+            last = st.ring.last()
+            out.append({
+                "name": name, "host": self.hub.host, "url": st.url, "pair": st.pair, "up": st.up,
+                "configured": st.configured, "last_seen": st.last_seen, "steps_in_ring": len(st.ring),
+                "steps_received": st.steps_received, "request_rows_received": st.requests_received,
+                "last_step": last.step if last else None, "running": last.running if last else None,
+                "waiting": last.waiting if last else None,
+                "kv_cache_usage": last.kv_cache_usage if last else None,
+                "last_scrape": ({"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)} if st.scrapes else None),
+                "recorder": "missing" if name in missing else ("recording" if st.steps_received else "none"),
+                "recorder_fix": missing.get(name),
+                "vllm_version": st.fingerprint.get("vllm_version"),
+                "fingerprint": dict(st.fingerprint),
+            })  # fmt: skip
+        return out
+
+    def detector_states(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(s) for s in self.detectors.states()]
+
+    async def manual_snapshot(self, engine: str | None, reason: str, *, wait_s: float = 5.0) -> list[dict[str, Any]]:
+        """Take a manual snapshot of one engine (or all); wait up to ``wait_s`` for the commits.
+        Each answer has the snapshot id, or null with the state when not committed yet."""
+        ev = Event(kind=EventKind.MANUAL, ts=self.hub.clock(), source="api", message=reason or "manual snapshot",
+                   severity=Severity.INFO, engine=engine)  # fmt: skip
+        if engine is None:
+            ev.engine = None
+            opens = [self.committer.snapshot_due(name, ev) for name in sorted(self.hub.engines)]
+            self.hub.emit(ev)  # stored and routed like any event (the policy sees it has no engine)
+        else:
+            self.hub.emit(ev)
+            opens = self.committer.opens_for(ev)
+        futures = [o.committed for o in opens if o.committed is not None]
+        if futures:
+            await asyncio.wait(futures, timeout=wait_s)
+        return [{"engine": o.engine, "id": o.snapshot_id,
+                 "status": "committed" if o.snapshot_id else ("spooled" if o.spool_path else "pending"),
+                 "error": o.error or None} for o in opens]  # fmt: skip

@@ -1,0 +1,66 @@
+"""The detector task: every second, the detectors run over ingest's live series, whether or not
+any Alertmanager is configured (a critical anomaly takes its snapshot without paging). Each
+published state change becomes an ANOMALY event into ingest (stored, and a trigger when
+critical) and is handed to the consumers given at construction (the alert router)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from collector.detectors.base import DetectorState, Transition
+from collector.detectors.config import DetectorThresholds
+from collector.detectors.runner import DetectorRunner
+from collector.ingest.hub import Hub
+from collector.model import Event, EventKind, Severity
+
+log = logging.getLogger(__name__)
+
+HISTORY_STEPS = 2048
+
+
+class DetectorTask:
+    def __init__(self, hub: Hub, thresholds: DetectorThresholds, *, interval: float = 1.0,
+                 consumers: Sequence[Callable[[Transition], None]] = ()) -> None:  # fmt: skip
+        self.hub = hub
+        self.runner = DetectorRunner(thresholds, clock=hub.clock)
+        self.interval = interval
+        self.consumers = list(consumers)
+        self.evaluations = 0
+
+    def states(self) -> list[DetectorState]:
+        return self.runner.states()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("detector evaluation failed")
+
+    def tick(self) -> list[Transition]:
+        hub = self.hub
+        names = hub.engine_names()
+        steps = {name: hub.recent_steps(name, HISTORY_STEPS) for name in names}
+        scrapes = {name: list(hub.engines[name].scrapes) for name in names}
+        samples = {gpu: ring.since(0.0) for gpu, ring in list(hub.gpus.items())}
+        transitions = self.runner.evaluate(steps, samples, scrapes)
+        self.evaluations += 1
+        for tr in transitions:
+            cur = tr.current
+            hub.emit(Event(
+                kind=EventKind.ANOMALY, ts=cur.ts, source="detector",
+                message=f"{cur.name} {cur.state.value}: {cur.reason}",
+                severity=Severity(cur.state.value) if cur.state.value != "ok" else Severity.INFO,
+                engine=cur.labels.get("engine"), gpu=cur.labels.get("gpu"),
+                data={"detector": cur.name, "state": cur.state.value, "labels": cur.labels,
+                      "suggested_action": cur.suggested_action, "value": cur.value},
+            ))  # fmt: skip
+            for consumer in self.consumers:
+                try:
+                    consumer(tr)
+                except Exception:
+                    log.exception("detector consumer failed")
+        return transitions
