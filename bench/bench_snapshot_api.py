@@ -138,7 +138,7 @@ def main() -> None:
         store_s.append(time.perf_counter() - t0)
 
     # the list: copy the big snapshots' summary rows (the list reads the snapshots table only)
-    with repo.engine.begin() as conn:
+    with repo.db.begin() as conn:
         proto = dict(conn.execute(select(SnapshotRow).where(SnapshotRow.id == ids[0])).mappings().one())
         inc = conn.execute(insert(IncidentRow).values(key="bench", title="bench", opened_at=t, updated_at=t, trigger_kind="xid",
                                                       hosts=["bench-host"], engines=[], snapshot_count=0)

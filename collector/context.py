@@ -50,6 +50,7 @@ class AppContext:
     snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     loop_lag_s: float = 0.0  # how late the loop's heartbeat last ran (the sidecar's own lateness)
+    manual_wait_s: float = 5.0  # a manual POST waits this long for its commits before answering 202
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -146,7 +147,7 @@ class AppContext:
     def detector_states(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(s) for s in self.detectors.states()]
 
-    async def manual_snapshot(self, engine: str | None, reason: str, *, wait_s: float = 5.0) -> list[dict[str, Any]]:
+    async def manual_snapshot(self, engine: str | None, reason: str, *, wait_s: float | None = None) -> list[dict[str, Any]]:
         """Take a manual snapshot of one engine (or all); wait up to ``wait_s`` for the commits.
         Each answer has the snapshot id, or null with the state when not committed yet."""
         ev = Event(kind=EventKind.MANUAL, ts=self.hub.clock(), source="api", message=reason or "manual snapshot",
@@ -160,7 +161,7 @@ class AppContext:
             opens = self.committer.opens_for(ev)
         futures = [o.committed for o in opens if o.committed is not None]
         if futures:
-            await asyncio.wait(futures, timeout=wait_s)
+            await asyncio.wait(futures, timeout=self.manual_wait_s if wait_s is None else wait_s)
         return [{"engine": o.engine, "id": o.snapshot_id,
                  "status": "committed" if o.snapshot_id else ("spooled" if o.spool_path else "pending"),
                  "error": o.error or None} for o in opens]  # fmt: skip

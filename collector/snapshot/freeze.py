@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.ingest.hub import Hub
+from collector.ingest.requests import RequestBlock
 from collector.model import HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc
@@ -59,8 +60,15 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
 
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
-    """The per-request rows of the steps: the recorder's blocks, decoded only when read."""
-    return RequestTable.from_blocks([rec.request_block for rec in steps if rec.request_block is not None])
+    """The per-request rows of the steps: the recorder's blocks, decoded only when read. Steps
+    built by hand with row objects (tests, tools) are encoded into blocks first."""
+    blocks: list[RequestBlock] = []
+    for rec in steps:
+        if rec.request_block is None and rec.requests is not None:
+            rec.request_block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, blocks[-1] if blocks else None)
+        if rec.request_block is not None:
+            blocks.append(rec.request_block)
+    return RequestTable.from_blocks(blocks)
 
 
 def request_rows(steps: Iterable[StepRecord]) -> list[dict[str, Any]]:

@@ -59,11 +59,17 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_timeout", CONNECT_TIMEOUT_S)
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    given = parsed.query.get("options", "")  # e.g. -csearch_path=...: kept, ours appended
+    given = " ".join(given) if isinstance(given, tuple) else given
+    options = f"{given} -c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}".strip()
     return create_engine(
-        url,
+        parsed.difference_update_query(["options"]),
         connect_args={
             "connect_timeout": CONNECT_TIMEOUT_S,
-            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}",
+            "options": options,
             # a peer that stops answering mid-query (SIGSTOP, a dead link) is noticed by TCP
             "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 2,
         },

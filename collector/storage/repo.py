@@ -105,6 +105,9 @@ class Repository:
         except NotFound:
             raise
         except SQLAlchemyError as exc:
+            # ids learnt inside a transaction that rolled back may not exist: forget them all
+            self._engine_ids.clear()
+            self._gpu_ids.clear()
             raise translate(exc) from exc
 
     @property

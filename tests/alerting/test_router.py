@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -21,7 +20,7 @@ from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import EngineConfig, Settings
-from collector.snapshot.committer import SnapshotManager
+from collector.snapshot.committer import SnapshotCommitter
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 
@@ -41,23 +40,30 @@ class RecordingClient:
         return True
 
 
-def test_the_crash_alert_waits_for_the_commit_and_links_the_snapshot(migrated_url: str, tmp_path: Path) -> None:
+def _wired(url: str, tmp_path: Path, **kw: Any) -> tuple[Hub, SnapshotCommitter, Alerter, RecordingClient, list[tuple[float, int]]]:
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
     hub = Hub(settings)
-    repo = Repository(make_engine(migrated_url), host=hub.host)
-    committed: list[tuple[float, int]] = []
-    ctx: Any = SimpleNamespace(settings=settings, hub=hub, repo=repo)
+    repo = Repository(make_engine(url), host=hub.host)
+    committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.1, window_s=30)
     client = RecordingClient()
-    alerter = Alerter(ctx, client=client)  # type: ignore[arg-type]
+    alerter = Alerter(settings, host=hub.host, snapshots_for=committer.snapshots_for, engine_up=lambda n: None,
+                      port=lambda: 8787, client=client, **kw)  # type: ignore[arg-type]
+    committed: list[tuple[float, int]] = []
 
     def on_commit(doc: Any, trigger: Event) -> None:
         committed.append((time.time(), doc.id))
         alerter.snapshot_committed(doc, trigger)
 
-    ctx.snapshots = SnapshotManager(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.1, window_s=30, on_committed=on_commit)
+    committer.on_committed.append(on_commit)
+    hub.consumers += [committer.on_event, alerter.on_event]
+    return hub, committer, alerter, client, committed
+
+
+def test_the_crash_alert_waits_for_the_commit_and_links_the_snapshot(migrated_url: str, tmp_path: Path) -> None:
+    hub, committer, alerter, client, committed = _wired(migrated_url, tmp_path)
 
     async def scenario() -> None:
-        task = asyncio.create_task(ctx.snapshots.run())
+        task = asyncio.create_task(committer.run())
         for i in range(20):
             hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=2))
         hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0",
@@ -78,6 +84,44 @@ def test_the_crash_alert_waits_for_the_commit_and_links_the_snapshot(migrated_ur
     assert fire_ts >= commit_ts
     assert alert.name == "VllmEngineCrashed" and alert.generator_url == f"http://fr.example/snapshots/{sid}"
     assert client.fired[1][1].generator_url == alert.generator_url
+
+
+def test_a_database_that_is_down_does_not_hold_the_page(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'no-tables.db'}"  # never migrated: every commit fails
+    hub, committer, alerter, client, committed = _wired(url, tmp_path, hold_max_s=0.2)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(committer.run())
+        hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=1, running=2))
+        hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0",
+                       message="CUDA error", severity=Severity.CRITICAL))  # fmt: skip
+        for _ in range(20):
+            alerter.tick()
+            if client.fired:
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert not committed and len(client.fired) == 1  # paged without the link, within hold_max_s
+
+
+def test_detector_transitions_page_without_alertmanager_being_needed_for_snapshots(migrated_url: str, tmp_path: Path) -> None:
+    """The detector task runs without any Alertmanager: a critical anomaly is an event that takes
+    its snapshot (here through the committer alone, no router)."""
+    from collector.detectors.task import DetectorTask
+
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")])
+    hub = Hub(settings)
+    committer = SnapshotCommitter(hub, Repository(make_engine(migrated_url), host=hub.host),
+                                  spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)  # fmt: skip
+    hub.consumers.append(committer.on_event)
+    task = DetectorTask(hub, settings.detectors)
+    crit = Event(kind=EventKind.ANOMALY, ts=time.time(), source="detector", message="engine_stall critical",
+                 severity=Severity.CRITICAL, engine="decode-0")  # fmt: skip
+    hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=1, running=1))
+    hub.emit(crit)
+    assert committer.backlog == 1 and task.states() == []
 
 
 @pytest.fixture
@@ -106,7 +150,7 @@ def test_an_xid_line_becomes_an_alert_whose_link_opens(alertmanager: LocalAlertm
         await asyncio.wait_for(svc.started.wait(), 30)
         assert svc.ctx is not None
         for i in range(10):  # the engine was alive: it has steps to freeze
-            svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
+            svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1, halves=1))
         await asyncio.sleep(0.3)
         with open(kmsg, "a") as f:
             f.write(f"4,900,{int(time.monotonic() * 1e6)},-;{XID_LINE}\n")

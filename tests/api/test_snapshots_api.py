@@ -78,7 +78,8 @@ def test_export_is_one_gzip_file_of_the_documented_schema(client: TestClient, ct
     assert r.headers["content-disposition"] == f'attachment; filename="flightrec-snapshot-{sid}.json.gz"'
     data = json.loads(gzip.decompress(r.content))  # one gzip member, CRC and length checked
     assert list(data) == ["schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
-                          "summary", "fingerprint", "steps", "requests", "gpu_samples", "events", "log_lines", "peers"]  # fmt: skip
+                          "summary", "fingerprint", "steps", "requests", "gpu_samples", "events", "log_lines", "peers",
+                          "workload", "scrapes"]  # fmt: skip
     SnapshotDocOut.model_validate(data)
     again = SnapshotDoc.from_export(data)  # the export reads back into the document it came from
     assert len(again.requests) == 80 and again.requests[-1]["mirror_rows"] == 419
@@ -96,7 +97,7 @@ def test_secrets_never_leave_in_a_snapshot(client: TestClient, ctx: Any) -> None
 
 def test_list_filters_by_engine_host_trigger_and_time(client: TestClient, ctx: Any, api_url: str) -> None:
     t = 1_800_000_000.0
-    other = Repository(ctx.repo.engine, host="node-b")
+    other = Repository(ctx.repo.db, host="node-b")
     a = store(ctx.repo, make_doc("decode-0", ts=t), window=1)[0]
     b = store(ctx.repo, make_doc("prefill-0", ts=t + 10, kind=EventKind.CUDA_ERROR), window=1)[0]
     c = store(other, make_doc("decode-0", host="node-b", ts=t + 20), window=1)[0]
@@ -174,8 +175,10 @@ def test_writes_need_the_token_compared_in_full(api_url: str) -> None:
     assert c.post("/api/v1/snapshots", json={}, headers={"Authorization": "Bearer tok-12"}).status_code == 401
     assert c.post("/api/v1/snapshots", json={}, headers={"Authorization": "Basic tok-123"}).status_code == 401
     r = c.post("/api/v1/snapshots", json={"engine": "decode-0", "reason": "drill"}, headers={"Authorization": "Bearer tok-123"})
-    assert r.status_code == 202 and r.json()["engines"] == ["decode-0"]
-    assert ctx.manual == [("decode-0", "drill")]
+    # the committer is not running here: the snapshot is captured, answered 202 as pending
+    assert r.status_code == 202 and r.json()["engines"] == ["decode-0"], r.text
+    assert [s["status"] for s in r.json()["snapshots"]] == ["pending"]
+    assert ctx.committer.backlog == 1 and ctx.committer._open["decode-0"].trigger.message == "drill"
     assert c.get("/api/v1/snapshots").status_code == 200  # loopback: reads are open
 
 
@@ -224,7 +227,7 @@ def test_checklist_reads_the_pair_peer_fingerprint(client: TestClient, ctx: Any)
 
 def test_incidents_group_the_pair_and_hosts_sharing_a_database(client: TestClient, ctx: Any) -> None:
     t = 1_800_000_000.0
-    b = Repository(ctx.repo.engine, host="node-b")
+    b = Repository(ctx.repo.db, host="node-b")
     d, i1 = store(ctx.repo, make_doc("decode-0", ts=t, pair="pd-0"))
     p, i2 = store(ctx.repo, make_doc("prefill-0", ts=t + 1.5, pair="pd-0"))
     o, i3 = store(b, make_doc("decode-0", host="node-b", ts=t + 3))

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collector.channel.codec import (
+    decode_request_rows,
     STATUSES,
     CodecError,
     decode,
@@ -55,18 +56,18 @@ def test_request_rows_round_trip_with_and_without_mirror_rows() -> None:
         RequestRow("cmpl-é-1", 300, 0, 0, 2, "preempted", None),
         RequestRow("x", 5, 5, 1, 0, "waiting_for_remote_kvs", 0),
     ]
-    _, step = decode(encode_requests("d", 77, 3.5, rows), engine="decode-0")
+    step = decode_request_rows("decode-0", encode_requests("d", 77, 3.5, rows))
     assert step is not None and step.requests == rows
     assert (step.engine, step.step, step.ts, step.running) == ("decode-0", 77, 3.5, 1)
     plain = [RequestRow("a", 1, 2, 3, 4), RequestRow("b", 5, 6)]
-    _, step = decode(encode_requests("d", 1, 0.0, plain))
+    step = decode_request_rows("d", encode_requests("d", 1, 0.0, plain))
     assert step is not None and step.requests == plain
-    _, empty = decode(encode_requests("d", 2, 0.0, []))
+    empty = decode_request_rows("d", encode_requests("d", 2, 0.0, []))
     assert empty is not None and empty.requests == [] and empty.running == 0
 
 
 def test_unknown_status_survives_as_unknown() -> None:
-    _, step = decode(encode_requests("d", 1, 0.0, [RequestRow("a", 1, 1, status="made_up")]))
+    step = decode_request_rows("d", encode_requests("d", 1, 0.0, [RequestRow("a", 1, 1, status="made_up")]))
     assert step is not None and step.requests is not None
     assert step.requests[0].status == "unknown"
 
@@ -88,7 +89,7 @@ def test_unknown_status_survives_as_unknown() -> None:
     st.integers(0, 2**63),
 )
 def test_request_rows_round_trip_property(rows: list[RequestRow], step: int) -> None:
-    _, back = decode(encode_requests("d", step, 1.0, rows))
+    back = decode_request_rows("d", encode_requests("d", step, 1.0, rows))
     assert back is not None and back.requests == rows and back.step == step
 
 
@@ -129,3 +130,16 @@ def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
     with pytest.raises(CodecError):
         decode(payload)
 
+
+
+def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
+    rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 7),
+            RequestRow("cmpl-b-0", 100, 5, 1, 2, "preempted", None)]
+    _, step = decode(encode_requests("d", 77, 3.5, rows), engine="decode-0")
+    assert step is not None and step.requests is None
+    block = step.request_block
+    assert (block.step, block.n, block.running, block.mirror_rows) == (77, 2, 1, 7)
+    assert step.running == 1 and step.kv_cache_usage is None  # the stats half is unknown, not 0
+    assert block.column("request_id") == ["cmpl-a-0", "cmpl-b-0"]
+    assert block.column("mirror_rows") == [7, None]
+    assert block.column("status") == ["running", "preempted"]

@@ -3,49 +3,70 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, LogLine, Severity, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, LogLine, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.snapshot.committer import SnapshotManager
+from collector.snapshot import spool
+from collector.snapshot.committer import SnapshotCommitter
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter
+from collector.storage.writer import BatchWriter
 
 
-def setup(url: str, tmp_path: Path, settle: float = 0.2) -> tuple[Hub, Repository, SnapshotManager, list[int]]:
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")], ring_steps=32))
-    repo = Repository(make_engine(url), host=hub.host)
+def setup(url: str, tmp_path: Path, settle: float = 0.2, **kw: Any) -> tuple[Hub, Repository, SnapshotCommitter, list[int]]:
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d")], ring_steps=32, host_name="node-a")
+    repo = Repository(make_engine(url), host="node-a")
+    writer = BatchWriter(repo, interval=0.05, hold_s=0.0)
+    hub = Hub(settings, rows=writer)
     committed: list[int] = []
-    mgr = SnapshotManager(hub, repo, spool_dir=tmp_path / "spool", settle_s=settle, window_s=30,
-                          on_committed=lambda doc, ev: committed.append(doc.id))  # fmt: skip
-    return hub, repo, mgr, committed
+    c = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=settle, window_s=30,
+                          on_committed=[lambda doc, ev: committed.append(doc.id)], retry_every=0.1, **kw)  # fmt: skip
+    hub.consumers.append(c.on_event)
+    c.writer = writer  # type: ignore[attr-defined]
+    return hub, repo, c, committed
 
 
-def fault(kind: EventKind, source: str, msg: str) -> Event:
-    return Event(kind=kind, ts=time.time(), source=source, message=msg, engine="decode-0", severity=Severity.CRITICAL)
+def fault(kind: EventKind, source: str, msg: str, **kw: Any) -> Event:
+    return Event(kind=kind, ts=time.time(), source=source, message=msg, engine="decode-0", severity=Severity.CRITICAL, **kw)
+
+
+def step(i: int, **kw: Any) -> StepRecord:
+    kw.setdefault("running", 4)
+    return StepRecord(engine="decode-0", ts=time.time(), step=i, waiting=0, kv_cache_usage=0.032, preemptions=0,
+                      prompt_tokens=0, generation_tokens=4, halves=HALF_STATS, **kw)  # fmt: skip
+
+
+async def _run(c: SnapshotCommitter, body: Any) -> None:
+    task = asyncio.create_task(c.run())
+    try:
+        await body()
+    finally:
+        await c.writer.flush(everything=True)  # type: ignore[attr-defined]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_four_witnesses_one_snapshot_amended_with_the_late_evidence(migrated_url: str, tmp_path: Path) -> None:
-    hub, repo, mgr, committed = setup(migrated_url, tmp_path)
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
 
-    async def scenario() -> None:
-        task = asyncio.create_task(mgr.run())
+    async def body() -> None:
         for i in range(50):
-            hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=4))
-        hub.emit(fault(EventKind.XID, "kmsg", "Xid 43"))
+            hub.emit(step(i))
+        hub.emit(fault(EventKind.XID, "kmsg", "Xid 43", xid=43))
         await asyncio.sleep(0.05)
         # late witnesses of the same fault, and the last steps the recorder flushed
         for i in range(50, 53):
-            hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=4))
+            hub.emit(step(i))
         hub.emit(LogLine("decode-0", time.time(), "(Worker_TP0 pid=1) ERROR CUDA error: unspecified launch failure"))
         hub.emit(fault(EventKind.CUDA_ERROR, "log", "CUDA error: unspecified launch failure"))
         hub.emit(fault(EventKind.ENGINE_FATAL, "log", "EngineCore encountered a fatal error."))
         hub.emit(fault(EventKind.ENGINE_DOWN, "scrape", "health failing"))
         await asyncio.sleep(0.6)
-        task.cancel()
 
-    asyncio.run(scenario())
+    asyncio.run(_run(c, body))
     rows, _ = repo.list_snapshots(SnapshotFilter())
     assert len(rows) == 1 and committed == [rows[0]["id"]]
     doc = repo.get_snapshot(rows[0]["id"])
@@ -53,64 +74,146 @@ def test_four_witnesses_one_snapshot_amended_with_the_late_evidence(migrated_url
     assert doc.steps[-1]["step"] == 52  # the amendment holds the steps that came after the trigger
     assert {e["kind"] for e in doc.events} >= {"xid", "cuda_error", "engine_fatal", "engine_down"}
     assert any("unspecified launch failure" in line["line"] for line in doc.log_lines)
-    assert not list((tmp_path / "spool").glob("*.json.gz"))
+    assert not spool.pending(tmp_path / "spool")
+    # every witness's stored row links the snapshot, found by the id it got at ingest
+    linked = {e["kind"] for e in repo.list_events() if e["snapshot_id"] == rows[0]["id"]}
+    assert linked >= {"xid", "cuda_error", "engine_fatal", "engine_down"}
 
 
-def test_database_down_spools_and_commits_when_back(tmp_path: Path) -> None:
+def test_a_later_distinct_fault_after_the_amendment_gets_its_own_snapshot_in_the_same_incident(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=0.1)
+
+    async def body() -> None:
+        for i in range(10):
+            hub.emit(step(i))
+        hub.emit(fault(EventKind.XID, "kmsg", "Xid 43", xid=43))
+        await asyncio.sleep(0.5)  # committed and amended
+        for i in range(10, 20):
+            hub.emit(step(i))
+        hub.emit(fault(EventKind.XID, "kmsg", "Xid 43 again", xid=43))  # the same code: a witness
+        hub.emit(fault(EventKind.XID, "kmsg", "Xid 31", xid=31))  # a new fault
+        await asyncio.sleep(0.5)
+
+    asyncio.run(_run(c, body))
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert len(rows) == 2 and sorted(committed) == sorted(r["id"] for r in rows)
+    first, second = sorted(rows, key=lambda r: r["id"])
+    assert first["incident_id"] == second["incident_id"]
+    assert "Xid 31" in second["trigger_message"] and second["last_step"] == 19
+    assert first["last_step"] == 9
+    ev31 = next(e for e in repo.list_events() if e["message"] == "Xid 31")
+    assert ev31["snapshot_id"] == second["id"]  # the alert and the row link the snapshot that holds it
+
+
+def test_manual_snapshots_are_each_their_own_with_an_id(migrated_url: str, tmp_path: Path) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
+    ids: list[int | None] = []
+
+    async def body() -> None:
+        hub.emit(step(1))
+        for n in range(3):
+            ev = Event(kind=EventKind.MANUAL, ts=time.time(), source="api", message=f"drill {n}", engine="decode-0")
+            hub.emit(ev)
+            [o] = c.opens_for(ev)
+            assert o.committed is not None
+            ids.append(await asyncio.wait_for(o.committed, 5))
+
+    asyncio.run(_run(c, body))
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert len(rows) == 3 and sorted(ids) == sorted(r["id"] for r in rows)  # type: ignore[type-var]
+
+
+def test_database_down_spools_and_commits_when_back_with_the_fault_time_rings(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'db' / 'f.db'}"
-    hub, repo, mgr, committed = setup(url, tmp_path)  # not migrated yet: every commit fails
+    (tmp_path / "db").mkdir()
+    hub, repo, c, committed = setup(url, tmp_path, settle=0.05)
 
-    async def scenario() -> None:
-        task = asyncio.create_task(mgr.run())
-        hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=1, running=1))
-        hub.emit(fault(EventKind.ENGINE_DEAD, "log", "EngineDeadError"))
+    async def body() -> None:
+        for i in range(5):
+            hub.emit(step(i))
+        hub.emit(fault(EventKind.CUDA_ERROR, "log", "CUDA error"))  # no tables: the commit fails
         await asyncio.sleep(0.3)
-        assert committed == [] and len(list((tmp_path / "spool").glob("*.json.gz"))) == 1
-        await asyncio.to_thread(upgrade, url)  # the database comes back
-        for _ in range(60):
+        assert not committed and spool.pending(tmp_path / "spool")
+        for i in range(5, 40):  # the engine goes on stepping while the database is down
+            hub.emit(step(i))
+        await asyncio.to_thread(upgrade, url)
+        for _ in range(50):
             if committed:
                 break
             await asyncio.sleep(0.1)
-        task.cancel()
 
-    asyncio.run(scenario())
-    assert len(committed) == 1
-    assert repo.get_snapshot(committed[0]).steps[0]["step"] == 1
-    assert not list((tmp_path / "spool").glob("*.json.gz"))
-
-
-def test_a_spooled_snapshot_survives_a_restart(migrated_url: str, tmp_path: Path) -> None:
-    hub, repo, mgr, _ = setup(migrated_url, tmp_path)
-    hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=7, running=1))
-    doc = hub.freeze("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
-    assert mgr._spool(doc) is not None
-
-    async def restart() -> None:
-        task = asyncio.create_task(mgr.run())
-        await asyncio.sleep(0.5)
-        task.cancel()
-
-    asyncio.run(restart())
+    asyncio.run(_run(c, body))
     rows, _ = repo.list_snapshots(SnapshotFilter())
-    assert [r["trigger_message"] for r in rows] == ["before the restart"]
+    assert len(rows) == 1 and committed == [rows[0]["id"]]
+    # captured at the fault: its steps end where the fault was, not when the database came back
+    # (the amendment, captured 0.05 s later, is the version that waited)
+    assert rows[0]["last_step"] == 4
+    assert not spool.pending(tmp_path / "spool")
 
 
-def test_the_first_commit_reads_what_the_recorder_published_last(migrated_url: str, tmp_path: Path) -> None:
-    """Steps the engine wrote just before the fault, not yet polled, are read before the freeze."""
-    hub, repo, mgr, committed = setup(migrated_url, tmp_path, settle=60)  # no amendment in this test
-    unread = [StepRecord(engine="decode-0", ts=time.time(), step=i, running=3) for i in (8, 9)]
-    mgr.before_freeze = lambda: [hub.emit(r) for r in unread]
+def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_aside(migrated_url: str, tmp_path: Path) -> None:
+    hub, repo, c, _ = setup(migrated_url, tmp_path)
+    rows = [RequestRow(request_id=f"r{i}", prompt_len=100, computed_tokens=10 + i) for i in range(3)]
+    hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=7, requests=rows))
+    cap = c._capture("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
+    from collector.snapshot.committer import _build
 
-    async def scenario() -> None:
-        task = asyncio.create_task(mgr.run())
-        for i in range(8):
-            hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=3))
-        hub.emit(fault(EventKind.ENGINE_DEAD, "log", "EngineDeadError"))
-        for _ in range(100):
-            if committed:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
+    doc, blobs = _build(cap)
+    spool_dir = tmp_path / "spool"
+    spool.write(spool_dir, "snapshot-1.000000-decode-0-aaaa.spool", doc.header(),
+                {"incident_key": "manual:1", "trigger_uid": "aaaa", "snapshot_id": None, "counts": {
+                    "step_count": 1, "request_rows": 3, "first_step": 7, "last_step": 7}}, blobs)  # fmt: skip
+    (spool_dir / "snapshot-2.000000-decode-0-trunc.spool").write_bytes(spool.MAGIC + b'{"header"')  # a torn write
+    (spool_dir / "snapshot-3.000000-decode-0-junk.spool").write_bytes(b"\x00" * 100)
 
-    asyncio.run(scenario())
-    assert repo.get_snapshot(committed[0]).steps[-1]["step"] == 9
+    _, repo2, c2, _ = setup(migrated_url, tmp_path)  # a new sidecar over the same spool
+
+    async def body() -> None:
+        await asyncio.sleep(0.3)
+
+    asyncio.run(_run(c2, body))
+    stored, _ = repo2.list_snapshots(SnapshotFilter())
+    assert len(stored) == 1 and stored[0]["trigger_message"] == "before the restart"
+    back = repo2.get_snapshot(stored[0]["id"])
+    assert [r["request_id"] for r in back.requests] == ["r0", "r1", "r2"]
+    assert sorted(p.name for p in spool_dir.iterdir()) == [
+        "snapshot-2.000000-decode-0-trunc.spool.bad", "snapshot-3.000000-decode-0-junk.spool.bad"]
+    # and the snapshot task is alive: a new trigger still makes a snapshot
+    hub2 = c2.hub
+    hub2.emit(step(100))
+
+    async def again() -> None:
+        hub2.emit(fault(EventKind.CUDA_ERROR, "log", "after the garbage"))
+        await asyncio.sleep(0.3)
+
+    asyncio.run(_run(c2, again))
+    assert len(repo2.list_snapshots(SnapshotFilter())[0]) == 2
+
+
+def test_the_capture_reads_what_the_recorder_published_last(migrated_url: str, tmp_path: Path) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=5.0)
+    late = [step(i) for i in range(3)]
+    c.before_capture = lambda: [hub.emit(s) for s in late if not hub.engines["decode-0"].ring.get(s.step)]
+
+    async def body() -> None:
+        hub.emit(fault(EventKind.CUDA_ERROR, "log", "boom"))
+        await asyncio.sleep(0.3)
+
+    asyncio.run(_run(c, body))
+    [row] = repo.list_snapshots(SnapshotFilter())[0]
+    assert row["last_step"] == 2 and committed == [row["id"]]
+
+
+def test_a_disk_full_spool_still_commits_from_memory(migrated_url: str, tmp_path: Path) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
+    (tmp_path / "spool").write_text("a file where the spool folder should be")  # writes fail with OSError
+
+    async def body() -> None:
+        hub.emit(step(1))
+        hub.emit(fault(EventKind.CUDA_ERROR, "log", "boom"))
+        await asyncio.sleep(0.3)
+
+    asyncio.run(_run(c, body))
+    assert len(committed) == 1

@@ -4,34 +4,140 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+from sqlalchemy import func, select
+
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, StepRecord
+from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
+from collector.storage.models import EngineStepRow
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _setup(url: str, **kw: object) -> tuple[Hub, Repository, BatchWriter, Clock]:
+    clock = Clock()
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d")], host_name="node-a")
+    repo = Repository(make_engine(url), host="node-a")
+    writer = BatchWriter(repo, interval=0.05, clock=clock, **kw)  # type: ignore[arg-type]
+    return Hub(settings, rows=writer), repo, writer, clock
+
+
+def _count(repo: Repository) -> int:
+    with repo.db.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(EngineStepRow)).scalar_one())
+
+
 def test_rows_held_while_the_database_is_down_are_written_when_it_is_back(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'f.db'}"
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]))
-    repo = Repository(make_engine(url), host=hub.host)
-    writer = BatchWriter(hub, repo, interval=0.05)
+    hub, repo, writer, clock = _setup(url)
     now = time.time()
 
     async def scenario() -> None:
         for i in range(300):
-            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1))
+            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1, halves=HALF_STATS))
         hub.emit(Event(kind=EventKind.LOG, ts=now, source="log", message="kept", engine="decode-0"))
+        clock.t += 2.0
         await writer.flush()  # no tables yet: the write fails
-        assert writer.db_up is False and len(hub.pending.steps) == 300
+        assert writer.db_up is False and writer.pending_rows == 301
         await asyncio.to_thread(upgrade, url)
         for i in range(300, 310):
-            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1))
+            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1, halves=HALF_STATS))
+        clock.t += 2.0
         await writer.flush()
         assert writer.db_up is True
 
     asyncio.run(scenario())
     assert [s["step"] for s in repo.recent_steps("decode-0", since=0)] == list(range(310))
     assert [e["message"] for e in repo.list_events()] == ["kept"]
+    assert repo.list_events()[0]["uid"]  # every event has its ingest id
+
+
+def test_a_steps_two_halves_in_different_flushes_are_one_row_with_both(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    upgrade(url)
+    hub, repo, writer, clock = _setup(url, hold_s=1.0)
+    rows = [RequestRow(request_id="a", prompt_len=10, computed_tokens=5, mirror_rows=7)]
+
+    async def scenario() -> None:
+        hub.emit(StepRecord(engine="decode-0", ts=1.0, step=1, requests=rows))  # the scheduler's half
+        await writer.flush()  # within hold_s: nothing written yet
+        assert _count(repo) == 0
+        clock.t += 0.3
+        hub.emit(StepRecord(engine="decode-0", ts=1.001, step=1, running=1, waiting=0, kv_cache_usage=0.032,
+                            preemptions=0, prompt_tokens=0, generation_tokens=1, halves=HALF_STATS))
+        clock.t += 1.0
+        await writer.flush()
+
+    asyncio.run(scenario())
+    [row] = repo.recent_steps("decode-0", since=0)
+    assert (row["kv_cache_usage"], row["mirror_rows"], row["running"]) == (0.032, 7, 1)
+
+
+def test_a_step_whose_stats_half_never_came_is_stored_with_nulls_not_zeros(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    upgrade(url)
+    hub, repo, writer, clock = _setup(url, hold_s=0.0)
+    rows = [RequestRow(request_id="a", prompt_len=10, computed_tokens=5)]
+    hub.emit(StepRecord(engine="decode-0", ts=1.0, step=1, requests=rows, halves=HALF_REQUESTS))
+    asyncio.run(writer.flush())
+    [row] = repo.recent_steps("decode-0", since=0)
+    assert row["running"] == 1  # counted from the request block
+    assert row["kv_cache_usage"] is None and row["waiting"] is None and row["preemptions"] is None
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+def test_reading_a_ring_again_after_a_restart_adds_no_duplicate_rows(db: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}" if db == "sqlite" else request.getfixturevalue("pg_url")
+    upgrade(url)
+    for _ in range(2):  # two sidecar runs over the same surviving ring
+        hub, repo, writer, _ = _setup(url, hold_s=0.0)
+        for i in range(50):
+            hub.emit(StepRecord(engine="decode-0", ts=float(i), step=i, running=1, run=4242, halves=HALF_STATS))
+        asyncio.run(writer.flush())
+    assert _count(repo) == 50
+    # a new run of the engine (another API-server pid) starts its step numbers again: kept
+    hub.emit(StepRecord(engine="decode-0", ts=99.0, step=1, running=1, run=5151, halves=HALF_STATS))
+    asyncio.run(writer.flush())
+    assert _count(repo) == 51
+
+
+def test_the_queue_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
+    hub, _, writer, _ = _setup(f"sqlite:///{tmp_path / 'never.db'}", max_pending=10)
+    for i in range(25):
+        hub.emit(StepRecord(engine="decode-0", ts=float(i), step=i, running=1, halves=HALF_STATS))
+    assert writer.pending_rows == 10 and writer.dropped == 15
+
+
+def test_a_row_the_database_refuses_is_set_aside_and_the_rest_is_written(pg_url: str) -> None:
+    upgrade(pg_url)
+    hub, repo, writer, clock = _setup(pg_url, hold_s=0.0)
+    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", message="fine", engine="decode-0"))
+    # an xid too large for its INTEGER column: Postgres refuses the row for its content
+    hub.emit(Event(kind=EventKind.LOG, ts=2.0, source="log", message="bad", engine="decode-0", xid=2**40))
+    hub.emit(StepRecord(engine="decode-0", ts=3.0, step=3, running=1, halves=HALF_STATS))
+    asyncio.run(writer.flush())
+    assert writer.db_up is True and writer.rejected == 1
+    assert [e["message"] for e in repo.list_events()] == ["fine"]
+    assert [s["step"] for s in repo.recent_steps("decode-0", since=0)] == [3]
+
+
+def test_nul_bytes_in_events_are_stored_on_postgres(pg_url: str) -> None:
+    upgrade(pg_url)
+    hub, repo, writer, _ = _setup(pg_url, hold_s=0.0)
+    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", message="a\x00b", engine="decode-0",
+                   lines=["x\x00y"], data={"k\x00": "v\x00"}))
+    asyncio.run(writer.flush())
+    assert writer.db_up is True and writer.rejected == 0
+    [ev] = repo.list_events()
+    assert ev["message"] == "a\ufffdb" and ev["data"]["lines"] == ["x\ufffdy"]

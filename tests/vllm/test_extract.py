@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import decode
+from collector.channel.codec import decode_request_rows
 from collector.model import RequestRow
 from collector.vllm.extract import RequestColumns, finished_row, flatten_connector
 
@@ -36,7 +36,7 @@ class MirrorReq(Req):
 
 
 def rows_of(payload: bytes) -> list[RequestRow]:
-    _, step = decode(payload)
+    step = decode_request_rows("e", payload)
     assert step is not None and step.requests is not None
     return step.requests
 
