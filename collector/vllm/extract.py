@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_request_columns
+from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS
 
 MIRROR_ROW_ATTRS = ("num_mirror_rows", "mirror_rows", "hisparse_mirror_rows", "num_host_mirror_rows")
 MIRROR_KEYS = ("mirror_rows", "num_mirror_rows", "host_mirror_rows")
@@ -94,6 +94,48 @@ def finished_row(stats: Any) -> dict[str, Any]:
     return row
 
 
+def _plain(obj: Any) -> dict[str, Any] | None:
+    """A small stats dataclass (vLLM's ``SchedulerIterationDetails``, ``CUDAGraphStat``) as a
+    dict of its scalar fields."""
+    if obj is None:
+        return None
+    fields = getattr(obj, "__dataclass_fields__", None)
+    names = list(fields) if fields else [n for n in vars(obj) if not n.startswith("_")]
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = str(getattr(value, "name", value))
+    return out
+
+
+def step_extras(s: Any, finished: Sequence[Any]) -> dict[str, Any] | None:
+    """The JSON part of a step record: what only some steps have (``collector.recorder.stats``)."""
+    extras: dict[str, Any] = {}
+    kvc = getattr(s, "kv_connector_stats", None)
+    if kvc:
+        extras["connector"] = flatten_connector(kvc)
+    if finished:
+        extras["finished_requests"] = [finished_row(f) for f in finished]
+    fetch = getattr(s, "num_kv_fetch_reqs_by_stage", None)
+    if fetch and any(fetch.values()):
+        extras["waiting_by_reason"] = {f"kv_fetch_{k}": v for k, v in fetch.items()}
+    details = getattr(s, "iteration_details", None)  # --enable-logging-iteration-details
+    if details is not None:
+        extras["iteration"] = _plain(details)
+    graphs = getattr(s, "cudagraph_stats", None)  # --cudagraph-metrics
+    if graphs is not None:
+        extras["cudagraph"] = _plain(graphs)
+    return extras or None
+
+
+class RecorderError(RuntimeError):
+    """vLLM's objects lack a field the recorder cannot do without: it stops, rather than write
+    made-up values."""
+
+
 class _StatusCodes(dict[Any, int]):
     """vLLM status -> our wire code, learnt per status value on first sight."""
 
@@ -111,10 +153,11 @@ _OUTPUT_LIST = attrgetter("_output_token_ids")
 _OUTPUT = attrgetter("num_output_tokens")
 _PREEMPT = attrgetter("num_preemptions")
 _STATUS = attrgetter("status")
+REQUIRED = ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "status")
 
 
 class RequestColumns:
-    """Encodes the running requests of a step into one ``R`` record, column by column.
+    """Reads the running requests of a step column by column, for one ``R`` record.
 
     Every column is read with ``map`` over an ``attrgetter`` (the loop runs in C). Only
     computed and output tokens are read every step. The rest (id, prompt length, preemptions,
@@ -122,64 +165,47 @@ class RequestColumns:
     ``running`` when it preempts or finishes it, so while the list holds the same requests in
     the same order, their preemption counts and statuses cannot have changed. A caller that
     knows of a preemption anyway passes ``changed=True``.
+
+    A ``Request`` without one of ``REQUIRED`` (a vLLM that renamed it) raises
+    ``RecorderError``: the recorder stops and says why, it never writes zeros in its place.
     """
 
     def __init__(self) -> None:
         self._prev: list[Any] | None = None
-        self._ids = b""
-        self._prompt = b""
-        self._preempt = b""
-        self._status = b""
+        self.ids = b""
+        self.prompt = b""
+        self.preempt = b""
+        self.status = b""
         self._codes = _StatusCodes()
         self._output: Any = _OUTPUT_LIST
         self._output_len = True
-        self._mirror: Any = None
-        self._has: dict[str, bool] = {}
 
     def _probe(self, req: Any) -> None:
         # Which fields this vLLM's Request has: decided once per new running set.
+        missing = [name for name in REQUIRED if not hasattr(req, name)]
         self._output_len = hasattr(req, "_output_token_ids")
         self._output = _OUTPUT_LIST if self._output_len else _OUTPUT
         if not self._output_len and not hasattr(req, "num_output_tokens"):
-            self._output = None
-        self._mirror = next((attrgetter(a) for a in MIRROR_ROW_ATTRS if hasattr(req, a)), None)
-        self._has = {
-            name: hasattr(req, name)
-            for name in ("request_id", "num_prompt_tokens", "num_computed_tokens",
-                         "num_preemptions", "status")
-        }  # fmt: skip
+            missing.append("num_output_tokens")
+        if missing:
+            raise RecorderError(f"vLLM's Request has no {', '.join(missing)}")
 
     def _refresh(self, running: Sequence[Any]) -> None:
-        n = len(running)
         self._prev = list(running)
-        if n:
+        if running:
             self._probe(running[0])
-        has = self._has
-        ids = map(str, map(_ID, running)) if has.get("request_id") else map(str, range(n))
-        self._ids = "\0".join(ids).encode()
-        prompt = array("I", map(_PROMPT, running)) if has.get("num_prompt_tokens") else array("I", bytes(4 * n))
-        self._prompt = prompt.tobytes()
-        preempt = array("I", map(_PREEMPT, running)) if has.get("num_preemptions") else array("I", bytes(4 * n))
-        self._preempt = preempt.tobytes()
-        status = map(self._codes.__getitem__, map(_STATUS, running)) if has.get("status") else ()
-        self._status = bytes(status) if has.get("status") else bytes(n)
+        self.ids = "\0".join(map(str, map(_ID, running))).encode()
+        self.prompt = array("I", map(_PROMPT, running)).tobytes()
+        self.preempt = array("I", map(_PREEMPT, running)).tobytes()
+        self.status = bytes(map(self._codes.__getitem__, map(_STATUS, running)))
 
-    def encode(self, step: int, ts: float, running: Sequence[Any], *, changed: bool = False) -> bytes:
+    def read(self, running: Sequence[Any], *, changed: bool = False) -> tuple[bytes, bytes]:
+        """Refresh the cached columns when needed; return this step's (computed, output)."""
         if changed or running != self._prev:
             self._refresh(running)
-        n = len(running)
-        has = self._has
-        zeros = bytes(4 * n)
-        computed = array("I", map(_COMPUTED, running)).tobytes() if has.get("num_computed_tokens") else zeros
-        if self._output is None:
-            output = zeros
-        elif self._output_len:
-            output = array("I", map(len, map(self._output, running))).tobytes()
+        computed = array("I", map(_COMPUTED, running)).tobytes()
+        if self._output_len:
+            output = array("I", map(len, map(_OUTPUT_LIST, running))).tobytes()
         else:
-            output = array("I", map(self._output, running)).tobytes()
-        mirror = None
-        if self._mirror is not None:
-            mirror = array("i", [-1 if v is None else int(v) for v in map(self._mirror, running)]).tobytes()
-        return encode_request_columns(
-            step, ts, n, self._ids, self._prompt, computed, output, self._preempt, self._status, mirror
-        )
+            output = array("I", map(_OUTPUT, running)).tobytes()
+        return computed, output

@@ -12,10 +12,13 @@ enable_prefix_caching, async_scheduling, scheduler_cls, device.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import socket
 from collections.abc import Mapping
 from typing import Any
 
+from collector.recorder.identity import EngineIdentity
 from collector.redact import redact
 
 ENV_PREFIXES = ("NCCL_", "VLLM_")
@@ -172,4 +175,15 @@ def build_fingerprint(
         "hostname": hostname,
         "pid": pid,
     }
+    return facts
+
+
+def fingerprint_facts(vllm_config: Any, identity: EngineIdentity) -> dict[str, Any]:
+    """The fingerprint of the engine this process records, with the joining facts of
+    ``identity`` (server pid, host, port)."""
+    facts = build_fingerprint(
+        vllm_config, engine_index=identity.engine_index, vllm_version=identity.engine_version,
+        environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
+    )  # fmt: skip
+    facts.update(identity.facts())
     return facts

@@ -15,15 +15,17 @@ n+1 was scheduled: the step is found through the ``SchedulerOutput`` being proce
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from collector.recorder import RequestRecorder
+from collector.recorder.channel import guarded, log
 from collector.vllm._version import vllm_version
-from collector.recorder.channel import SCHED_RING_BYTES, RecorderChannel, guarded, log
 from collector.vllm.extract import RequestColumns
+from collector.vllm.fingerprint import fingerprint_facts
+from collector.vllm.server import server_identity
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
 
@@ -38,22 +40,24 @@ def _engine_index(vllm_config: Any) -> int:
 
 
 class _SchedRecorder:
+    """The scheduler's side of the recorder: vLLM's objects in, ``RequestRecorder`` calls out."""
+
     def __init__(self, vllm_config: Any) -> None:
-        self.engine_index = _engine_index(vllm_config)
         version = vllm_version()
-        self.channel = RecorderChannel.from_env(
-            engine_index=self.engine_index,
-            role="sched",
-            vllm_version=version,
-            server_pid=os.getppid(),  # the API server that started this engine core
-            capacity=SCHED_RING_BYTES,
+        self.recorder = RequestRecorder(
+            server_identity(vllm_config, _engine_index(vllm_config), version, in_engine_core=True)
         )
+        self.channel = self.recorder.channel
+        self.engine_index = self.recorder.identity.engine_index
         self.columns = RequestColumns()
         self.step = 0
         self.current = 0
         self.in_flight: dict[int, int] = {}
         if self.channel.active:
-            guarded(self.channel, "fingerprint", self.channel.write_fingerprint, vllm_config, version)
+            guarded(self.channel, "fingerprint", self._fingerprint, vllm_config)
+
+    def _fingerprint(self, vllm_config: Any) -> None:
+        self.recorder.write_fingerprint(fingerprint_facts(vllm_config, self.recorder.identity))
 
     def scheduled(self, running: Any, output: Any) -> None:
         self.step += 1
@@ -62,8 +66,12 @@ class _SchedRecorder:
         if len(flight) >= _MAX_IN_FLIGHT:
             flight.clear()
         flight[id(output)] = self.step
-        changed = bool(getattr(output, "preempted_req_ids", None))
-        self.channel.write(self.columns.encode(self.step, time.time(), running, changed=changed))
+        cols = self.columns
+        computed, out = cols.read(running, changed=bool(getattr(output, "preempted_req_ids", None)))
+        self.recorder.write_requests(
+            self.step, ts=time.time(), n=len(running), ids=cols.ids, prompt_len=cols.prompt,
+            computed=computed, output=out, preemptions=cols.preempt, status=cols.status,
+        )  # fmt: skip
 
     def updating(self, output: Any) -> None:
         self.current = self.in_flight.pop(id(output), self.current)

@@ -96,7 +96,7 @@ class Capture(logging.Handler):
         messages.append(record.getMessage())
 
 
-logging.getLogger("collector.vllm").addHandler(Capture())
+logging.getLogger("collector.recorder").addHandler(Capture())
 broken = FlightRecorderStatLogger(cfg, 1)
 raised = None
 try:

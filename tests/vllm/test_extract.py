@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import decode
+from collector.channel.codec import decode, encode_request_columns
 from collector.model import RequestRow
-from collector.vllm.extract import RequestColumns, finished_row, flatten_connector
+from collector.vllm.extract import RecorderError, RequestColumns, finished_row, flatten_connector
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -30,12 +30,11 @@ class Req:
     _output_token_ids: list[int] = field(default_factory=list)
 
 
-@dataclass(eq=False)
-class MirrorReq(Req):
-    num_mirror_rows: int | None = None
-
-
-def rows_of(payload: bytes) -> list[RequestRow]:
+def rows_of(cols: RequestColumns, running: list[Any], *, changed: bool = False) -> list[RequestRow]:
+    computed, output = cols.read(running, changed=changed)
+    payload = encode_request_columns(
+        1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status
+    )
     _, step = decode(payload)
     assert step is not None and step.requests is not None
     return step.requests
@@ -44,52 +43,46 @@ def rows_of(payload: bytes) -> list[RequestRow]:
 def test_columns_follow_the_requests_step_by_step() -> None:
     reqs = [Req("a", 300, 300), Req("b", 40, 12)]
     cols = RequestColumns()
-    assert rows_of(cols.encode(1, 0.0, reqs)) == [RequestRow("a", 300, 300), RequestRow("b", 40, 12)]
+    assert rows_of(cols, reqs) == [RequestRow("a", 300, 300), RequestRow("b", 40, 12)]
     for r in reqs:  # a decode step
         r.num_computed_tokens += 1
         r._output_token_ids.append(5)
-    assert rows_of(cols.encode(2, 0.0, reqs)) == [RequestRow("a", 300, 301, 1), RequestRow("b", 40, 13, 1)]
+    assert rows_of(cols, reqs) == [RequestRow("a", 300, 301, 1), RequestRow("b", 40, 13, 1)]
 
 
 def test_a_changed_running_list_rereads_ids_and_preemptions() -> None:
     a, b, c = Req("a", 3, 3), Req("b", 4, 4), Req("c", 5, 0, num_preemptions=2)
     running = [a, b]
     cols = RequestColumns()
-    cols.encode(1, 0.0, running)
+    rows_of(cols, running)
     running.remove(b)  # b preempted: vLLM takes it out of running
     running.append(c)  # c resumes
-    rows = rows_of(cols.encode(2, 0.0, running))
+    rows = rows_of(cols, running)
     assert [(r.request_id, r.prompt_len, r.preemptions) for r in rows] == [("a", 3, 0), ("c", 5, 2)]
 
 
 def test_changed_flag_forces_a_reread() -> None:
     a = Req("a", 3, 3)
     cols = RequestColumns()
-    cols.encode(1, 0.0, [a])
+    rows_of(cols, [a])
     a.num_preemptions, a.status = 1, Status.PREEMPTED
-    assert rows_of(cols.encode(2, 0.0, [a]))[0].preemptions == 0  # same list: cached
-    row = rows_of(cols.encode(3, 0.0, [a], changed=True))[0]
+    assert rows_of(cols, [a])[0].preemptions == 0  # same list: cached
+    row = rows_of(cols, [a], changed=True)[0]
     assert (row.preemptions, row.status) == (1, "preempted")
 
 
-def test_mirror_rows_are_read_when_the_request_has_them() -> None:
-    reqs = [MirrorReq("a", 3, 3, num_mirror_rows=8), MirrorReq("b", 3, 3)]
-    rows = rows_of(RequestColumns().encode(1, 0.0, reqs))
-    assert [r.mirror_rows for r in rows] == [8, None]
-
-
-def test_missing_fields_give_zero_columns_not_a_failure() -> None:
+def test_a_request_without_a_required_field_stops_the_recorder_not_zeros() -> None:
     @dataclass(eq=False)
     class Sparse:
         request_id: str
         num_computed_tokens: int
 
-    rows = rows_of(RequestColumns().encode(1, 0.0, [Sparse("a", 9)]))
-    assert rows == [RequestRow("a", 0, 9, 0, 0, "running")]
+    with pytest.raises(RecorderError, match="num_prompt_tokens"):
+        RequestColumns().read([Sparse("a", 9)])
 
 
 def test_no_running_requests() -> None:
-    assert rows_of(RequestColumns().encode(1, 0.0, [])) == []
+    assert rows_of(RequestColumns(), []) == []
 
 
 @pytest.mark.parametrize(
