@@ -35,6 +35,8 @@ class FlightRecorderStatLogger(StatLoggerBase):
         self.version = vllm_version()
         self.recorder = StatsRecorder(server_identity(vllm_config, engine_index, self.version, in_engine_core=False))
         self.channel = self.recorder.channel
+        kvt = getattr(vllm_config, "kv_transfer_config", None)
+        self.connector = getattr(kvt, "kv_connector", None)  # names a single connector's stats
         self._own_step = 0
         self._fp_written = False
         # Iteration figures that came without scheduler stats ride on the next step record.
@@ -87,7 +89,7 @@ class FlightRecorderStatLogger(StatLoggerBase):
         else:
             self._own_step = step
         fin = self._pending_finished
-        extras = step_extras(s, fin)
+        extras = step_extras(s, fin, connector=self.connector)
         self._pending_finished = []
         waiting = getattr(s, "num_waiting_reqs", None)
         deferred = getattr(s, "num_skipped_waiting_reqs", None)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from collector.channel.codec import decode, encode_request_columns
 from collector.model import RequestRow
-from collector.vllm.extract import RecorderError, RequestColumns, finished_row, flatten_connector
+from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, finished_row, step_extras
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -86,22 +87,57 @@ def test_no_running_requests() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stats", "expected"),
+    ("stats", "connector", "expected"),
     [
-        ({"num_successful_transfers": 3, "transfer_duration": [0.1, 0.3]},
-         {"num_successful_transfers": 3, "transfer_duration.count": 2, "transfer_duration.sum": 0.4,
-          "transfer_duration.max": 0.3}),
-        ({"NixlConnector": {"num_failed_transfers": 1}, "HiSparseConnector": {"mirror_rows": 12, "pending": 2}},
-         {"NixlConnector.num_failed_transfers": 1, "HiSparseConnector.mirror_rows": 12,
-          "HiSparseConnector.pending": 2, "mirror_rows": 12}),
-        ({"empty": [], "odd": object}, {"empty.count": 0, "odd": str(object)}),
+        # a single NixlConnector: its stats are not keyed by connector, the config names it
+        ({"num_failed_transfers": [1, 1], "transfer_duration": [0.1, 0.3]}, "NixlConnector",
+         {"NixlConnector.num_failed_transfers": 2, "NixlConnector.transfer_duration.count": 2,
+          "NixlConnector.transfer_duration.sum": 0.4, "NixlConnector.transfer_duration.max": 0.3}),
+        # MultiConnector: keyed by connector; HiSparse levels keep the last, deltas are summed,
+        # a level or delta with no observation is absent (not 0); samples give count/sum/max
+        ({"NixlConnector": {"num_failed_transfers": []},
+          "HiSparseConnector": {"cache_hits": [], "cache_misses": [3, 4], "host_to_device_bytes": [10],
+                                "host_cache_usage_perc": [0.2, 0.25], "pending_page_transfers": [7, 5],
+                                "host_block_lifetime_seconds": [1.0, 3.0]}},
+         "MultiConnector",
+         {"HiSparseConnector.cache_misses": 7, "HiSparseConnector.host_to_device_bytes": 10,
+          "HiSparseConnector.host_cache_usage_perc": 0.25, "HiSparseConnector.pending_page_transfers": 5,
+          "HiSparseConnector.host_block_lifetime_seconds.count": 2,
+          "HiSparseConnector.host_block_lifetime_seconds.sum": 4.0,
+          "HiSparseConnector.host_block_lifetime_seconds.max": 3.0}),
+        ({"Other": {"empty": [], "odd": object}}, None, {"Other.empty.count": 0, "Other.odd": str(object)}),
     ],
 )  # fmt: skip
-def test_flatten_connector(stats: dict[str, Any], expected: dict[str, Any]) -> None:
-    out = flatten_connector(stats)
+def test_connector_stats_by_connector_and_meaning(stats: dict[str, Any], connector: str | None,
+                                                  expected: dict[str, Any]) -> None:
+    out = connector_stats(stats, connector=connector)
     assert out.keys() == expected.keys()
     for k, v in expected.items():
         assert out[k] == pytest.approx(v) if isinstance(v, float) else out[k] == v
+
+
+def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
+    @dataclass
+    class Details:
+        iteration_index: int = 9
+        num_ctx_requests: int = 1
+        num_generation_tokens: int = 15
+        elapsed_ms: float = 24.5
+
+    @dataclass(frozen=True)
+    class Graph:
+        num_unpadded_tokens: int = 15
+        num_padded_tokens: int = 16
+        num_paddings: int = 1
+        runtime_mode: str = "FULL"
+
+    s = SimpleNamespace(iteration_details=Details(), cudagraph_stats=Graph(), kv_connector_stats=None,
+                        num_kv_fetch_reqs_by_stage={"in_progress": 0})  # fmt: skip
+    assert step_extras(s, []) == {
+        "iteration": {"iteration_index": 9, "num_ctx_requests": 1, "num_generation_tokens": 15, "elapsed_ms": 24.5},
+        "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
+    }  # fmt: skip
+    assert step_extras(SimpleNamespace(), []) is None
 
 
 def test_finished_row() -> None:
