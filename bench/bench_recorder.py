@@ -11,7 +11,11 @@ has) and real engine-core ``Request`` objects, then prints the median and p99 of
 - ``prometheus``: vLLM's ``PrometheusStatLogger.record`` on those stats;
 - ``stat_logger``: ``FlightRecorderStatLogger.record`` on the same stats (encode + ring write);
 - ``per_request``: the RecordingScheduler's per-step work on the N requests (read the columns,
-  encode, ring write), with the request counters changing every step as in decode.
+  encode, ring write), with the request counters changing every step as in decode;
+- ``hisparse``: the same with a HiSparse connector: each request's mirror rows from a real
+  ``HiSparseConnectorMetadata`` in the step's ``MultiKVConnectorMetadata`` and its host blocks
+  from a real ``HiSparseCoordinator`` (``--host-blocks`` per request, 500 = a 32,000-token
+  context in 64-token blocks).
 
 Figures go into BENCHMARKS.md by hand; nothing here asserts a time.
 """
@@ -70,6 +74,47 @@ def requests(n: int) -> list[Any]:
     return out
 
 
+def hisparse_setup(reqs: list[Any], blocks_per_request: int) -> tuple[Any, Any]:
+    """A MultiConnector holding a HiSparseConnector bound to a real coordinator whose host
+    manager holds ``blocks_per_request`` blocks for each request, and a step output whose
+    metadata mirrors two row spans per request."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.hisparse.connector import (
+        HiSparseConnector,
+        HiSparseConnectorMetadata,
+        HiSparseConnectorScheduler,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector, MultiKVConnectorMetadata
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.single_type_kv_cache_manager import HiSparseSourceManager
+    from vllm.v1.hisparse.coordinator import HiSparseCoordinator
+    from vllm.v1.hisparse.types import SparseKVRowMirror
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    total = len(reqs) * blocks_per_request + 1
+    spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+                       hisparse_host_num_blocks=total)  # fmt: skip
+    host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=64),
+                                 False, 0, 64)  # fmt: skip
+    coordinator = HiSparseCoordinator(kv, (host,), 1 << 20, num_reprefillable_tokens=0)
+    hs_sched = HiSparseConnectorScheduler(async_speculative=False)
+    hs_sched.bind_coordinator(coordinator)
+    hisparse = HiSparseConnector.__new__(HiSparseConnector)  # its constructor needs a CUDA KV layout
+    hisparse.connector_scheduler = hs_sched
+    multi = MultiConnector.__new__(MultiConnector)
+    multi._connectors = [hisparse]
+    for r in reqs:
+        host.allocate_new_blocks(r.request_id, blocks_per_request * 64, blocks_per_request * 64)
+    mirrors = {r.request_id: (SparseKVRowMirror((0,), 0, 1), SparseKVRowMirror((64,), 1, 1)) for r in reqs}
+    meta = HiSparseConnectorMetadata(None, (), (), mirrors, True, {})
+    out = SchedulerOutput.make_empty()
+    out.kv_connector_metadata = MultiKVConnectorMetadata(metadata=(KVConnectorMetadata(), meta))
+    return multi, out
+
+
 def timed(fn: Any, repeat: int, setup: Any = None) -> tuple[float, float]:
     """Median and p99 of ``fn()`` in microseconds; ``setup()`` runs before each call, untimed."""
     for _ in range(min(200, repeat)):
@@ -92,6 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--sizes", default="16,64,256")
+    ap.add_argument("--host-blocks", type=int, default=500, help="HiSparse host blocks per request")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="flightrec-bench-"))
     os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
@@ -138,12 +184,28 @@ def main() -> int:
             sched.scheduled(reqs, outputs[0])
             sched.updating(outputs[0])
 
+        hs_reqs = requests(n)
+        connector, hs_out = hisparse_setup(hs_reqs, a.host_blocks)
+        hs_sched = _SchedRecorder(cfg, connector=connector)
+
+        def hs_decode_step(reqs: list[Any] = hs_reqs) -> None:
+            decode_step(reqs)
+
+        def hs_step(reqs: list[Any] = hs_reqs) -> None:
+            hs_sched.scheduled(reqs, hs_out)
+            hs_sched.updating(hs_out)
+
         p_med, p99 = timed(prom_step, a.repeat, new_stats)
         o_med, o99 = timed(ours_step, a.repeat, new_stats)
         s_med, s99 = timed(sched_step, a.repeat, decode_step)
+        h_med, h99 = timed(hs_step, a.repeat, hs_decode_step)
         print(f"{n:>8} {'prometheus':<12} {p_med:>8.1f} {p99:>8.1f} {'1.00':>14}")
         print(f"{n:>8} {'stat_logger':<12} {o_med:>8.1f} {o99:>8.1f} {o_med / p_med:>14.3f}")
         print(f"{n:>8} {'per_request':<12} {s_med:>8.1f} {s99:>8.1f} {s_med / p_med:>14.3f}")
+        print(f"{n:>8} {'hisparse':<12} {h_med:>8.1f} {h99:>8.1f} {h_med / p_med:>14.3f}")
+        if hs_sched.channel.failed:
+            print("recorder disabled during the run:", hs_sched.channel.failed)
+            return 1
     if ours.channel.failed or sched.channel.failed:
         print("recorder disabled during the run:", ours.channel.failed or sched.channel.failed)
         return 1

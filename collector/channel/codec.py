@@ -103,27 +103,46 @@ def _u32(v: int) -> int:
     return v if 0 <= v <= _U32_MAX else (0 if v < 0 else _U32_MAX)
 
 
+_NULLABLE_STEP_FIELDS = (
+    "running", "waiting", "deferred", "kv_cache_usage", "preemptions", "prompt_tokens",
+    "generation_tokens", "finished", "prefix_cache_queries", "prefix_cache_hits",
+)  # fmt: skip
+
+
 def encode_step_fields(
     step: int,
     ts: float,
     engine_index: int,
-    running: int,
-    waiting: int,
-    deferred: int,
-    kv_cache_usage: float,
-    preemptions: int,
-    prompt_tokens: int,
-    generation_tokens: int,
-    finished: int,
-    prefix_cache_queries: int,
-    prefix_cache_hits: int,
+    running: int | None,
+    waiting: int | None,
+    deferred: int | None,
+    kv_cache_usage: float | None,
+    preemptions: int | None,
+    prompt_tokens: int | None,
+    generation_tokens: int | None,
+    finished: int | None,
+    prefix_cache_queries: int | None,
+    prefix_cache_hits: int | None,
     extras: dict[str, Any] | None = None,
 ) -> bytes:
-    """The hot path of the stat logger: one struct, JSON only when there are extras."""
+    """The hot path of the stat logger: one struct, JSON only when there are extras.
+
+    A field passed as None is one the writer could not read: its slot holds 0 and its name goes
+    into the extras' ``"null"`` list, so the reader stores null, never a made-up 0.
+    """
+    values = (
+        running, waiting, deferred, kv_cache_usage, preemptions, prompt_tokens, generation_tokens,
+        finished, prefix_cache_queries, prefix_cache_hits,
+    )  # fmt: skip
+    if None in values:
+        nulls = [name for name, v in zip(_NULLABLE_STEP_FIELDS, values, strict=True) if v is None]
+        extras = dict(extras or {})
+        extras["null"] = sorted({*extras.get("null", ()), *nulls})
     head = STEP_HEAD.pack(
-        step, ts, engine_index & 0xFFFF, _u32(running), _u32(waiting), _u32(deferred),
-        kv_cache_usage, _u32(preemptions), _u32(prompt_tokens), _u32(generation_tokens),
-        _u32(finished), prefix_cache_queries, prefix_cache_hits,
+        step, ts, engine_index & 0xFFFF, _u32(running or 0), _u32(waiting or 0),
+        _u32(deferred or 0), kv_cache_usage or 0.0, _u32(preemptions or 0),
+        _u32(prompt_tokens or 0), _u32(generation_tokens or 0), _u32(finished or 0),
+        prefix_cache_queries or 0, prefix_cache_hits or 0,
     )  # fmt: skip
     if extras:
         return TAG_STEP + head + _dumps(extras).encode()
@@ -144,23 +163,11 @@ def encode_step(step: StepRecord) -> bytes:
         extras["waiting_by_reason"] = other
     if step.worker is not None:
         extras["worker"] = step.worker
-    unknown = [n for n in _NULLABLE_ORDER if getattr(step, n) is None]
-    if unknown:
-        extras["null"] = unknown
-
-    def v(name: str) -> Any:
-        value = getattr(step, name)
-        return 0 if value is None else value
-
     return encode_step_fields(
-        step.step, step.ts, step.engine_index, v("running"), v("waiting"), deferred,
-        float(v("kv_cache_usage")), v("preemptions"), v("prompt_tokens"), v("generation_tokens"),
-        v("finished"), v("prefix_cache_queries"), v("prefix_cache_hits"), extras,
+        step.step, step.ts, step.engine_index, step.running, step.waiting, deferred,
+        step.kv_cache_usage, step.preemptions, step.prompt_tokens, step.generation_tokens,
+        step.finished, step.prefix_cache_queries, step.prefix_cache_hits, extras,
     )  # fmt: skip
-
-
-_NULLABLE_ORDER = ("running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
-                   "finished", "prefix_cache_queries", "prefix_cache_hits")  # fmt: skip
 
 
 def encode_request_columns(
@@ -174,18 +181,23 @@ def encode_request_columns(
     preemptions: bytes,
     status_codes: bytes,
     mirror_rows: bytes | None = None,
+    host_blocks: bytes | None = None,
 ) -> bytes:
     """The hot path of the scheduler: pre-encoded columns in, one payload out.
 
-    Columns are the bytes of ``array("I")`` (``array("i")`` for mirror rows, -1 = unknown) of
-    ``n`` items; ``ids_blob`` is the ids joined by NUL, UTF-8. A writer builds each column
-    straight from a ``map`` (no intermediate list) and reuses the ones that did not change.
+    Columns are the bytes of ``array("I")`` (``array("i")`` for mirror rows and host blocks,
+    -1 = unknown) of ``n`` items; ``ids_blob`` is the ids joined by NUL, UTF-8. A writer builds
+    each column straight from a ``map`` (no intermediate list) and reuses the ones that did not
+    change. A column passed as None is left out and its flag bit stays clear.
     """
-    flags = FLAG_MIRROR if mirror_rows is not None else 0
-    head = TAG_REQS + REQS_HEAD.pack(step, ts, n, flags)
-    if mirror_rows is None:
-        return b"".join((head, prompt_lens, computed, output, preemptions, status_codes, ids_blob))
-    return b"".join((head, prompt_lens, computed, output, preemptions, status_codes, mirror_rows, ids_blob))
+    flags = (FLAG_MIRROR if mirror_rows is not None else 0) | (FLAG_HOST_BLOCKS if host_blocks is not None else 0)
+    parts = [TAG_REQS + REQS_HEAD.pack(step, ts, n, flags), prompt_lens, computed, output, preemptions, status_codes]
+    if mirror_rows is not None:
+        parts.append(mirror_rows)
+    if host_blocks is not None:
+        parts.append(host_blocks)
+    parts.append(ids_blob)
+    return b"".join(parts)
 
 
 def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -> bytes:
@@ -195,7 +207,12 @@ def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -
     def col(values: list[int], code: str = "I") -> bytes:
         return array(code, values).tobytes()
 
-    has_mirror = any(r.mirror_rows is not None for r in rows)
+    def optional(name: str) -> bytes | None:
+        values = [getattr(r, name, None) for r in rows]
+        if all(v is None for v in values):
+            return None
+        return col([-1 if v is None else int(v) for v in values], "i")
+
     return encode_request_columns(
         step,
         ts,
@@ -206,7 +223,8 @@ def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -
         col([_u32(r.output_tokens) for r in rows]),
         col([_u32(r.preemptions) for r in rows]),
         bytes(STATUS_CODE.get(r.status, UNKNOWN_STATUS) for r in rows),
-        col([(-1 if r.mirror_rows is None else r.mirror_rows) for r in rows], "i") if has_mirror else None,
+        optional("mirror_rows"),
+        optional("host_blocks"),  # a RequestRow field once the reader side carries it
     )
 
 
@@ -294,13 +312,13 @@ def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
     unknown = extras.get("null")
     if isinstance(unknown, list):
         for name in unknown:
-            if name in _NULLABLE_STEP_FIELDS:
+            if name in _NULL_NAMES:
                 setattr(rec, name, None)
     return rec
 
 
 # fixed fields of an S record a recorder may name as unread (``"null"`` in its extras)
-_NULLABLE_STEP_FIELDS = frozenset(_NULLABLE_ORDER)
+_NULL_NAMES = frozenset(_NULLABLE_STEP_FIELDS) - {"deferred"}
 
 
 def _decode_request_block(engine: str, payload: bytes) -> StepRecord:

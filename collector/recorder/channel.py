@@ -1,44 +1,31 @@
 """The in-engine end of the channel: one ring file per writing process and engine.
 
-Both recorders (the stat logger in vLLM's API server, the scheduler in the engine core) write
-through a ``RecorderChannel``. It names the file (``collector.channel.naming``), writes the
-``meta`` record first and again each time the ring wraps (so a reader that starts late still
-learns who wrote the records), and turns any fault into a disabled channel: the engine never
-sees an exception from us, and the log says once why the recorder stopped.
+Every recorder (``collector.recorder.stats``, ``collector.recorder.requests``) writes through a
+``RecorderChannel``. It names the file (``collector.channel.naming``), writes the ``meta`` record
+first and again each time the ring wraps (so a reader that starts late still learns who wrote the
+records), and turns any fault into a disabled channel: the engine never sees an exception from
+us, and the log says once why the recorder stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from collector.channel.codec import encode
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
-from collector.settings import engine_name_from_env, recorder_dir_from_env
-from collector.vllm.fingerprint import build_fingerprint
+from collector.recorder.identity import EngineIdentity
 
-log = logging.getLogger("collector.vllm")
+log = logging.getLogger("collector.recorder")
 
 STATS_RING_BYTES = 4 * 1024 * 1024  # ~35,000 steps of binary step records
 SCHED_RING_BYTES = 16 * 1024 * 1024  # ~1,000 steps at 256 running requests, more at fewer
 RECORD_FORMAT = 2  # binary S/R records (collector.channel.codec)
-
-
-def engine_name(base: str | None, engine_index: int, server_pid: int) -> str:
-    """The engine's name as the sidecar sees it.
-
-    ``FLIGHTREC_ENGINE_NAME`` when set (it should equal the sidecar's ``engines[].name``), else
-    ``vllm-<pid of the API server>``: the same in the API server (its own pid) and in its engine
-    core (its parent), so both halves of a step meet. DP engines after the first get ``/dp<i>``.
-    """
-    name = base or f"vllm-{server_pid}"
-    return name if engine_index == 0 else f"{name}/dp{engine_index}"
 
 
 class RecorderChannel:
@@ -47,26 +34,25 @@ class RecorderChannel:
     def __init__(
         self,
         *,
-        engine: str,
-        engine_index: int,
+        identity: EngineIdentity,
         role: str,
-        vllm_version: str,
         directory: Path,
         capacity: int,
         pid: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.engine = engine
-        self.engine_index = engine_index
+        self.identity = identity
+        self.engine = identity.engine
+        self.engine_index = identity.engine_index
         self.role = role
         self.pid = os.getpid() if pid is None else pid
-        self.path = Path(directory) / ring_file_name(engine, role, self.pid)
+        self.path = Path(directory) / ring_file_name(self.engine, role, self.pid)
         self.failed: str | None = None
         self._meta = encode(
             {
-                "t": "meta", "engine": engine, "engine_index": engine_index, "role": role,
-                "pid": self.pid, "vllm_version": vllm_version, "format": RECORD_FORMAT,
-                "created": clock(),
+                "t": "meta", "engine": self.engine, "role": role, "pid": self.pid,
+                "vllm_version": identity.engine_version, "format": RECORD_FORMAT,
+                "created": clock(), **identity.facts(),
             }
         )  # fmt: skip
         self._ring: RingWriter | None = None
@@ -78,27 +64,6 @@ class RecorderChannel:
             self._ring.append(self._meta)
         except Exception as exc:  # noqa: BLE001 - the engine must start whatever happens here
             self.fail(f"cannot create {self.path}: {exc}")
-
-    @classmethod
-    def from_env(
-        cls,
-        *,
-        engine_index: int,
-        role: str,
-        vllm_version: str,
-        server_pid: int,
-        capacity: int,
-        environ: Mapping[str, str] | None = None,
-    ) -> RecorderChannel:
-        env = dict(os.environ if environ is None else environ)
-        return cls(
-            engine=engine_name(engine_name_from_env(env), engine_index, server_pid),
-            engine_index=engine_index,
-            role=role,
-            vllm_version=vllm_version,
-            directory=recorder_dir_from_env(env),
-            capacity=capacity,
-        )
 
     @property
     def active(self) -> bool:
@@ -116,14 +81,6 @@ class RecorderChannel:
                 ring.append(self._meta)
         except Exception as exc:  # noqa: BLE001
             self.fail(f"write failed: {exc!r}")
-
-    def write_fingerprint(self, vllm_config: Any, vllm_version: str) -> None:
-        """The deployment facts of this engine (``collector.vllm.fingerprint``), one record."""
-        facts = build_fingerprint(
-            vllm_config, engine_index=self.engine_index, vllm_version=vllm_version,
-            environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
-        )  # fmt: skip
-        self.write(encode({"t": "fp", "engine": self.engine, "ts": time.time(), "facts": facts}))
 
     def fail(self, reason: str) -> None:
         """Stop recording for good and say so once; never raises."""

@@ -4,26 +4,40 @@ tested without vLLM and survives fields that move between vLLM versions.
 
 Keys: vllm_version, model, served_model_name, tensor_parallel_size, pipeline_parallel_size,
 data_parallel_size, engine_index, block_size, kv_transfer_config, connectors, kv_role,
-host_pool_size, import_prefix_via_host, cuda_graph_mode, compilation_mode, enforce_eager,
+kv_buffer_device, host_pool_gib and host_pool_size (bytes) of the HiSparse connector, hisparse
+(``attention_config.hisparse_config``: eager_host_mirror, device_buffer_size), nixl (the
+NixlConnector extra-config keys vLLM reads, as configured), offload_cpu_bytes
+(OffloadingConnector's ``cpu_bytes_to_use``), cuda_graph_mode, compilation_mode, enforce_eager,
 max_num_seqs, max_model_len, env, hostname, pid; and, where known, dtype, kv_cache_dtype,
-enable_prefix_caching, async_scheduling, scheduler_cls, device.
+enable_prefix_caching, async_scheduling, scheduler_cls, device; the RecordingScheduler adds
+scheduler_base (the class it runs on). A value that
+is not configured is null.
+
+Only keys vLLM reads are recorded. No vLLM setting says "prefixes are imported through the host"
+(with HiSparse, external imports always land in host pages: single_type_kv_cache_manager.py),
+so the fingerprint has no such key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
+from collector.recorder.identity import EngineIdentity
 from collector.redact import redact
 
 ENV_PREFIXES = ("NCCL_", "VLLM_")
 ENV_NAMES = ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES")
-# Keys of a connector's extra config that give the pinned host pool's size, or say whether
-# prefixes are imported through the host path. Matched on the key name, as configured.
-_HOST_POOL_KEY = re.compile(r"(host|cpu|pinned)\w*(pool|buffer|mem)\w*(size|bytes|gb|gib|mb|mib)", re.I)
-_IMPORT_VIA_HOST_KEY = re.compile(r"(import.*(host|cpu))|((host|cpu).*import)|(prefix.*via.*host)", re.I)
+# NixlConnector's extra-config keys (vllm/distributed/kv_transfer/kv_connector/v1/nixl/).
+NIXL_KEYS = (
+    "backends", "kv_lease_duration", "bidirectional_kv_xfer", "num_threads", "engine_ttl",
+    "enforce_handshake_compat", "kv_recompute_threshold", "decoder_kv_blocks_ttl",
+    "push_registration_timeout",
+)  # fmt: skip
+GIB = 1 << 30
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -81,23 +95,32 @@ def connector_names(kv_transfer: Mapping[str, Any] | None) -> list[str]:
     return names
 
 
-def _find_key(cfg: Any, pattern: re.Pattern[str], depth: int = 0) -> tuple[bool, Any]:
-    if depth > 6:
-        return False, None
-    if isinstance(cfg, Mapping):
-        for k, v in cfg.items():
-            if not isinstance(v, (Mapping, list)) and pattern.search(str(k)):
-                return True, v
-        for v in cfg.values():
-            found, value = _find_key(v, pattern, depth + 1)
-            if found:
-                return True, value
-    elif isinstance(cfg, list):
-        for v in cfg:
-            found, value = _find_key(v, pattern, depth + 1)
-            if found:
-                return True, value
-    return False, None
+def connector_entries(kv_transfer: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """Each configured connector with its own extra config: MultiConnector's children (under
+    its extra config's ``connectors``), else the one connector; as vLLM's
+    ``hisparse_host_pool_gib`` walks them."""
+    if not kv_transfer:
+        return []
+    extra = kv_transfer.get("kv_connector_extra_config") or {}
+    if kv_transfer.get("kv_connector") == "MultiConnector" and isinstance(extra, Mapping):
+        subs = extra.get("connectors")
+        return [c for c in subs if isinstance(c, Mapping)] if isinstance(subs, list) else []
+    return [kv_transfer]
+
+
+def _extra_of(entries: list[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    for entry in entries:
+        if entry.get("kv_connector") == name:
+            extra = entry.get("kv_connector_extra_config")
+            return extra if isinstance(extra, Mapping) else {}
+    return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def select_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -106,14 +129,6 @@ def select_env(environ: Mapping[str, str]) -> dict[str, str]:
         k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)
     }
     return dict(sorted(redact(picked).items()))
-
-
-def _bool_or_none(value: Any) -> bool | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 def build_fingerprint(
@@ -134,9 +149,17 @@ def build_fingerprint(
     kvt = as_plain(kvt_obj) if kvt_obj is not None else None
     if kvt is not None and not isinstance(kvt, dict):
         kvt = {"value": kvt}
-    extra = (kvt or {}).get("kv_connector_extra_config") or {}
-    found_pool, pool = _find_key(extra, _HOST_POOL_KEY)
-    found_import, via_host = _find_key(extra, _IMPORT_VIA_HOST_KEY)
+    entries = connector_entries(kvt)
+    hisparse_extra = _extra_of(entries, "HiSparseConnector")
+    pool_gib = _float_or_none(hisparse_extra.get("host_pool_gib")) if hisparse_extra is not None else None
+    nixl_extra = _extra_of(entries, "NixlConnector")
+    nixl = None if nixl_extra is None else redact({k: as_plain(nixl_extra[k]) for k in NIXL_KEYS if k in nixl_extra})
+    offload_extra = _extra_of(entries, "OffloadingConnector")
+    hs_cfg = _get(vllm_config, "attention_config", "hisparse_config")
+    hisparse = None
+    if hs_cfg is not None:
+        hisparse = {"eager_host_mirror": _get(hs_cfg, "eager_host_mirror"),
+                    "device_buffer_size": _get(hs_cfg, "device_buffer_size")}  # fmt: skip
     served = _get(model, "served_model_name")
     if isinstance(served, (list, tuple)):
         served = served[0] if len(served) == 1 else list(served)
@@ -155,8 +178,12 @@ def build_fingerprint(
         "kv_transfer_config": redact(kvt) if kvt is not None else None,
         "connectors": connector_names(kvt),
         "kv_role": (kvt or {}).get("kv_role"),
-        "host_pool_size": redact(pool) if found_pool else None,
-        "import_prefix_via_host": _bool_or_none(via_host) if found_import else None,
+        "kv_buffer_device": (kvt or {}).get("kv_buffer_device"),
+        "host_pool_gib": pool_gib,
+        "host_pool_size": None if pool_gib is None else int(pool_gib * GIB),
+        "hisparse": hisparse,
+        "nixl": nixl,
+        "offload_cpu_bytes": (offload_extra or {}).get("cpu_bytes_to_use"),
         "cuda_graph_mode": _enum_name(_get(comp, "cudagraph_mode")),
         "compilation_mode": _enum_name(_get(comp, "mode")),
         "enforce_eager": _get(model, "enforce_eager"),
@@ -172,4 +199,15 @@ def build_fingerprint(
         "hostname": hostname,
         "pid": pid,
     }
+    return facts
+
+
+def fingerprint_facts(vllm_config: Any, identity: EngineIdentity) -> dict[str, Any]:
+    """The fingerprint of the engine this process records, with the joining facts of
+    ``identity`` (server pid, host, port)."""
+    facts = build_fingerprint(
+        vllm_config, engine_index=identity.engine_index, vllm_version=identity.engine_version,
+        environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
+    )  # fmt: skip
+    facts.update(identity.facts())
     return facts

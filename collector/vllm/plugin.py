@@ -1,11 +1,11 @@
 """The stat-logger plugin: every engine step's ``SchedulerStats`` and ``IterationStats``, into
-the recorder ring of its engine.
+the recorder ring of its engine, through ``collector.recorder.StatsRecorder``.
 
 vLLM loads it through the ``vllm.stat_logger_plugins`` entry point (declared in this package's
 metadata, so installing the package is enough) and makes one instance per engine index in the
-API-server process. ``record`` runs on vLLM's output path about once per engine step: it packs
-one binary record (``collector.channel.codec``, tag ``S``) and copies it into a memory-mapped
-ring; nothing else. Any fault disables the recorder and is logged once; vLLM never sees it.
+API-server process. ``record`` runs on vLLM's output path about once per engine step: it reads
+the stats (``collector.vllm.extract``) and writes one binary record; nothing else. Any fault
+disables the recorder and is logged once; vLLM never sees it.
 
 Step numbers: the RecordingScheduler, when used, stamps its own step number into
 ``SchedulerStats.step_counter`` (which vLLM leaves at 0 outside MoE data parallelism), so the
@@ -15,16 +15,17 @@ the steps it is given.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from collector.channel.codec import encode_step_fields
+from collector.recorder import StatsRecorder
+from collector.recorder.channel import guarded
 from collector.vllm._version import vllm_version
-from collector.recorder.channel import STATS_RING_BYTES, RecorderChannel, guarded
-from collector.vllm.extract import finished_row, flatten_connector
+from collector.vllm.extract import step_extras
+from collector.vllm.fingerprint import fingerprint_facts
+from collector.vllm.server import server_identity
 
 
 class FlightRecorderStatLogger(StatLoggerBase):
@@ -32,13 +33,10 @@ class FlightRecorderStatLogger(StatLoggerBase):
         self.vllm_config = vllm_config
         self.engine_index = engine_index
         self.version = vllm_version()
-        self.channel = RecorderChannel.from_env(
-            engine_index=engine_index,
-            role="stats",
-            vllm_version=self.version,
-            server_pid=os.getpid(),
-            capacity=STATS_RING_BYTES,
-        )
+        self.recorder = StatsRecorder(server_identity(vllm_config, engine_index, self.version, in_engine_core=False))
+        self.channel = self.recorder.channel
+        kvt = getattr(vllm_config, "kv_transfer_config", None)
+        self.connector = getattr(kvt, "kv_connector", None)  # names a single connector's stats
         self._own_step = 0
         self._fp_written = False
         # Iteration figures that came without scheduler stats ride on the next step record.
@@ -67,11 +65,13 @@ class FlightRecorderStatLogger(StatLoggerBase):
 
     # -- ours -------------------------------------------------------------------------------
     def _write_fingerprint(self) -> None:
-        self.channel.write_fingerprint(self.vllm_config, self.version)
+        self.recorder.write_fingerprint(fingerprint_facts(self.vllm_config, self.recorder.identity))
         self._fp_written = True
 
     def _record(self, s: Any, it: Any) -> None:
         if it is not None:
+            # IterationStats exists only for a batch with outputs: no object means no tokens,
+            # a true 0. A field missing from a present object is unknown (None).
             self._pending_prompt += getattr(it, "num_prompt_tokens", 0) or 0
             self._pending_gen += getattr(it, "num_generation_tokens", 0) or 0
             self._pending_preempt += getattr(it, "num_preempted_reqs", 0) or 0
@@ -88,37 +88,26 @@ class FlightRecorderStatLogger(StatLoggerBase):
             step = self._own_step
         else:
             self._own_step = step
-        extras: dict[str, Any] | None = None
-        kvc = getattr(s, "kv_connector_stats", None)
-        if kvc:
-            extras = {"connector": flatten_connector(kvc)}
         fin = self._pending_finished
-        if fin:
-            extras = extras or {}
-            extras["finished_requests"] = [finished_row(f) for f in fin]
-            self._pending_finished = []
-        fetch = getattr(s, "num_kv_fetch_reqs_by_stage", None)
-        if fetch and any(fetch.values()):
-            extras = extras or {}
-            extras["waiting_by_reason"] = {f"kv_fetch_{k}": v for k, v in fetch.items()}
-        waiting = getattr(s, "num_waiting_reqs", 0) or 0
-        deferred = getattr(s, "num_skipped_waiting_reqs", 0) or 0
+        extras = step_extras(s, fin, connector=self.connector)
+        self._pending_finished = []
+        waiting = getattr(s, "num_waiting_reqs", None)
+        deferred = getattr(s, "num_skipped_waiting_reqs", None)
         pcs = getattr(s, "prefix_cache_stats", None)
-        payload = encode_step_fields(
+        self.recorder.write_step(
             step,
-            time.time(),
-            self.engine_index,
-            getattr(s, "num_running_reqs", 0) or 0,
-            waiting + deferred,
-            deferred,
-            float(getattr(s, "kv_cache_usage", 0.0) or 0.0),
-            self._pending_preempt,
-            self._pending_prompt,
-            self._pending_gen,
-            len(fin),
-            getattr(pcs, "queries", 0) or 0,
-            getattr(pcs, "hits", 0) or 0,
-            extras,
+            ts=time.time(),
+            running=getattr(s, "num_running_reqs", None),
+            # vLLM's num_waiting_reqs leaves the deferred ones out; ours counts every waiting one
+            waiting=None if waiting is None else waiting + (deferred or 0),
+            deferred=deferred,
+            kv_cache_usage=getattr(s, "kv_cache_usage", None),
+            preemptions=self._pending_preempt,
+            prompt_tokens=self._pending_prompt,
+            generation_tokens=self._pending_gen,
+            finished=len(fin),
+            prefix_cache_queries=getattr(pcs, "queries", None),
+            prefix_cache_hits=getattr(pcs, "hits", None),
+            extras=extras,
         )
         self._pending_prompt = self._pending_gen = self._pending_preempt = 0
-        self.channel.write(payload)

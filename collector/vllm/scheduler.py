@@ -1,31 +1,48 @@
-"""``RecordingScheduler``: vLLM's scheduler, plus each running request's state every step.
+"""``RecordingScheduler``: the scheduler vLLM would have chosen, plus each running request's
+state every step and one workload record when a request arrives and when it ends.
 
-Opt in with ``--scheduler-cls collector.vllm.RecordingScheduler``. It runs in the engine-core
-process, the only place per-request state lives. After each ``schedule()`` it writes one ``R``
-record (``collector.channel.codec``) of the running requests: id, prompt length, computed
-tokens (this step's included), output tokens, preemptions, status, and host-mirror rows where
-the request carries them (``collector.vllm.extract``).
+Opt in with ``--scheduler-cls collector.vllm.RecordingScheduler``. vLLM then constructs this
+class instead of its own choice (``SchedulerConfig.get_scheduler_cls``), and would lose
+``AsyncScheduler``, its default on GPUs (``vllm/config/scheduler.py``: "If you have subclassed
+Scheduler instead of AsyncScheduler, you will see degraded performance"). So ``__new__`` reads
+the config it is given and builds the recording subclass of what vLLM would have picked:
+``RecordingAsyncScheduler`` (on ``AsyncScheduler``) when ``scheduler_config.async_scheduling``
+is on, the diffusion schedulers when a diffusion config is set, else this class on
+``Scheduler``. vLLM has settled ``async_scheduling`` before the engine core builds its
+scheduler (``VllmConfig.__post_init__``; the CPU platform hook turns it off).
+
+It runs in the engine-core process, the only place per-request state lives. After each
+``schedule()`` it writes one ``R`` record (``collector.recorder.RequestRecorder``) of the running
+requests: id, prompt length, computed tokens (this step's included), output tokens,
+preemptions, status, and with a HiSparse connector the rows it mirrors this step and the host
+blocks it holds (``collector.vllm.hisparse``).
 
 It also numbers the steps: the n-th ``schedule()`` is step n, and the ``SchedulerStats`` made
 for that step's output get ``step_counter = n`` (vLLM leaves the field at 0 outside MoE data
 parallelism; a non-zero value set by vLLM is left alone), so the stat logger in the API server
-writes the same number. With async scheduling the output of step n may be processed after step
-n+1 was scheduled: the step is found through the ``SchedulerOutput`` being processed.
+writes the same number. With async scheduling the output of step n is processed after step n+1
+was scheduled: the step is found through the ``SchedulerOutput`` being processed.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from collector.recorder import RequestRecorder
+from collector.recorder.channel import guarded, log
 from collector.vllm._version import vllm_version
-from collector.recorder.channel import SCHED_RING_BYTES, RecorderChannel, guarded, log
 from collector.vllm.extract import RequestColumns
+from collector.vllm.fingerprint import fingerprint_facts
+from collector.vllm.hisparse import HostBlocks, find_hisparse, mirror_rows_column, row_mirrors_of
+from collector.vllm.server import server_identity
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
+# vLLM's finished statuses, as the workload record's ``finish`` names them.
+_FINISH = {"length_capped": "length"}
 
 
 def _engine_index(vllm_config: Any) -> int:
@@ -37,23 +54,39 @@ def _engine_index(vllm_config: Any) -> int:
     return 0
 
 
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def finish_name(status: Any) -> str:
+    name = str(getattr(status, "name", status)).lower()
+    name = name.removeprefix("finished_")
+    return _FINISH.get(name, name)
+
+
 class _SchedRecorder:
-    def __init__(self, vllm_config: Any) -> None:
-        self.engine_index = _engine_index(vllm_config)
+    """The scheduler's side of the recorder: vLLM's objects in, ``RequestRecorder`` calls out."""
+
+    def __init__(self, vllm_config: Any, *, connector: Any = None, base: type | None = None) -> None:
         version = vllm_version()
-        self.channel = RecorderChannel.from_env(
-            engine_index=self.engine_index,
-            role="sched",
-            vllm_version=version,
-            server_pid=os.getppid(),  # the API server that started this engine core
-            capacity=SCHED_RING_BYTES,
+        self.recorder = RequestRecorder(
+            server_identity(vllm_config, _engine_index(vllm_config), version, in_engine_core=True)
         )
+        self.channel = self.recorder.channel
+        self.engine_index = self.recorder.identity.engine_index
         self.columns = RequestColumns()
+        self.hisparse = find_hisparse(connector)
+        self.host_blocks = HostBlocks(self.hisparse) if self.hisparse is not None else None
         self.step = 0
         self.current = 0
         self.in_flight: dict[int, int] = {}
         if self.channel.active:
-            guarded(self.channel, "fingerprint", self.channel.write_fingerprint, vllm_config, version)
+            guarded(self.channel, "fingerprint", self._fingerprint, vllm_config, base)
+
+    def _fingerprint(self, vllm_config: Any, base: type | None) -> None:
+        facts = fingerprint_facts(vllm_config, self.recorder.identity)
+        facts["scheduler_base"] = _qualname(base) if base is not None else None
+        self.recorder.write_fingerprint(facts)
 
     def scheduled(self, running: Any, output: Any) -> None:
         self.step += 1
@@ -62,8 +95,17 @@ class _SchedRecorder:
         if len(flight) >= _MAX_IN_FLIGHT:
             flight.clear()
         flight[id(output)] = self.step
-        changed = bool(getattr(output, "preempted_req_ids", None))
-        self.channel.write(self.columns.encode(self.step, time.time(), running, changed=changed))
+        cols = self.columns
+        computed, out = cols.read(running, changed=bool(getattr(output, "preempted_req_ids", None)))
+        mirror = host = None
+        if self.host_blocks is not None:
+            mirror = mirror_rows_column(cols.id_list, row_mirrors_of(getattr(output, "kv_connector_metadata", None)))
+            host = self.host_blocks.column(cols.id_list)
+        self.recorder.write_requests(
+            self.step, ts=time.time(), n=len(running), ids=cols.ids, prompt_len=cols.prompt,
+            computed=computed, output=out, preemptions=cols.preempt, status=cols.status,
+            mirror_rows=mirror, host_blocks=host,
+        )  # fmt: skip
 
     def updating(self, output: Any) -> None:
         self.current = self.in_flight.pop(id(output), self.current)
@@ -72,15 +114,66 @@ class _SchedRecorder:
         if getattr(stats, "step_counter", 0) == 0 and self.current:
             stats.step_counter = self.current
 
+    def arrived(self, request: Any) -> None:
+        params = getattr(request, "sampling_params", None)
+        self.recorder.write_arrival(
+            str(request.request_id),
+            ts=float(getattr(request, "arrival_time", None) or time.time()),
+            prompt_len=int(request.num_prompt_tokens),
+            max_tokens=getattr(params, "max_tokens", None),
+            n=getattr(params, "n", None),
+            ignore_eos=getattr(params, "ignore_eos", None),
+            has_stop=None if params is None else bool(getattr(params, "stop", None) or getattr(params, "stop_token_ids", None)),
+        )
+
+    def ended(self, request: Any) -> None:
+        self.recorder.write_end(
+            str(request.request_id),
+            output_len=getattr(request, "num_output_tokens", None),
+            finish=finish_name(getattr(request, "status", "unknown")),
+            cached_tokens=getattr(request, "num_cached_tokens", None),  # not on vLLM 0.32's Request
+        )
+
+
+def scheduler_vllm_would_choose(vllm_config: Any) -> type:
+    """The class ``SchedulerConfig.get_scheduler_cls`` returns with no ``scheduler_cls`` set."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    is_async = bool(getattr(sched, "async_scheduling", False))
+    if getattr(vllm_config, "diffusion_config", None) is not None:
+        from vllm.v1.core.sched import diffusion_scheduler  # noqa: PLC0415 - rare, and vLLM's own
+
+        return diffusion_scheduler.DiffusionAsyncScheduler if is_async else diffusion_scheduler.DiffusionScheduler
+    return AsyncScheduler if is_async else Scheduler
+
 
 class RecordingScheduler(Scheduler):
+    def __new__(cls, *args: Any, **kwargs: Any) -> RecordingScheduler:
+        if cls is RecordingScheduler:
+            cls = recording_class(scheduler_vllm_would_choose(kwargs.get("vllm_config", args[0] if args else None)))
+        return super().__new__(cls)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._flightrec: _SchedRecorder | None = None
         try:
-            self._flightrec = _SchedRecorder(self.vllm_config)
+            base = next(c for c in type(self).__mro__ if not issubclass(c, RecordingScheduler))
+            self._flightrec = _SchedRecorder(self.vllm_config, connector=getattr(self, "connector", None), base=base)
         except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
             log.warning("flight recorder (sched) disabled: %r", exc)
+
+    def add_request(self, request: Any) -> None:
+        rec = self._flightrec
+        new = rec is not None and rec.channel.active and request.request_id not in self.requests
+        super().add_request(request)
+        if new and rec is not None:
+            guarded(rec.channel, "add_request", rec.arrived, request)
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM frees every request that ends here (stopped, length, aborted, error).
+        rec = self._flightrec
+        if rec is not None and rec.channel.active:
+            guarded(rec.channel, "_free_request", rec.ended, request)
+        return super()._free_request(request, *args, **kwargs)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         output = super().schedule(*args, **kwargs)
@@ -101,3 +194,22 @@ class RecordingScheduler(Scheduler):
         if stats is not None and rec is not None and rec.channel.active:
             guarded(rec.channel, "make_stats", rec.stamp, stats)
         return stats
+
+
+class RecordingAsyncScheduler(RecordingScheduler, AsyncScheduler):
+    """The recorder on vLLM's ``AsyncScheduler``: what ``RecordingScheduler`` becomes when async
+    scheduling is on. The method order is this recorder's, then AsyncScheduler's, then
+    Scheduler's, so every ``super()`` call above runs AsyncScheduler's code."""
+
+
+_CLASSES: dict[type, type] = {Scheduler: RecordingScheduler, AsyncScheduler: RecordingAsyncScheduler}
+
+
+def recording_class(base: type) -> type:
+    """The recording subclass of ``base`` (built once for a base not named above)."""
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Recording{base.__name__}", (RecordingScheduler, base), {"__module__": __name__})
+        globals()[cls.__name__] = cls
+        _CLASSES[base] = cls
+    return cls

@@ -40,7 +40,7 @@ kvt = KVTransferConfig(
     kv_connector_extra_config={"connectors": [
         {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
         {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-         "kv_connector_extra_config": {"cpu_pool_bytes": 137438953472}}]},
+         "kv_connector_extra_config": {"cpu_bytes_to_use": 137438953472}}]},
 )  # fmt: skip
 cfg = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
                  dtype="bfloat16", block_size=64).create_engine_config()  # fmt: skip
@@ -61,7 +61,7 @@ plugin = FlightRecorderStatLogger(cfg, 0)
 plugin.log_engine_initialized()
 s = SchedulerStats(num_running_reqs=5, num_waiting_reqs=3, num_skipped_waiting_reqs=1, kv_cache_usage=0.032,
                    step_counter=41, prefix_cache_stats=PrefixCacheStats(requests=2, queries=640, hits=128),
-                   kv_connector_stats={"NixlConnector": {"num_failed_transfers": 1, "transfer_duration": [0.1, 0.2]}})  # fmt: skip
+                   kv_connector_stats={"NixlConnector": {"num_failed_transfers": [1], "transfer_duration": [0.1, 0.2]}})  # fmt: skip
 it = IterationStats()
 it.num_generation_tokens = 5
 it.num_preempted_reqs = 2
@@ -96,7 +96,7 @@ class Capture(logging.Handler):
         messages.append(record.getMessage())
 
 
-logging.getLogger("collector.vllm").addHandler(Capture())
+logging.getLogger("collector.recorder").addHandler(Capture())
 broken = FlightRecorderStatLogger(cfg, 1)
 raised = None
 try:

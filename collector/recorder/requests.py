@@ -1,0 +1,126 @@
+"""``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
+call), and the workload records a replay is built from (``wl`` arrive/end, once per request).
+
+What vLLM's ``RecordingScheduler`` writes through; any other engine or a load simulator writes
+the same way. Columns go in as ``bytes`` of an ``array`` (what a hot path builds with ``map``
+over ``attrgetter``, no per-row objects) or as any iterable of ints::
+
+    rec = RequestRecorder(EngineIdentity(server_pid=os.getpid(), server_port=8000))
+    rec.write_requests(812, n=2, ids=["cmpl-a-0", "cmpl-b-0"], prompt_len=[32000, 300],
+                       computed=[32512, 300], output=[512, 0], preemptions=[0, 1],
+                       status=[status_code("running")] * 2, mirror_rows=[8, -1])
+    rec.write_arrival("cmpl-a-0", ts=arrival, prompt_len=32000, max_tokens=2000, n=1,
+                      ignore_eos=True, has_stop=False)
+    rec.write_end("cmpl-a-0", output_len=2000, finish="length", cached_tokens=None)
+
+``mirror_rows`` (host-mirror rows the HiSparse connector scheduled for the request this step)
+and ``host_blocks`` (host blocks the HiSparse coordinator holds for it) are optional columns:
+None leaves the column out (the engine has no such connector), -1 marks one unknown row.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from typing import Any, TypeAlias
+
+from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_request_columns
+from collector.recorder.base import RecorderBase
+from collector.recorder.channel import SCHED_RING_BYTES
+
+__all__ = ["SCHED_RING_BYTES", "Column", "RequestRecorder", "status_code"]
+
+Column: TypeAlias = "bytes | array[int] | Iterable[int]"  # array[int] is not subscriptable at runtime
+FINISHES = ("stopped", "length", "aborted", "error", "ignored", "repetition")
+
+
+def status_code(name: str) -> int:
+    """The wire code of a request status name (``collector.channel.codec.STATUSES``)."""
+    return STATUS_CODE.get(name, UNKNOWN_STATUS)
+
+
+def _col(values: Column, code: str) -> bytes:
+    if isinstance(values, bytes):
+        return values
+    if isinstance(values, array):
+        return values.tobytes()
+    return array(code, values).tobytes()
+
+
+def _ids(ids: bytes | Iterable[str]) -> bytes:
+    return ids if isinstance(ids, bytes) else "\0".join(ids).encode()
+
+
+class RequestRecorder(RecorderBase):
+    """Writes the ``sched`` ring of one engine (the engine-core side in vLLM)."""
+
+    role = "sched"
+
+    def __init__(self, *args: Any, capacity: int = SCHED_RING_BYTES, **kwargs: Any) -> None:
+        super().__init__(*args, capacity=capacity, **kwargs)
+
+    def write_requests(
+        self,
+        step: int,
+        *,
+        ts: float | None = None,
+        n: int,
+        ids: bytes | Iterable[str],
+        prompt_len: Column,
+        computed: Column,
+        output: Column,
+        preemptions: Column,
+        status: Column,
+        mirror_rows: Column | None = None,
+        host_blocks: Column | None = None,
+    ) -> None:
+        """The ``n`` running requests of ``step``, column by column (the same order in every
+        column). ``ids``: the request ids, or their UTF-8 joined by NUL; ``status``: wire codes
+        (``status_code``), or their bytes; ``computed`` includes this step's scheduled tokens."""
+        channel = self.channel
+        if not channel.active:
+            return
+        try:
+            payload = encode_request_columns(
+                step, self.clock() if ts is None else ts, n, _ids(ids), _col(prompt_len, "I"),
+                _col(computed, "I"), _col(output, "I"), _col(preemptions, "I"),
+                status if isinstance(status, bytes) else bytes(status),  # type: ignore[arg-type]
+                None if mirror_rows is None else _col(mirror_rows, "i"),
+                None if host_blocks is None else _col(host_blocks, "i"),
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            channel.fail(f"write_requests raised {exc!r}")
+            return
+        channel.write(payload)
+
+    def write_arrival(
+        self,
+        request_id: str,
+        *,
+        ts: float,
+        prompt_len: int,
+        max_tokens: int | None,
+        n: int | None,
+        ignore_eos: bool | None,
+        has_stop: bool | None,
+    ) -> None:
+        """A request the engine saw for the first time; ``ts`` is when it arrived (unix s),
+        the sampling parameters a replay needs as the client sent them (None: not known)."""
+        self._json("wl", {"t": "wl", "engine": self.engine, "ev": "arrive", "id": request_id, "ts": ts,
+                          "prompt_len": prompt_len, "max_tokens": max_tokens, "n": n,
+                          "ignore_eos": ignore_eos, "has_stop": has_stop})  # fmt: skip
+
+    def write_end(
+        self,
+        request_id: str,
+        *,
+        ts: float | None = None,
+        output_len: int | None,
+        finish: str,
+        cached_tokens: int | None,
+    ) -> None:
+        """A request that left the engine: output tokens, how it finished (``FINISHES``, or
+        another vLLM status name), prompt tokens served from a cache (None: not known)."""
+        self._json("wl", {"t": "wl", "engine": self.engine, "ev": "end", "id": request_id,
+                          "ts": self.clock() if ts is None else ts, "output_len": output_len,
+                          "finish": finish, "cached_tokens": cached_tokens})  # fmt: skip
