@@ -29,15 +29,26 @@ class CrashDumpParseError(ValueError):
     """The text is not a SchedulerOutput/SchedulerStats repr we can read."""
 
 
-_TOKEN = re.compile(
-    r"""(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
-    r"|(?P<punct>[()\[\]{},:=])"
-    r"|(?P<enum><[^<>()\[\]{}]{0,200}>)"
-    r"|(?P<atom>[^\s()\[\]{},:='\"<]+)"
-    r"|(?P<space>\s+)"
-    r"|(?P<other>.)",
-    re.DOTALL,
-)
+def _token_regex(quotes: str) -> re.Pattern[str]:
+    strings = {"'": r"'(?:[^'\\]|\\.)*'", '"': r'"(?:[^"\\]|\\.)*"'}
+    branch = "|".join(strings[q] for q in quotes)
+    return re.compile(
+        (f"(?P<str>{branch})|" if branch else "")
+        + r"(?P<punct>[()\[\]{},:=])"
+        r"|(?P<enum><[^<>()\[\]{}]{0,200}>)"
+        r"|(?P<atom>[^\s()\[\]{},:='\"<]+)"
+        r"|(?P<space>\s+)"
+        r"|(?P<other>.)",
+        re.DOTALL,
+    )
+
+
+# One pattern per set of quote characters that can still open a string. A quote whose string
+# runs unterminated to the end of the text is read as a bare character; every later quote of the
+# same kind is unterminated too (its scan runs in step with the first one's from there on), so
+# that kind is dropped from the pattern rather than rescanned to the end at each occurrence,
+# which made a line of backslash-quotes quadratic (40 KB took 12 s on the event loop).
+_TOKENS = {q: _token_regex(q) for q in ("'\"", "'", '"', "")}
 
 _ATOM = "atom"
 _OPEN = {"(": ")", "[": "]", "{": "}"}
@@ -51,7 +62,14 @@ class _Tok:
 
 def _tokenize(text: str) -> list[_Tok]:
     out: list[_Tok] = []
-    for m in _TOKEN.finditer(text):
+    quotes = "'\""
+    pattern = _TOKENS[quotes]
+    pos, end = 0, len(text)
+    while pos < end:
+        m = pattern.match(text, pos)
+        if m is None:  # unreachable: the last branch matches any character
+            raise CrashDumpParseError(f"untokenizable text at {pos}")
+        pos = m.end()
         kind = m.lastgroup or "other"
         if kind == "space":
             continue
@@ -60,6 +78,9 @@ def _tokenize(text: str) -> list[_Tok]:
         elif kind == "punct":
             out.append(_Tok(m.group(), m.group()))
         else:  # atom, enum repr, stray character: all read as bare words
+            if kind == "other" and m.group() in quotes:  # an unterminated string
+                quotes = quotes.replace(m.group(), "")
+                pattern = _TOKENS[quotes]
             out.append(_Tok(_ATOM, m.group()))
     return out
 
