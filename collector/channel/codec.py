@@ -211,6 +211,13 @@ def encode_event(ev: Event) -> bytes:
 def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
     """Return (meta, observation): exactly one is set. ``engine`` names the engine of binary
     records (which do not carry it) and overrides the name in JSON ones."""
+    try:
+        return _decode(payload, engine)
+    except RecursionError as exc:  # json.loads of a deeply nested array, in either form
+        raise CodecError("record nested too deeply") from exc
+
+
+def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, Observation | None]:
     tag = payload[:1]
     name = engine or "unknown"
     if tag == TAG_STEP:

@@ -216,3 +216,11 @@ def test_any_json_record_decodes_typed_or_raises_codec_error(body: dict) -> None
         if isinstance(obs, StepRecord):
             assert type(obs.step) is int and 0 <= obs.step < 2**63
             assert isinstance(obs.kv_cache_usage, float)
+
+
+@pytest.mark.parametrize("payload", [b"J" + b"[" * 100_000, b'J{"t":"ev","data":' + b"[" * 100_000,
+                                     encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[" * 100_000])
+def test_deeply_nested_json_is_a_codec_error(payload: bytes) -> None:
+    # found by scripts/fuzz.py: json.loads raised RecursionError through decode
+    with pytest.raises(CodecError):
+        decode(payload)
