@@ -38,6 +38,7 @@ from collector.channel import codec  # noqa: E402
 from collector.channel.naming import parse_ring_file_name  # noqa: E402
 from collector.channel.ringfile import RingCorrupt, RingReader, RingWriter  # noqa: E402
 from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord  # noqa: E402
+from collector.redact import redact_text  # noqa: E402
 from collector.parsers import crash_dump, prom_text, throughput_line, tracebacks, vllm_log  # noqa: E402
 from collector.sources.vllm_metrics import WANTED  # noqa: E402
 from collector.xid import parser as xid  # noqa: E402
@@ -50,6 +51,15 @@ HOSTILE = ["'", '"', "\\", "\\'", '\\"', "(", ")", "[", "]", "{", "}", ",", ":",
            "\x00", "\n", "\r", "\t", " ", "é", "\u2028", "\udcff", "9" * 30, "9" * 5000, "-", ".",
            "e", "nan", "inf", "pid=", "name=", "NVRM: Xid (PCI:0000:00:06): ", "SchedulerOutput(",
            "SchedulerStats(", "\x1b[0;36m", "Traceback (most recent call last):", "File \""]  # fmt: skip
+
+
+SECRETS = [
+    "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "redis://u:PW@cache:6379/0 postgresql://flight:p@ss@db/x", "Authorization: Bearer eyJhbGciOi.e30.sig",
+    "vllm serve m --api-key sk-live-1234 --hf-token=hf_x --max-tokens 16",
+    "non-default args: {'model': 'q', 'api_key': ['sk-abcdef123'], 'port': 8000}",
+    "EngineArgs(api_key='k-9d8f7', max_num_seqs=8) password: hunter2 {\"token\": \"x\"} hf_abc123",
+]
 
 
 @dataclass
@@ -173,6 +183,7 @@ def targets() -> list[Target]:
         Target("codec.decode (binary S/R)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] != "J"],
                binary=True),
         Target("ringfile.RingReader", _ring, (RingCorrupt,), [_ring_seed()], binary=True),
+        Target("redact.redact_text", redact_text, (), SECRETS + log_lines[:200]),
     ]
 
 
