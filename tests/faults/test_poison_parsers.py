@@ -50,3 +50,30 @@ def test_huge_pid_is_not_read_and_raises_nothing_else() -> None:
         return
     assert isinstance(got, XidRecord)
     assert got.xid == 43 and got.pid is None
+
+
+def test_huge_numbers_in_engine_log_lines_raise_nothing() -> None:
+    # found by scripts/fuzz.py: int() of a 5,000-digit line number or exit code raised ValueError
+    from collector.parsers.tracebacks import LogEventizer, parse_frames
+
+    digits = "9" * 5000
+    lines = [
+        "(Worker_TP0 pid=7) ERROR 11-30 14:41:07 [multiproc_executor.py:1063] Traceback (most recent call last):",
+        f'(Worker_TP0 pid=7) ERROR 11-30 14:41:07 [multiproc_executor.py:1063]   File "a.py", line {digits}, in f',
+        "(Worker_TP0 pid=7) ERROR 11-30 14:41:07 [multiproc_executor.py:1063]     x()",
+        "(Worker_TP0 pid=7) ERROR 11-30 14:41:07 [multiproc_executor.py:1063] RuntimeError: CUDA error: x",
+        f"ERROR 11-30 14:41:08 [core.py:1] Worker proc Worker_TP1 died unexpectedly (exit code: {digits})",
+        f"ERROR 11-30 14:41:08 [core.py:1] Process EngineCore (PID: {digits}) died with exit code {digits}",
+    ]
+    ev = LogEventizer("decode-0", reference_clock=lambda: 1.7e9)
+    events = [e for line in lines for e in ev.feed(line)] + ev.flush()
+    assert events  # the traceback is still an event, its frame line just not read as a number
+    frames, _ = parse_frames([f'  File "a.py", line {digits}, in f'])
+    assert frames == [] or all(isinstance(f.get("line"), int) for f in frames)
+
+
+@pytest.mark.parametrize("name", ["e.stats." + "9" * 5000 + ".ring", "e.stats.\u00b2.ring", "e.stats.12345678901.ring"])
+def test_ring_file_names_with_bad_pids_are_not_ours(name: str) -> None:
+    from collector.channel.naming import parse_ring_file_name
+
+    assert parse_ring_file_name(name) is None
