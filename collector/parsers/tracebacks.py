@@ -497,6 +497,8 @@ class LogEventizer:
                 dump.data["requests"] = parsed["requests"]
                 dump.data["scheduler"] = parsed["scheduler"]
                 dump.data["truncated"] = parsed["truncated"]
+                if "row_mirrors" in parsed:  # HiSparse's host-mirror spans of this step, per request
+                    dump.data["row_mirrors"] = parsed["row_mirrors"]
             except CrashDumpParseError as exc:
                 dump.data["requests"] = []
                 dump.data["error"] = f"scheduler output: {exc}"
