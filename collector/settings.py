@@ -138,6 +138,14 @@ class Settings(BaseSettings):
             v = "postgresql+psycopg://" + v[len("postgresql://") :]
         return v
 
+    @field_validator("api_token")
+    @classmethod
+    def _token(cls, v: SecretStr | None) -> SecretStr | None:
+        # An empty token would match an empty "Bearer " header: refuse it rather than serve.
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("is empty or blank: set a real token, or leave api_token unset")
+        return v
+
     @field_validator("nvml", "kmsg", mode="before")
     @classmethod
     def _yaml_booleans(cls, v: Any) -> Any:

@@ -141,3 +141,27 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path, block.replace("api_token: ...", "api_token: t0ken")))
     assert s.engines[0].name == "decode-0" and s.engines[0].gpus == [1] and s.ring_steps == 4096
     assert s.retention.snapshots_days is None and s.detectors.enter_after == 2
+
+
+@pytest.mark.parametrize("token", ["", "   ", "\t"])
+def test_empty_or_blank_api_token_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], token: str
+) -> None:
+    monkeypatch.setenv("FLIGHTREC_API_TOKEN", token)
+    with pytest.raises(SettingsError, match="^api_token: .*empty or blank"):
+        load_settings()
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "api_token" in line] == [
+        "api_token: Value error, is empty or blank: set a real token, or leave api_token unset"]
+
+
+def test_blank_token_never_passes_the_bind_check() -> None:
+    from pydantic import SecretStr
+
+    from collector.cli import _check_bind
+
+    s = load_settings().model_copy(update={"host": "0.0.0.0", "api_token": SecretStr("  ")})
+    with pytest.raises(SettingsError, match="api_token"):
+        _check_bind(s)

@@ -11,14 +11,17 @@ from fastapi import HTTPException, Request, status
 def _presented(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
+    value = value.strip()
     if scheme.lower() == "bearer" and value:
-        return value.strip()
+        return value
     return None
 
 
 def check_token(request: Request, *, write: bool) -> None:
     ctx = request.app.state.ctx
     token = ctx.settings.api_token.get_secret_value() if ctx.settings.api_token else None
+    if token is not None and not token.strip():
+        token = None  # a blank token is no token (settings refuse one; this holds without them)
     needed = write or not ctx.settings.loopback_only
     if not needed:
         return

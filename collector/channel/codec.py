@@ -53,6 +53,7 @@ import struct
 from array import array
 from typing import Any
 
+from collector.channel import fields as f
 from collector.model import (
     Event,
     EventKind,
@@ -83,10 +84,12 @@ STATUSES = (
 STATUS_CODE = {name: i for i, name in enumerate(STATUSES)}
 UNKNOWN_STATUS = STATUS_CODE["unknown"]
 _U32_MAX = 0xFFFFFFFF
-_STEP_FIELDS = {
-    "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
-    "finished", "waiting_by_reason", "prefix_cache_queries", "prefix_cache_hits", "connector",
-    "engine_index", "worker", "finished_requests",
+# The counters of a JSON step and the largest value each may hold: the Integer columns they are
+# stored in, or a 64-bit JSON number.
+_STEP_COUNTS = {
+    "running": f.INT32_MAX, "waiting": f.INT32_MAX, "preemptions": f.INT32_MAX,
+    "prompt_tokens": f.INT32_MAX, "generation_tokens": f.INT32_MAX, "finished": f.INT32_MAX,
+    "prefix_cache_queries": f.INT64_MAX, "prefix_cache_hits": f.INT64_MAX, "engine_index": 0xFFFF,
 }  # fmt: skip
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
@@ -241,6 +244,13 @@ def encode_event(ev: Event) -> bytes:
 def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
     """Return (meta, observation): exactly one is set. ``engine`` names the engine of binary
     records (which do not carry it) and overrides the name in JSON ones."""
+    try:
+        return _decode(payload, engine)
+    except RecursionError as exc:  # json.loads of a deeply nested array, in either form
+        raise CodecError("record nested too deeply") from exc
+
+
+def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, Observation | None]:
     tag = payload[:1]
     name = engine or "unknown"
     if tag == TAG_STEP:
@@ -256,27 +266,46 @@ def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any]
     if not isinstance(body, dict):
         raise CodecError("record is not an object")
     kind = body.get("t")
-    name = engine or str(body.get("engine") or "unknown")
     try:
+        name = engine or f.text(body, "engine", default="unknown", limit=f.NAME_MAX) or "unknown"
         if kind == "meta":
             return body, None
         if kind == "step":
-            fields = {k: body[k] for k in _STEP_FIELDS if k in body}
-            return None, StepRecord(engine=name, ts=float(body["ts"]), step=int(body["step"]), halves=HALF_STATS, **fields)
+            rec = _decode_step_json(name, body)
+            rec.halves = HALF_STATS
+            return None, rec
         if kind == "req":
             return None, _decode_requests_json(name, body)
         if kind == "fp":
-            return None, Fingerprint(engine=name, ts=float(body.get("ts", 0.0)), facts=dict(body["facts"]))
+            facts = body.get("facts")
+            if not isinstance(facts, dict):
+                raise f.FieldError("facts is not an object")
+            return None, Fingerprint(engine=name, ts=f.timestamp(body, default=0.0), facts=facts)
         if kind == "ev":
             return None, _decode_event(name, body)
         if kind == "wl":
             data = {k: v for k, v in body.items() if k != "t"}
             if data.get("ev") not in ("arrive", "end") or not isinstance(data.get("id"), str):
                 raise CodecError("workload record needs ev arrive|end and a string id")
-            return None, WorkloadRecord(engine=name, ts=float(body["ts"]), data=data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CodecError(f"malformed {kind!r} record: {exc}") from exc
-    raise CodecError(f"unknown record type {kind!r}")
+            return None, WorkloadRecord(engine=name, ts=f.timestamp(body), data=data)
+    except (KeyError, TypeError, ValueError) as exc:  # FieldError included
+        raise CodecError(f"malformed {str(kind)[:40]!r} record: {exc}") from exc
+    raise CodecError(f"unknown record type {str(kind)[:40]!r}")
+
+
+def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
+    worker = f.optional_text(body, "worker")
+    return StepRecord(
+        engine=engine, ts=f.timestamp(body), step=f.integer(body, "step", hi=f.INT64_MAX),
+        kv_cache_usage=None if body.get("kv_cache_usage") is None else f.number(body, "kv_cache_usage", hi=1.0),
+        waiting_by_reason=f.counts(body, "waiting_by_reason"),
+        connector=f.mapping(body, "connector"),
+        finished_requests=f.sequence(body, "finished_requests", dict),
+        worker=worker,
+        # a figure the record does not carry is unknown (None), never 0
+        engine_index=f.integer(body, "engine_index", hi=0xFFFF, default=0),
+        **{k: f.optional_integer(body, k, hi=hi) for k, hi in _STEP_COUNTS.items() if k != "engine_index"},
+    )  # fmt: skip
 
 
 def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
@@ -371,45 +400,52 @@ def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
 
 def _decode_requests_json(engine: str, body: dict[str, Any]) -> StepRecord:
     cols = body.get("cols") or list(REQ_COLS)
+    if not isinstance(cols, list) or not all(isinstance(c, str) for c in cols):
+        raise f.FieldError("cols is not a list of names")
     idx = {c: i for i, c in enumerate(cols)}
+    table = body.get("rows")
+    if not isinstance(table, list) or not all(isinstance(r, list) for r in table):
+        raise f.FieldError("rows is not a list of lists")
     rows: list[RequestRow] = []
-    for row in body["rows"]:
-
-        def col(name: str, default: Any = None, row: list[Any] = row) -> Any:
-            i = idx.get(name)
-            return row[i] if i is not None and i < len(row) else default
-
-        extras = {c: row[i] for c, i in idx.items() if c not in REQ_COLS and i < len(row)}
+    for row in table:
+        cell = {c: row[i] for c, i in idx.items() if i < len(row)}
+        extras = {c: v for c, v in cell.items() if c not in REQ_COLS}
+        status = cell.get("status", "running")
+        mirror = cell.get("mirror_rows")
         rows.append(
             RequestRow(
-                request_id=str(col("id")),
-                prompt_len=int(col("prompt_len", 0) or 0),
-                computed_tokens=int(col("computed", 0) or 0),
-                output_tokens=int(col("output", 0) or 0),
-                preemptions=int(col("preempt", 0) or 0),
-                status=str(col("status", "running")),
-                mirror_rows=None if col("mirror_rows") is None else int(col("mirror_rows")),
+                request_id=f.check_text("id", cell.get("id")),
+                prompt_len=f.integer(cell, "prompt_len", default=0),
+                computed_tokens=f.integer(cell, "computed", default=0),
+                output_tokens=f.integer(cell, "output", default=0),
+                preemptions=f.integer(cell, "preempt", default=0),
+                # a name we do not know is "unknown", as in the binary record
+                status=status if status in STATUS_CODE else STATUSES[UNKNOWN_STATUS],
+                mirror_rows=None if mirror is None else f.check_int("mirror_rows", mirror),
                 extras=extras,
             )
         )
     running = sum(1 for r in rows if r.status == "running")
-    return StepRecord(engine=engine, ts=float(body["ts"]), step=int(body["step"]), running=running, requests=rows,
-                      halves=HALF_REQUESTS)  # fmt: skip
+    return StepRecord(
+        engine=engine, ts=f.timestamp(body), step=f.integer(body, "step", hi=f.INT64_MAX),
+        running=running, requests=rows, halves=HALF_REQUESTS,
+    )  # fmt: skip
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:
+    # Each field typed as its column: a string xid or a float pid made /api/v1/events answer 500.
     return Event(
-        kind=EventKind(body["kind"]),
-        ts=float(body["ts"]),
-        source=str(body.get("source") or "recorder"),
-        message=str(body.get("message", "")),
-        severity=Severity(body.get("severity", "warning")),
+        kind=EventKind(f.text(body, "kind")),
+        ts=f.timestamp(body),
+        source=f.optional_text(body, "source", limit=64) or "recorder",
+        message=f.text(body, "message", default=""),
+        severity=Severity(f.text(body, "severity", default="warning")),
         engine=engine,
-        gpu=body.get("gpu"),
-        xid=body.get("xid"),
-        pid=body.get("pid"),
-        process=body.get("process"),
-        frames=list(body.get("frames") or []),
-        lines=list(body.get("lines") or []),
-        data=dict(body.get("data") or {}),
+        gpu=f.optional_text(body, "gpu"),
+        xid=f.optional_integer(body, "xid"),
+        pid=f.optional_integer(body, "pid"),
+        process=f.optional_text(body, "process"),
+        frames=f.sequence(body, "frames", dict),
+        lines=f.sequence(body, "lines", str),
+        data=f.mapping(body, "data"),
     )

@@ -30,6 +30,9 @@ def parse_ring_file_name(name: str) -> RingName | None:
     if not name.endswith(SUFFIX):
         return None
     parts = name[: -len(SUFFIX)].split(".")
-    if len(parts) != 3 or not parts[2].isdigit() or not parts[0]:
+    pid = parts[2] if len(parts) == 3 else ""
+    # ASCII digits only ("²".isdigit() is true, int() of it raises), and at most 10 of them: int()
+    # of a 5,000-digit run raises ValueError, which stopped the reader's poll of the folder.
+    if not (pid.isascii() and pid.isdigit() and len(pid) <= 10) or not parts[0]:
         return None
-    return RingName(unquote(parts[0]), parts[1], int(parts[2]))
+    return RingName(unquote(parts[0]), parts[1], int(pid))

@@ -23,6 +23,18 @@ sees a half-written record below ``head``. Before overwriting old bytes it moves
 the records it is about to destroy. A reader copies a record, then re-reads ``tail``: if the
 writer lapped it meanwhile, the copy is discarded and counted as lost (a seqlock, in effect).
 The CRC catches anything else (a torn copy, a file from a crashed writer).
+
+The writer maps the file; the reader does not. A mapping of a file that someone truncates
+raises SIGBUS at the next access to a page past the new end, and SIGBUS kills the process: in
+the sidecar that would be every engine's recording lost to one ``truncate`` in the shared
+folder. So the reader copies with ``os.pread``, whose short read of a shrunk file is an ordinary
+``RingCorrupt``; it copies the whole stretch up to ``head`` (or the wrap) in one call, which
+costs no more than slicing a mapping record by record (``bench/bench_ring_read.py``).
+
+Both sides refuse what is not theirs (``collector.channel.secure``): the reader opens without
+following a symlink or blocking on a FIFO and reads only a regular file of our user; the
+writer creates its temporary file exclusively (a ``.tmp`` symlink planted by someone else is
+removed, never followed) and makes the ring ``0600``.
 """
 
 from __future__ import annotations
@@ -36,6 +48,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from collector.channel.secure import FILE_MODE, open_private_file
+
 MAGIC = b"FLRING01"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQQIId8s")
@@ -47,6 +61,7 @@ DEFAULT_CAPACITY = 16 * 1024 * 1024  # ~thousands of steps with per-request rows
 _HEAD_AT = 24
 _TAIL_AT = 32
 _U64 = struct.Struct("<Q")
+_CHUNK = 1 << 20  # most bytes one pread copies; a longer stretch takes several
 
 
 class RingCorrupt(Exception):
@@ -86,14 +101,18 @@ class RingWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY, mode: int = 0o644
+        self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY, mode: int = FILE_MODE
     ) -> None:
         if capacity < 4096 or capacity % ALIGN:
             raise ValueError("capacity must be a multiple of 8 and at least 4096")
         self.path = Path(path)
         self.capacity = capacity
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+        # A leftover (or planted) .tmp is removed, not opened: unlink removes a symlink itself,
+        # and O_EXCL|O_NOFOLLOW then creates a new file or fails, never writing through a link.
+        _unlink(tmp)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(tmp, flags, mode)
         try:
             os.ftruncate(fd, HEADER_SIZE + capacity)
             _reserve(fd, HEADER_SIZE + capacity)
@@ -178,29 +197,48 @@ class RingInfo:
 
 
 class RingReader:
-    """Reads the records a writer published since the last call. Starts at the ring's tail."""
+    """Reads the records a writer published since the last call. Starts at the ring's tail.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    Raises RingCorrupt when the file is not a ring, not a regular file of ours, a symlink, or
+    shorter than its header says (truncated, also later, while being read).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, owner: int | None = None) -> None:
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise RingCorrupt(f"{self.path}: cannot map: {exc}") from exc
-        info = self.info()
-        if len(self._mm) != HEADER_SIZE + info.capacity:
+            self._fd = open_private_file(self.path, owner=owner)
+        except OSError as exc:
+            raise RingCorrupt(f"{self.path}: cannot open: {exc}") from exc
+        try:
+            info = self.info()
+            size = os.fstat(self._fd).st_size
+        except (OSError, RingCorrupt):
+            os.close(self._fd)
+            raise
+        if size != HEADER_SIZE + info.capacity:
+            os.close(self._fd)
             raise RingCorrupt(f"{self.path}: size does not match its header")
         self.pos = info.tail
         self.lost_bytes = 0
         self.corrupt_records = 0
 
+    def _pread(self, length: int, offset: int) -> bytes:
+        try:
+            data = os.pread(self._fd, length, offset)
+        except OSError as exc:
+            raise RingCorrupt(f"{self.path}: cannot read: {exc}") from exc
+        if len(data) != length:
+            raise RingCorrupt(f"{self.path}: truncated (short read at {offset})")
+        return data
+
     def info(self) -> RingInfo:
-        if len(self._mm) < HEADER_SIZE:
-            raise RingCorrupt(f"{self.path}: shorter than a header")
-        magic, version, hdr, cap, head, tail, pid, _, created, _ = HEADER.unpack_from(self._mm, 0)
+        magic, version, hdr, cap, head, tail, pid, _, created, _ = HEADER.unpack(self._pread(HEADER_SIZE, 0))
         if magic != MAGIC or version != VERSION or hdr != HEADER_SIZE or cap <= 0:
             raise RingCorrupt(f"{self.path}: not a flight-recorder ring (magic {magic!r})")
         return RingInfo(cap, head, tail, pid, created)
+
+    def _tail_now(self) -> int:
+        return int(_U64.unpack(self._pread(8, _TAIL_AT))[0])
 
     def read(self, max_records: int = 100_000) -> list[bytes]:
         info = self.info()
@@ -215,35 +253,70 @@ class RingReader:
             if cap - phys < REC.size:
                 self.pos += cap - phys
                 continue
-            length, crc = REC.unpack_from(self._mm, HEADER_SIZE + phys)
-            if length == PAD:
-                self.pos += cap - phys
-                continue
-            if length == 0 or length > cap - phys - REC.size:
-                # Impossible for a sound record: the writer lapped us mid-read, or the bytes are
-                # bad. Record boundaries cannot be found by scanning (payload bytes may look like
-                # a header), so resync at the tail if it moved, else give up on this stretch.
-                self.corrupt_records += 1
-                tail_now = _U64.unpack_from(self._mm, _TAIL_AT)[0]
-                self.pos = tail_now if tail_now > self.pos else head
-                continue
-            start = HEADER_SIZE + phys + REC.size
-            payload = self._mm[start : start + length]
-            tail_now = _U64.unpack_from(self._mm, _TAIL_AT)[0]
+            # Copy the stretch up to head or the wrap, then check the tail once: every record
+            # that starts at or past the tail read after the copy was intact while copied,
+            # since the writer moves the tail before it overwrites.
+            span = min(head - self.pos, cap - phys, _CHUNK)
+            buf = self._pread(span, HEADER_SIZE + phys)
+            tail_now = self._tail_now()
             if tail_now > self.pos:
-                # Overwritten while we copied it: drop and resync at the new tail.
+                # Overwritten (some of it) while we copied: drop it and resync at the new tail.
                 self.lost_bytes += tail_now - self.pos
                 self.pos = tail_now
                 continue
+            self._parse(buf, phys, cap, head, out, max_records)
+        return out
+
+    def _parse(self, buf: bytes, phys: int, cap: int, head: int, out: list[bytes], max_records: int) -> None:
+        """Take the whole records of ``buf`` (the bytes at ``phys``), moving ``self.pos``."""
+        off = 0
+        while off + REC.size <= len(buf) and len(out) < max_records:
+            at = phys + off
+            length, crc = REC.unpack_from(buf, off)
+            if length == PAD:
+                self.pos += cap - at
+                return
+            if length == 0 or length > cap - at - REC.size:
+                # Impossible for a sound record: the bytes are bad. Record boundaries cannot be
+                # found by scanning (payload bytes may look like a header), so resync at the
+                # tail if it moved, else give up on this stretch.
+                self.corrupt_records += 1
+                tail_now = self._tail_now()
+                self.pos = tail_now if tail_now > self.pos else head
+                return
+            size = _aligned(REC.size + length)
+            if off + REC.size + length > len(buf):
+                if off == 0 and REC.size + length > len(buf):
+                    # Longer than one copy, or the stretch ends inside it: past head means the
+                    # header is bad; else copy this one record alone.
+                    if self.pos + REC.size + length > head:
+                        self.corrupt_records += 1
+                        self.pos = head
+                        return
+                    self._parse_one(phys, length, crc, out)
+                    self.pos += size
+                return
+            payload = buf[off + REC.size : off + REC.size + length]
             if zlib.crc32(payload) != crc:
                 self.corrupt_records += 1
             else:
                 out.append(payload)
-            self.pos += _aligned(REC.size + length)
-        return out
+            self.pos += size
+            off += size
+        if off < len(buf) and self.pos % cap + REC.size > cap:
+            self.pos += cap - self.pos % cap
+
+    def _parse_one(self, phys: int, length: int, crc: int, out: list[bytes]) -> None:
+        payload = self._pread(length, HEADER_SIZE + phys + REC.size)
+        if self._tail_now() > self.pos:
+            self.lost_bytes += REC.size + length
+        elif zlib.crc32(payload) != crc:
+            self.corrupt_records += 1
+        else:
+            out.append(payload)
 
     def close(self) -> None:
         try:
-            self._mm.close()
-        except (ValueError, OSError):
+            os.close(self._fd)
+        except OSError:
             pass

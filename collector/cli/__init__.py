@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_bind(settings: Settings) -> None:
-    if not settings.loopback_only and settings.api_token is None:
+    token = settings.api_token.get_secret_value().strip() if settings.api_token is not None else ""
+    if not settings.loopback_only and not token:
         raise SettingsError(f"host: binding {settings.host} needs api_token (reads then require the token)")
 
 

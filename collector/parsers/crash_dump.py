@@ -9,6 +9,16 @@ When the engine core dies inside a step, vLLM 0.32 logs (``vllm/logging_utils/du
         [301],num_output_tokens=[1]), num_scheduled_tokens={cmpl-..: 1}, ...)
     Dumping scheduler stats: SchedulerStats(num_running_reqs=3, ..., kv_cache_usage=0.03, ...)
 
+With the HiSparse connector (alone or inside MultiConnector) the scheduler output carries the
+step's host-mirror work in ``kv_connector_metadata``, printed by the same walk of ``__dict__``::
+
+    kv_connector_metadata=MultiKVConnectorMetadata(metadata=[NixlConnectorMetadata(...),
+        HiSparseConnectorMetadata(command=..., row_mirrors={cmpl-..-0: [SparseKVRowMirror(
+        source_starts=[0, 4096], destination_start=128, num_rows=512), ...], ...}, ...)], ...)
+
+Each request's mirror rows this step are the sum of its spans' ``num_rows`` (what the recorder's
+``mirror_rows`` column holds); a request scheduled without an entry mirrored none.
+
 These are reprs, not JSON: request ids are unquoted inside ``NewRequestData`` and as dict keys,
 quoted in lists; nested calls (``SamplingParams(...)``, ``Tensor(shape=torch.Size([3]), ...)``)
 and enum reprs (``<CUDAGraphMode.NONE: 0>``) appear. ``parse_repr`` reads that loose grammar
@@ -29,15 +39,26 @@ class CrashDumpParseError(ValueError):
     """The text is not a SchedulerOutput/SchedulerStats repr we can read."""
 
 
-_TOKEN = re.compile(
-    r"""(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
-    r"|(?P<punct>[()\[\]{},:=])"
-    r"|(?P<enum><[^<>()\[\]{}]{0,200}>)"
-    r"|(?P<atom>[^\s()\[\]{},:='\"<]+)"
-    r"|(?P<space>\s+)"
-    r"|(?P<other>.)",
-    re.DOTALL,
-)
+def _token_regex(quotes: str) -> re.Pattern[str]:
+    strings = {"'": r"'(?:[^'\\]|\\.)*'", '"': r'"(?:[^"\\]|\\.)*"'}
+    branch = "|".join(strings[q] for q in quotes)
+    return re.compile(
+        (f"(?P<str>{branch})|" if branch else "")
+        + r"(?P<punct>[()\[\]{},:=])"
+        r"|(?P<enum><[^<>()\[\]{}]{0,200}>)"
+        r"|(?P<atom>[^\s()\[\]{},:='\"<]+)"
+        r"|(?P<space>\s+)"
+        r"|(?P<other>.)",
+        re.DOTALL,
+    )
+
+
+# One pattern per set of quote characters that can still open a string. A quote whose string
+# runs unterminated to the end of the text is read as a bare character; every later quote of the
+# same kind is unterminated too (its scan runs in step with the first one's from there on), so
+# that kind is dropped from the pattern rather than rescanned to the end at each occurrence,
+# which made a line of backslash-quotes quadratic (40 KB took 12 s on the event loop).
+_TOKENS = {q: _token_regex(q) for q in ("'\"", "'", '"', "")}
 
 _ATOM = "atom"
 _OPEN = {"(": ")", "[": "]", "{": "}"}
@@ -51,7 +72,14 @@ class _Tok:
 
 def _tokenize(text: str) -> list[_Tok]:
     out: list[_Tok] = []
-    for m in _TOKEN.finditer(text):
+    quotes = "'\""
+    pattern = _TOKENS[quotes]
+    pos, end = 0, len(text)
+    while pos < end:
+        m = pattern.match(text, pos)
+        if m is None:  # unreachable: the last branch matches any character
+            raise CrashDumpParseError(f"untokenizable text at {pos}")
+        pos = m.end()
         kind = m.lastgroup or "other"
         if kind == "space":
             continue
@@ -60,6 +88,9 @@ def _tokenize(text: str) -> list[_Tok]:
         elif kind == "punct":
             out.append(_Tok(m.group(), m.group()))
         else:  # atom, enum repr, stray character: all read as bare words
+            if kind == "other" and m.group() in quotes:  # an unterminated string
+                quotes = quotes.replace(m.group(), "")
+                pattern = _TOKENS[quotes]
             out.append(_Tok(_ATOM, m.group()))
     return out
 
@@ -281,12 +312,64 @@ _SCALAR_KEYS = (
 )
 
 
+HISPARSE_METADATA = "HiSparseConnectorMetadata"
+ROW_MIRROR = "SparseKVRowMirror"
+
+
+def _find_call(value: Any, type_name: str, depth: int = 0) -> dict[str, Any] | None:
+    """The first ``type_name(...)`` call inside a parsed value (MultiConnector nests it)."""
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(value, dict):
+        if value.get("__type__") == type_name:
+            return value
+        children: Any = value.values()
+    elif isinstance(value, list):
+        children = value
+    else:
+        return None
+    for child in children:
+        found = _find_call(child, type_name, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _mirror_rows(metadata: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    """``row_mirrors`` of a parsed HiSparseConnectorMetadata -> {request id: rows, spans}.
+
+    ``rows`` is the sum of the spans' ``num_rows``, None when a span's count is unreadable.
+    """
+    mirrors = metadata.get("row_mirrors")
+    if not isinstance(mirrors, dict):
+        return {}
+    out: dict[str, dict[str, int | None]] = {}
+    for rid, spans in mirrors.items():
+        if rid == "__type__":
+            continue
+        items = [m for m in _as_list(spans) if isinstance(m, dict)]
+        counts = [_as_int(m.get("num_rows")) for m in items]
+        rows = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+        out[str(rid)] = {"rows": rows, "spans": len(items)}
+    return out
+
+
+def parse_row_mirrors(text: str) -> dict[str, Any]:
+    """``...HiSparseConnectorMetadata(...)`` (its repr, or the dump's form) ->
+    ``{"row_mirrors": {request id: {"rows", "spans"}}, "truncated"}``."""
+    metadata, truncated = _call(text, HISPARSE_METADATA)
+    return {"row_mirrors": _mirror_rows(metadata), "truncated": truncated}
+
+
 def parse_scheduler_output(text: str) -> dict[str, Any]:
     """``...SchedulerOutput(...)`` -> ``{"requests": [...], "scheduler": {...}, "truncated"}``.
 
     One row per scheduled request: ``request_id``, ``prompt_len`` (``None`` for a running
     request, whose prompt length the dump does not print), ``num_computed_tokens``,
     ``num_output_tokens``, ``num_scheduled_tokens``, ``new`` (scheduled for the first time).
+    With HiSparse metadata in the dump, each row also has ``mirror_rows`` (this step's host-mirror
+    rows: 0 for a request without an entry, None where a cut dump leaves it unknown) and the
+    result has ``row_mirrors`` (every entry, ``{"rows", "spans"}``).
     """
     out, truncated = _call(text, "SchedulerOutput")
     rows = [r for r in map(_new_request_row, _as_list(out.get("scheduled_new_reqs"))) if r]
@@ -296,7 +379,17 @@ def parse_scheduler_output(text: str) -> dict[str, Any]:
         for row in rows:
             row["num_scheduled_tokens"] = _as_int(scheduled.get(row["request_id"]))
     scheduler = {k: out[k] for k in _SCALAR_KEYS if k in out}
-    return {"requests": rows, "scheduler": scheduler, "truncated": truncated}
+    result: dict[str, Any] = {"requests": rows, "scheduler": scheduler, "truncated": truncated}
+    metadata = _find_call(out.get("kv_connector_metadata"), HISPARSE_METADATA)
+    if metadata is not None:
+        mirrors = _mirror_rows(metadata)
+        # A dump cut before the end of row_mirrors may have left a request's entry out.
+        complete = not truncated or "all_context_pages_resident" in metadata
+        for row in rows:
+            entry = mirrors.get(row["request_id"])
+            row["mirror_rows"] = entry["rows"] if entry is not None else (0 if complete else None)
+        result["row_mirrors"] = mirrors
+    return result
 
 
 _STATS_ALIASES = {

@@ -104,9 +104,9 @@ _CRITICAL_KINDS = {
     EventKind.ENGINE_DEAD,
 }
 
-_EXIT_CODE = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+)\)")
+_EXIT_CODE = re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d{1,9})\)")
 _DIED_PROC = re.compile(r"Engine core process (\S+) died unexpectedly")
-_PID_EXIT = re.compile(r"Process (\S+) \(PID: (\d+)\) died with exit code (-?\d+)")
+_PID_EXIT = re.compile(r"Process (\S+) \(PID: (\d{1,10})\) died with exit code (-?\d{1,9})")
 
 # A stop that was asked for (SIGINT/SIGTERM, Ctrl-C), and a fresh start that ends it:
 # (APIServer pid=10174) INFO 11-30 14:43:01 [launcher.py:254] [shutdown] API server: shutdown
@@ -125,7 +125,9 @@ _CHAIN = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+# At most 9 digits in a number we int(): a longer run is not a line number or exit code, and
+# int() of a 5,000-digit one raises ValueError (found by scripts/fuzz.py).
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d{1,9})(?:, in (?P<func>.+))?$')
 # Lines torch appends to a CUDA error message (they follow the exception line).
 _EXC_TAIL = re.compile(
     r"^(?:CUDA kernel errors might be|For debugging consider passing|Compile with "
@@ -495,6 +497,8 @@ class LogEventizer:
                 dump.data["requests"] = parsed["requests"]
                 dump.data["scheduler"] = parsed["scheduler"]
                 dump.data["truncated"] = parsed["truncated"]
+                if "row_mirrors" in parsed:  # HiSparse's host-mirror spans of this step, per request
+                    dump.data["row_mirrors"] = parsed["row_mirrors"]
             except CrashDumpParseError as exc:
                 dump.data["requests"] = []
                 dump.data["error"] = f"scheduler output: {exc}"

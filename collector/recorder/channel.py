@@ -19,6 +19,7 @@ from typing import Any
 from collector.channel.codec import encode
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
+from collector.channel.secure import ensure_private_dir
 from collector.recorder.identity import EngineIdentity
 
 log = logging.getLogger("collector.recorder")
@@ -59,7 +60,7 @@ class RecorderChannel:
         self._capacity = capacity
         self._wrap = 0
         try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
+            ensure_private_dir(directory)  # 0700, refused when another user made it
             self._ring = RingWriter(self.path, capacity=capacity)
             self._ring.append(self._meta)
         except Exception as exc:  # noqa: BLE001 - the engine must start whatever happens here

@@ -99,9 +99,13 @@ _XID = re.compile(
 _XID_LOOSE = re.compile(r"NVRM: Xid.*?: (?P<xid>\d{1,6})(?:,|$)")
 
 # pid=415,  pid='<unknown>',  pid=<unknown>,
-_PID = re.compile(r"^pid=(?:'?(?P<pid>\d+)'?|'?<unknown>'?)\s*(?:,\s*|$)")
+# At most 10 digits (pid_max is 2**22): a longer run is not a pid, and int() of a 20,000-digit
+# one raises; such a field is left unread, in ``detail``.
+_PID = re.compile(r"^pid=(?:'?(?P<pid>\d{1,10})'?|'?<unknown>'?)\s*(?:,\s*|$)")
 # name=python3,  name=<unknown>,  name=pt_main_thread,
-_NAME = re.compile(r"^name=(?P<name>[^,]*?)\s*(?:,\s*|$)")
+# Greedy up to the comma, trailing blanks stripped after: a lazy name followed by \s* was
+# quadratic on a run of blanks without a comma (8 KB took 3.5 s).
+_NAME = re.compile(r"^name=(?P<name>[^,]*)(?:,\s*|$)")
 # channel 0x0000000a   Ch 00000008   Channel ID 00000009   Channel 00000001
 _CHANNEL = re.compile(r"^(?:channel|Ch|Channel ID|Channel)\s+(?P<ch>(?:0x)?[0-9a-fA-F]+)\b\s*,?\s*")
 
@@ -214,7 +218,7 @@ def _parse_xid(message: str, record: KernelRecord) -> XidRecord:
         rest = rest[pm.end():]
     nm = _NAME.match(rest)
     if nm is not None:
-        raw_name = nm.group("name").strip("'")
+        raw_name = nm.group("name").rstrip().strip("'")
         name = None if raw_name in ("<unknown>", "") else raw_name
         rest = rest[nm.end():]
     cm = _CHANNEL.match(rest)

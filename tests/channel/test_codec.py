@@ -143,3 +143,98 @@ def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
     assert block.column("request_id") == ["cmpl-a-0", "cmpl-b-0"]
     assert block.column("mirror_rows") == [7, None]
     assert block.column("status") == ["running", "preempted"]
+
+
+_EVENT = {"t": "ev", "engine": "e", "kind": "cuda_error", "ts": 3.0, "source": "recorder",
+          "message": "boom", "severity": "critical"}  # fmt: skip
+_STEP = {"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3}
+_REQ = {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"],
+        "rows": [["r", 10, 11]]}  # fmt: skip
+
+
+# Each record decodes with the good value and is a CodecError with the bad one: the value would
+# otherwise reach a typed column (a string xid made /api/v1/events answer 500; a step of 2**70
+# or kv_cache_usage "abc" stopped the batching writer).
+@pytest.mark.parametrize(
+    ("base", "key", "good", "bad"),
+    [
+        (_EVENT, "xid", 43, "43"),
+        (_EVENT, "xid", 43, True),
+        (_EVENT, "xid", 43, 2**40),
+        (_EVENT, "xid", 43, -1),
+        (_EVENT, "pid", 415, 415.5),
+        (_EVENT, "pid", 415, "415"),
+        (_EVENT, "pid", 415, [415]),
+        (_EVENT, "gpu", "0000:00:06.0", 6),
+        (_EVENT, "gpu", "0000:00:06.0", "g" * 129),
+        (_EVENT, "gpu", "0000:00:06.0", "a\x00b"),
+        (_EVENT, "process", "Worker_TP1", {"a": 1}),
+        (_EVENT, "ts", 3.0, "now"),
+        (_EVENT, "ts", 3.0, float("nan")),
+        (_EVENT, "message", "boom", 7),
+        (_EVENT, "frames", [{"file": "a.py"}], ["a.py"]),
+        (_EVENT, "lines", ["x"], [1]),
+        (_EVENT, "data", {"k": 1}, [1]),
+        (_EVENT, "kind", "cuda_error", 3),
+        (_STEP, "kv_cache_usage", 0.5, "abc"),
+        (_STEP, "kv_cache_usage", 0.5, float("inf")),
+        (_STEP, "kv_cache_usage", 0.5, 7.0),
+        (_STEP, "step", 2**62, 2**70),
+        (_STEP, "step", 5, -5),
+        (_STEP, "step", 5, "5"),
+        (_STEP, "running", 3, 2**31),
+        (_STEP, "running", 3, "3"),  # null is valid: unknown (test_json_records_still_decode)
+        (_STEP, "waiting", 0, 1.5),
+        (_STEP, "waiting_by_reason", {"deferred": 1}, {"deferred": "x"}),
+        (_STEP, "connector", {"mirror_rows": 3}, [3]),
+        (_STEP, "finished_requests", [{"request_id": "r"}], "r"),
+        (_STEP, "worker", "Worker_TP0", 0),
+        (_STEP, "engine", "e", 5),
+        (_REQ, "step", 4, 2**64),
+        (_REQ, "rows", [["r", 10, 11]], [["r", "10", 11]]),
+        (_REQ, "rows", [["r", 10, 11]], [["r", 10, 2**40]]),
+        (_REQ, "rows", [["r", 10, 11]], [[None, 10, 11]]),
+        (_REQ, "rows", [["r", 10, 11]], "r"),
+        (_REQ, "cols", ["id", "prompt_len", "computed"], "id"),
+    ],
+)
+def test_wrong_typed_json_fields_are_codec_errors(base: dict, key: str, good: object, bad: object) -> None:
+    _, obs = decode(encode({**base, key: good}))
+    assert obs is not None
+    with pytest.raises(CodecError):
+        decode(encode({**base, key: bad}))
+
+
+def test_unknown_json_request_status_is_unknown() -> None:
+    _, step = decode(encode({**_REQ, "cols": ["id", "prompt_len", "computed", "status"], "rows": [["r", 1, 1, "zzz"]]}))
+    assert step is not None and step.requests is not None
+    assert step.requests[0].status == "unknown"
+
+
+@given(st.dictionaries(st.sampled_from(["t", "engine", "kind", "ts", "xid", "pid", "gpu", "step", "running",
+                                         "kv_cache_usage", "rows", "cols", "facts", "data", "lines"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                                 st.lists(st.integers(), max_size=3),
+                                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+       .map(lambda d: {**d, "t": d.get("t") if d.get("t") is not None else "ev"}))
+def test_any_json_record_decodes_typed_or_raises_codec_error(body: dict) -> None:
+    for t in ("ev", "step", "req", "fp"):
+        try:
+            _, obs = decode(encode({**body, "t": t}))
+        except CodecError:
+            continue
+        if isinstance(obs, Event):
+            assert obs.xid is None or type(obs.xid) is int
+            assert obs.pid is None or type(obs.pid) is int
+            assert obs.gpu is None or isinstance(obs.gpu, str)
+        if isinstance(obs, StepRecord):
+            assert type(obs.step) is int and 0 <= obs.step < 2**63
+            assert obs.kv_cache_usage is None or isinstance(obs.kv_cache_usage, float)  # None: unknown
+
+
+@pytest.mark.parametrize("payload", [b"J" + b"[" * 100_000, b'J{"t":"ev","data":' + b"[" * 100_000,
+                                     encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[" * 100_000])
+def test_deeply_nested_json_is_a_codec_error(payload: bytes) -> None:
+    # found by scripts/fuzz.py: json.loads raised RecursionError through decode
+    with pytest.raises(CodecError):
+        decode(payload)

@@ -183,3 +183,95 @@ def test_any_interleaving_yields_ordered_contiguous_runs(tmp_path_factory: pytes
         assert p == rec(i, sizes[i])
     if r.lost_bytes == 0:
         assert numbers == list(range(len(sizes)))
+
+
+def _truncate_while_mapped(path: str, size: int) -> None:
+    reader = RingReader(path)
+    with open(path, "r+b") as f:
+        f.truncate(size)
+    try:
+        reader.read()
+    except RingCorrupt:
+        os._exit(3)  # the reader's own error: what the sidecar counts and goes on from
+    os._exit(0)
+
+
+@pytest.mark.parametrize("size", [HEADER_SIZE + 100, 10, 0])
+def test_ring_truncated_under_the_reader_is_an_error_not_sigbus(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "t.ring"
+    w = RingWriter(path, capacity=1 << 16)
+    for i in range(500):
+        w.append(rec(i, 100))
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_truncate_while_mapped, args=(str(path), size))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 3, f"reader ended with {child.exitcode} (-7 is SIGBUS)"
+
+
+def _open_fifo(path: str) -> None:
+    try:
+        RingReader(path)
+    except RingCorrupt as exc:
+        os._exit(3 if "not a regular file" in str(exc) else 4)
+    os._exit(0)
+
+
+def test_fifo_named_ring_does_not_hang_open(tmp_path: Path) -> None:
+    fifo = tmp_path / "decode-0.stats.1.ring"
+    os.mkfifo(fifo)
+    child = multiprocessing.get_context("fork").Process(target=_open_fifo, args=(str(fifo),))
+    child.start()
+    child.join(10)  # in a child: a regression hangs it, not the test run
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    assert child.exitcode == 3
+
+
+def test_symlinked_ring_is_not_followed(tmp_path: Path) -> None:
+    RingWriter(tmp_path / "real.ring", capacity=4096).append(rec(1))
+    (tmp_path / "link.ring").symlink_to(tmp_path / "real.ring")
+    with pytest.raises(RingCorrupt, match="symlink"):
+        RingReader(tmp_path / "link.ring")
+
+
+def test_writer_does_not_follow_a_planted_tmp_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "e.ring.tmp").symlink_to(victim)
+    w = RingWriter(tmp_path / "e.ring", capacity=4096)
+    w.append(rec(1))
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "e.ring").is_symlink()
+    assert seqs(RingReader(tmp_path / "e.ring").read()) == [1]
+
+
+def test_ring_files_are_owner_only(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        RingWriter(tmp_path / "e.ring", capacity=4096)
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "e.ring").st_mode & 0o777 == 0o600
+
+
+def test_reader_refuses_a_ring_of_another_user(tmp_path: Path) -> None:
+    RingWriter(tmp_path / "e.ring", capacity=4096)
+    path = tmp_path / "e.ring"
+    if os.geteuid() == 0:  # root is trusted: make the file another user's
+        os.chown(path, 54321, 54321)
+        kwargs: dict[str, int] = {}
+    else:
+        kwargs = {"owner": 54321}
+    with pytest.raises(RingCorrupt, match="owned by uid"):
+        RingReader(path, **kwargs)
+
+
+def test_record_longer_than_one_copy(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "big.ring", capacity=8 << 20)
+    r = RingReader(tmp_path / "big.ring")
+    for i in range(6):  # 3 MiB records: longer than the reader's 1 MiB copy
+        w.append(rec(i, 3 << 20))
+        assert seqs(r.read()) == [i]
+    assert r.corrupt_records == 0

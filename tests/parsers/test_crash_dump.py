@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from collector.parsers.crash_dump import (
     CrashDumpParseError,
     parse_repr,
+    parse_row_mirrors,
     parse_scheduler_output,
     parse_scheduler_stats,
 )
@@ -133,3 +134,62 @@ def test_any_text_raises_only_its_own_error(text):
             parse(text)
         except CrashDumpParseError:
             pass
+
+
+# vLLM's own dump code on vLLM's own HiSparse classes (make_hisparse_dump.py in the fixtures).
+HISPARSE = (FIXTURES / "hisparse-dump.log").read_text(encoding="utf-8").splitlines()
+HISPARSE_OUTPUT = HISPARSE[0].split(OUTPUT, 1)[1]
+
+
+def _printed_mirrors(text: str) -> dict[str, int]:
+    """Rows per request read independently: each ``id: [SparseKVRowMirror(...), ...]`` entry of
+    row_mirrors (ids bare or quoted, lists or tuples), its num_rows summed."""
+    block = text[text.index("row_mirrors={") :]
+    block = block[: block.index("}, all_context_pages_resident")]
+    span = r"SparseKVRowMirror\(source_starts=[\[(][^\])]*[\])], destination_start=\d+, num_rows=\d+\)"
+    entries = re.findall(r"'?(cmpl-[\w-]+)'?: [\[(]((?:" + span + r"[, ]*)+)[\])]", block)
+    return {rid: sum(int(n) for n in re.findall(r"num_rows=(\d+)", spans)) for rid, spans in entries}
+
+
+def test_hisparse_row_mirrors_per_request() -> None:
+    out = parse_scheduler_output(HISPARSE_OUTPUT)
+    expected = _printed_mirrors(HISPARSE_OUTPUT)
+    assert len(expected) == 3 and out["truncated"] is False
+    assert {rid: m["rows"] for rid, m in out["row_mirrors"].items()} == expected
+    assert [r["request_id"] for r in out["requests"]] == _printed_ids(HISPARSE_OUTPUT)
+    for row in out["requests"]:
+        # scheduled without an entry: no mirror work this step (0, known), not unknown
+        assert row["mirror_rows"] == expected.get(row["request_id"], 0)
+    assert any(r["mirror_rows"] == 0 for r in out["requests"])
+    assert out["row_mirrors"][max(expected, key=expected.get)]["spans"] == 2
+
+
+def test_hisparse_metadata_repr() -> None:
+    # the dataclass repr of the same metadata: quoted keys, tuples
+    got = parse_row_mirrors(HISPARSE[1])
+    assert got["truncated"] is False
+    assert {rid: m["rows"] for rid, m in got["row_mirrors"].items()} == _printed_mirrors(HISPARSE[1])
+
+
+def test_hisparse_dump_cut_inside_row_mirrors() -> None:
+    at = HISPARSE_OUTPUT.index("row_mirrors={") + 40
+    out = parse_scheduler_output(HISPARSE_OUTPUT[:at])
+    assert out["truncated"] is True
+    # no scheduled row was cut off here (they come first); what the mirrors left unread is None
+    assert all(r["mirror_rows"] is None or isinstance(r["mirror_rows"], int) for r in out["requests"])
+    assert any(r["mirror_rows"] is None for r in out["requests"])
+
+
+def test_dump_without_hisparse_has_no_mirror_column() -> None:
+    out = parse_scheduler_output(REAL_OUTPUTS[0])
+    assert "row_mirrors" not in out and all("mirror_rows" not in r for r in out["requests"])
+
+
+def test_crash_dump_event_carries_the_mirrors() -> None:
+    from collector.parsers.tracebacks import LogEventizer
+
+    ev = LogEventizer("decode-0", reference_clock=lambda: 1.7e9)
+    events = [e for line in HISPARSE[:1] for e in ev.feed(line)] + ev.flush()
+    [dump] = [e for e in events if e.kind.value == "crash_dump"]
+    assert {rid: m["rows"] for rid, m in dump.data["row_mirrors"].items()} == _printed_mirrors(HISPARSE_OUTPUT)
+    assert {r["request_id"]: r["mirror_rows"] for r in dump.data["requests"]}[_printed_ids(HISPARSE_OUTPUT)[-1]] == 0
