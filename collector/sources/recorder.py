@@ -20,6 +20,7 @@ from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import CodecError, decode
+from collector.channel.secure import ensure_private_dir
 from collector.channel.naming import parse_ring_file_name
 from collector.ingest.join import EngineJoin, Joined
 from collector.model import Event, EventKind, Observation, Severity, SourceStatus, StepRecord
@@ -122,7 +123,9 @@ class RecorderSource:
         return {t.engine for t in self._tails.values() if t.engine and t.joined is not None and t.joined.configured}
 
     async def run(self, sink: Sink) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # 0700, and refused (the supervisor reports it) when another user made it: injected
+        # records there would become stored steps and snapshots
+        ensure_private_dir(self.directory)
         while True:
             self.poll(sink)
             await asyncio.sleep(self.poll_interval)
