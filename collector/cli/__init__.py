@@ -5,6 +5,7 @@
     flightrec db upgrade|downgrade|current [--db URL]
     flightrec snapshots list|show ID|export ID [--db URL]
     flightrec inspect-log FILE [--json]
+    flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] | --plan SNAPSHOT_ID
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad settings or arguments.
 """
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     insp = sub.add_parser("inspect-log", help="offline post-mortem of an engine log")
     insp.add_argument("file")
     insp.add_argument("--json", action="store_true")
+
+    from collector.cli.replay import add_parser as add_replay
+
+    add_replay(sub)
     return parser
 
 
@@ -91,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             from collector.cli.inspect_log import main as inspect_main
 
             return inspect_main(args.file, args.json)
+        if args.command == "replay":
+            from collector.cli.replay import main as replay_main
+
+            return replay_main(args, _settings(args))
     except SettingsError as exc:
         print(f"flightrec: invalid settings:\n{exc}", file=sys.stderr)
         return 2
