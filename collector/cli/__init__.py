@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--exit-after-snapshot", action="store_true", help="exit 0 once the crash snapshot is stored")
     demo.add_argument("--speed", type=float, default=1500.0, help="simulated engine steps per second")
     demo.add_argument("--workdir", default="flightrec-demo", help="folder for the simulated logs and rings")
+    demo.add_argument("--serve-completions", action="store_true",
+                      help="no built-in load: the pair serves /v1/completions, for flightrec replay")
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
@@ -137,7 +139,8 @@ def _demo(args: argparse.Namespace) -> int:
             old.unlink()
 
     async def run() -> int:
-        pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed))
+        pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed,
+                                  serve_completions=args.serve_completions))
         await pair.start()
         settings = base.model_copy(update={
             "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
@@ -163,6 +166,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"flightrec demo: API {svc_url()}/api/v1  (snapshots page {svc_url()}/snapshots)", flush=True)
         print(f"simulated prefill-0 on :{pair.prefill.port}, decode-0 on :{pair.decode.port}; "
               f"ramp C1->C16 with ISL {pair.cfg.scenario.isl}, OSL {pair.cfg.scenario.osl}", flush=True)  # fmt: skip
+        if pair.frontend is not None:
+            print(f"replay target: http://127.0.0.1:{pair.decode.port} (/v1/completions; no built-in load)", flush=True)
         sim_task = asyncio.create_task(pair.run())
         rc = 0
         if args.exit_after_snapshot:
