@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from collector.replay import report, source
+from collector.replay.compare import Comparison, compare
 from collector.replay.driver import Driver, ReplayResult, target_model
 from collector.replay.plan import Plan, PlanError, build_plan
 from collector.settings import Settings
@@ -123,13 +124,23 @@ async def _replay(args: argparse.Namespace, settings: Settings, snap: dict[str, 
     if not result.interrupted:
         new_snap = await _find_snapshot(args, settings, snap, origin, result)
     link = _link(args, settings, snap, origin, plan, result, new_snap)
+    cmp = _compare(args, settings, plan, new_snap)
     if args.json:
-        print(json.dumps(_as_json(plan, result, new_snap, link), indent=2))
+        out = _as_json(plan, result, new_snap, link)
+        out["comparison"] = cmp if not isinstance(cmp, Comparison) else {
+            "same": cmp.same, "same_prompts": cmp.same_prompts, "same_max_tokens": cmp.same_max_tokens,
+            "same_concurrency": cmp.same_concurrency, "same_fault_point": cmp.same_fault_point, "notes": cmp.notes,
+        }  # fmt: skip
+        print(json.dumps(out, indent=2))
     else:
         print(report.result_table(plan, result))
         print(report.verdict_text(plan, result, new_snap))
         if link:
             print(link)
+        if isinstance(cmp, Comparison):
+            print(report.comparison_text(cmp))
+        elif cmp:
+            print(cmp)
     return 130 if result.interrupted else 0
 
 
@@ -158,6 +169,21 @@ async def _find_snapshot(args: argparse.Namespace, settings: Settings, snap: dic
         return await source.new_snapshot_from_db(settings.database, result.started_at, host=_host(settings),
                                                  wait_s=wait, exclude=exclude)  # fmt: skip
     return None
+
+
+def _compare(args: argparse.Namespace, settings: Settings, plan: Plan,
+             new_snap: dict[str, Any] | None) -> Comparison | str | None:  # fmt: skip
+    """The replay's workload, as its engine recorded it, against the original's (or why not)."""
+    if new_snap is None or new_snap.get("id") is None:
+        return None
+    try:
+        if args.sidecar:
+            again = source.from_sidecar(args.sidecar, int(new_snap["id"]), token=_token(settings))
+        else:
+            again = source.from_db(settings.database, int(new_snap["id"]), host=_host(settings))
+        return compare(plan, build_plan(again.get("workload")))
+    except (source.SourceError, PlanError) as exc:
+        return f"the replayed workload was not compared: {exc}"
 
 
 def _link(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, plan: Plan,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol, TextIO
 
+from collector.replay.compare import Comparison
 from collector.replay.driver import ReplayResult
 from collector.replay.plan import Plan
 
@@ -95,6 +96,16 @@ def verdict_text(plan: Plan, result: ReplayResult, snapshot: dict[str, Any] | No
     if result.errors:
         out.append("first failures: " + " | ".join(result.errors))
     return "\n".join(out)
+
+
+def comparison_text(cmp: Comparison) -> str:
+    def word(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("same" if ok else "DIFFERENT")
+
+    head = (f"replayed workload vs the original (collector.replay.compare tolerances): prompt lengths "
+            f"{word(cmp.same_prompts)}, max tokens {word(cmp.same_max_tokens)}, concurrency "
+            f"{word(cmp.same_concurrency)}, fault point {word(cmp.same_fault_point)}")  # fmt: skip
+    return "\n".join([head] + [f"  {n}" for n in cmp.notes])
 
 
 class Progress(Protocol):

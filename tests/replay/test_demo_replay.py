@@ -106,5 +106,6 @@ def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
     m = re.search(r"new snapshot: (\d+) \(decode-0", out)
     assert m, out
     new_id = int(m.group(1))
+    assert "prompt lengths same, max tokens same, concurrency same, fault point same" in out, out
     replays = Repository(make_engine(db), host="x").get_snapshot(snap_id, parts=()).summary["replays"]
     assert replays[-1]["snapshot_id"] == new_id and replays[-1]["died_concurrency"] == 16
