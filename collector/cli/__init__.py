@@ -5,6 +5,7 @@
     flightrec db upgrade|downgrade|current [--db URL]
     flightrec snapshots list|show ID|export ID [--db URL]
     flightrec inspect-log FILE [--json]
+    flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] | --plan SNAPSHOT_ID
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad settings or arguments.
 """
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--exit-after-snapshot", action="store_true", help="exit 0 once the crash snapshot is stored")
     demo.add_argument("--speed", type=float, default=1500.0, help="simulated engine steps per second")
     demo.add_argument("--workdir", default="flightrec-demo", help="folder for the simulated logs and rings")
+    demo.add_argument("--serve-completions", action="store_true",
+                      help="no built-in load: the pair serves /v1/completions, for flightrec replay")
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])
@@ -63,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     insp = sub.add_parser("inspect-log", help="offline post-mortem of an engine log")
     insp.add_argument("file")
     insp.add_argument("--json", action="store_true")
+
+    from collector.cli.replay import add_parser as add_replay
+
+    add_replay(sub)
     return parser
 
 
@@ -91,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             from collector.cli.inspect_log import main as inspect_main
 
             return inspect_main(args.file, args.json)
+        if args.command == "replay":
+            from collector.cli.replay import main as replay_main
+
+            return replay_main(args, _settings(args))
     except SettingsError as exc:
         print(f"flightrec: invalid settings:\n{exc}", file=sys.stderr)
         return 2
@@ -129,7 +140,8 @@ def _demo(args: argparse.Namespace) -> int:
             old.unlink()
 
     async def run() -> int:
-        pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed))
+        pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed,
+                                  serve_completions=args.serve_completions))
         await pair.start()
         settings = base.model_copy(update={
             "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
@@ -155,6 +167,8 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"flightrec demo: API {svc_url()}/api/v1  (snapshots page {svc_url()}/snapshots)", flush=True)
         print(f"simulated prefill-0 on :{pair.prefill.port}, decode-0 on :{pair.decode.port}; "
               f"ramp C1->C16 with ISL {pair.cfg.scenario.isl}, OSL {pair.cfg.scenario.osl}", flush=True)  # fmt: skip
+        if pair.frontend is not None:
+            print(f"replay target: http://127.0.0.1:{pair.decode.port} (/v1/completions; no built-in load)", flush=True)
         sim_task = asyncio.create_task(pair.run())
         rc = 0
         if args.exit_after_snapshot:

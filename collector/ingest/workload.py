@@ -74,8 +74,8 @@ def _bool(v: Any) -> bool | None:
 
 class WorkloadLog:
     def __init__(self, *, max_requests: int = DEFAULT_MAX_REQUESTS, max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
-        if max_requests < 1 or max_age_s <= 0:
-            raise ValueError("max_requests and max_age_s must be positive")
+        if max_requests < 0 or max_age_s <= 0:
+            raise ValueError("max_requests must be 0 (keep nothing) or more, max_age_s positive")
         self.max_requests = max_requests
         self.max_age_s = float(max_age_s)
         # keyed by a sequence number: a client may reuse a request id once the first has ended
@@ -92,6 +92,8 @@ class WorkloadLog:
         return len(self._requests)
 
     def add(self, rec: WorkloadRecord) -> None:
+        if not self.max_requests:  # the log is turned off (workload_requests: 0)
+            return
         d = rec.data
         key = (rec.engine, str(d.get("id")))
         self._newest = max(self._newest, rec.ts)

@@ -9,7 +9,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -120,6 +120,7 @@ class SimEngine:
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._window_tokens = (0, 0, time.time())  # prompt, generation, since
+        self.routes: list[Callable[[FastAPI], None]] = []  # more endpoints (collector.sim.openai)
         self.write("APIServer", "INFO", "api_server.py:1880", f"vLLM API server version {VERSION}")
         self.write("APIServer", "INFO", "api_server.py:1881", f"args: model='{scenario.model}', port={port}, "
                    f"tensor_parallel_size={scenario.tp}, block_size={scenario.block_size}")  # fmt: skip
@@ -151,6 +152,8 @@ class SimEngine:
         def health() -> Response:
             return Response(status_code=200 if self.alive else 503)
 
+        for add in self.routes:
+            add(app)
         return app
 
     async def start_http(self) -> None:
@@ -271,6 +274,17 @@ class SimEngine:
         )  # fmt: skip
         self.stats_ring.append(encode_step(rec))
         self.sched_ring.append(encode_requests(self.name, self.step_counter, now, rows))
+
+    # -- workload (the recorder's ``wl`` records, as the scheduler writes them) ----------------
+    def workload_arrive(self, r: SimRequest, *, max_tokens: int, ts: float | None = None) -> None:
+        self.sched_ring.append(encode({"t": "wl", "ev": "arrive", "id": r.request_id, "ts": ts or time.time(),
+                                       "prompt_len": r.prompt_len, "max_tokens": max_tokens, "n": 1,
+                                       "ignore_eos": True, "has_stop": False}))  # fmt: skip
+
+    def workload_end(self, r: SimRequest, *, output_len: int, finish: str = "length") -> None:
+        # no prefix-cache hits: the incident's prompts did not repeat
+        self.sched_ring.append(encode({"t": "wl", "ev": "end", "id": r.request_id, "ts": time.time(),
+                                       "output_len": output_len, "finish": finish, "cached_tokens": 0}))  # fmt: skip
 
     def close(self) -> None:
         self.stats_ring.close()

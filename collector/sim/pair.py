@@ -13,6 +13,7 @@ from typing import Any
 from collector.settings import EngineConfig
 from collector.sim import vllm_logs
 from collector.sim.engine import SimEngine
+from collector.sim.openai import CompletionsFrontend
 from collector.sim.scenario import LoadClient, Scenario
 from collector.sources.nvml_backend import FakeGpu, FakeNvmlBackend
 
@@ -33,6 +34,8 @@ class PairConfig:
     tick_s: float = 0.01
     log_every_s: float = 2.0
     scenario: Scenario = field(default_factory=Scenario)
+    # no built-in load: requests come over /v1/completions (collector.sim.openai), for replay
+    serve_completions: bool = False
 
 
 class SimPair:
@@ -49,6 +52,7 @@ class SimPair:
                                 recorder_dir=cfg.recorder_dir, log_path=cfg.workdir / "decode.log",
                                 gpu_index=1, fake_pid=3107)  # fmt: skip
         self.client = LoadClient(sc)
+        self.frontend: CompletionsFrontend | None = CompletionsFrontend(self) if cfg.serve_completions else None
         self.nvml = FakeNvmlBackend([FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)")
                                      for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)])  # fmt: skip
         self.crashed_at: float | None = None
@@ -93,25 +97,38 @@ class SimPair:
 
     def _one_step(self) -> bool:
         sc = self.cfg.scenario
-        for r in self.client.to_send():
+        for r in self.client.to_send() if self.frontend is None else ():
+            self.prefill.workload_arrive(r, max_tokens=1)  # a P/D proxy asks prefill for one token
             self.prefill.waiting.append(r)
         if self.prefill.waiting or self.prefill.running:
             moved, _ = self.prefill.step()
             for r in moved:
+                self.prefill.workload_end(r, output_len=1)
+                self.decode.workload_arrive(r, max_tokens=r.max_tokens)
                 r.ready_at_step = self.decode.step_counter + sc.transfer_steps
                 r.status = "waiting"
                 self.decode.waiting.append(r)
         if self.decode.waiting or self.decode.running:
             finished, _ = self.decode.step()
-            if finished:
+            for r in finished:
+                self.decode.workload_end(r, output_len=r.output)
+            if finished and self.frontend is not None:
+                self.frontend.finished(finished)
+            elif finished:
                 self.client.finished(len(finished))
-        if self.client.phase_index == sc.crash_phase and self.client.done_in_phase >= sc.crash_after_done:
+        if self._at_fault_point():
             self._extra_steps = (self._extra_steps or 0) + 1
             if self._extra_steps >= sc.crash_extra_steps:
                 self.crashed_at = time.time()
                 self.crash_step = self.decode.step_counter
                 return True
-        return self.client.phase is None
+        return self.frontend is None and self.client.phase is None
+
+    def _at_fault_point(self) -> bool:
+        sc = self.cfg.scenario
+        if self.frontend is not None:  # replayed load: the same load point, reached by any client
+            return self.frontend.at_fault_point()
+        return self.client.phase_index == sc.crash_phase and self.client.done_in_phase >= sc.crash_after_done
 
     def _gpu_values(self) -> None:
         for gpu, eng in zip(self.nvml.gpus, (self.prefill, self.decode), strict=True):
@@ -143,7 +160,7 @@ class SimPair:
         d.write_lines(vllm_logs.worker_failure("Worker_TP1", d.pids["Worker_TP1"], ts, vllm_logs.TRACEBACK_TP1))
         d.write_lines(vllm_logs.crash_dump(d.pids["EngineCore_DP0"], ts, self.crash_step or 0, d.running,
                                            len(d.waiting), d.kv_usage(), sc.model, "0.11.1"))  # fmt: skip
-        done, failed = self.client.fail_rest()
+        done, failed = self.client.fail_rest() if self.frontend is None else self.frontend.fail_all()
         await asyncio.sleep(0.05)
         d.write_lines(vllm_logs.api_server_death(d.pids["APIServer"], time.time()))
         d.write("APIServer", "INFO", "api_server.py:1990", f"C{sc.phases[sc.crash_phase].concurrency} phase: {done} done / {failed} failed")

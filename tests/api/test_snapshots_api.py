@@ -80,6 +80,7 @@ def test_export_is_one_gzip_file_of_the_documented_schema(client: TestClient, ct
     assert list(data) == ["schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
                           "summary", "fingerprint", "steps", "requests", "gpu_samples", "events", "log_lines", "peers",
                           "workload", "scrapes"]  # fmt: skip
+    assert data["workload"] is None  # recorded by no workload log: null, not an empty list
     SnapshotDocOut.model_validate(data)
     again = SnapshotDoc.from_export(data)  # the export reads back into the document it came from
     assert len(again.requests) == 80 and again.requests[-1]["mirror_rows"] == 419

@@ -125,7 +125,15 @@ def test_an_empty_log_exports_an_empty_workload() -> None:
 
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
-        WorkloadLog(max_requests=0)
+        WorkloadLog(max_requests=-1)
+    with pytest.raises(ValueError):
+        WorkloadLog(max_age_s=0)
+
+
+def test_zero_requests_turns_the_log_off() -> None:
+    log = WorkloadLog(max_requests=0)
+    log.add(arrive("a", 1.0))
+    assert len(log) == 0 and log.export(2.0, crashed=True)["counts"]["requests"] == 0
 
 
 def test_concurrency_series_closes_at_until() -> None:

@@ -9,6 +9,9 @@ Environment:
   after N calls that scheduled at least one token (an idle engine never faults).
 - ``FLIGHTREC_FAULT_MESSAGE``: the error text (default ``CUDA error: unspecified launch
   failure``, the error of the incident this project was built for).
+- ``FLIGHTREC_FAULT_MIN_BATCH=R``: only steps that schedule at least R requests count, so the
+  fault comes at a point of the load (N steps at concurrency R or more), not at a step number:
+  a replay of the same load meets it at the same point.
 - ``FLIGHTREC_FAULT_RANK``: only this TP rank raises (default: every rank).
 - ``FLIGHTREC_FAULT_KIND``: ``raise`` (default) or ``exit``: ``os._exit(FLIGHTREC_FAULT_EXIT_CODE
   or 1)`` instead of raising, to imitate a worker process that dies without a traceback.
@@ -28,6 +31,11 @@ def _scheduled_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     return int(getattr(output, "total_num_scheduled_tokens", 0) or 0)
 
 
+def _scheduled_requests(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    output = kwargs.get("scheduler_output", args[0] if args else None)
+    return len(getattr(output, "num_scheduled_tokens", None) or {})
+
+
 def register() -> None:
     global _patched
     after = os.environ.get("FLIGHTREC_FAULT_AFTER_STEPS")
@@ -36,6 +44,7 @@ def register() -> None:
     limit = int(after)
     message = os.environ.get("FLIGHTREC_FAULT_MESSAGE", DEFAULT_MESSAGE)
     only_rank = os.environ.get("FLIGHTREC_FAULT_RANK")
+    min_batch = int(os.environ.get("FLIGHTREC_FAULT_MIN_BATCH", "1"))
     kind = os.environ.get("FLIGHTREC_FAULT_KIND", "raise")
     exit_code = int(os.environ.get("FLIGHTREC_FAULT_EXIT_CODE", "1"))
 
@@ -46,7 +55,7 @@ def register() -> None:
     steps = {"n": 0}
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _scheduled_tokens(args, kwargs) > 0:
+        if _scheduled_tokens(args, kwargs) > 0 and _scheduled_requests(args, kwargs) >= min_batch:
             steps["n"] += 1
             rank = getattr(self, "rank", None)
             if steps["n"] > limit and (only_rank is None or str(rank) == only_rank):

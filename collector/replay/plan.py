@@ -1,0 +1,157 @@
+"""A replay plan: a snapshot's workload cut into phases by concurrency level (pure, no I/O).
+
+The incident's load was a benchmark ramp: C1, C2, C4, C8, C16, each level held until its
+requests were done. A request's **level** is the most requests in flight at any time during its
+life (arrival to end, or to the fault when it never ended); consecutive requests (by arrival)
+with the same level form a **phase**. For a closed-loop ramp that gives the ramp's levels
+exactly: a request of the C4 phase starts when 3 others run and keeps 4 in flight until the
+phase drains. A phase **waits** (``barrier``) when, in the original, it started only after
+every request of the phase before had ended; the driver then waits the same way, so a slower
+target does not mix two levels.
+
+Prefix reuse follows the cache hits the engine recorded, nothing else: a request that had
+``cached_tokens`` = c reuses the first c tokens of the most recent earlier request long enough
+to hold them (the original's sharing structure is not recorded, only its extent). Every other
+token is fresh (``collector.replay.prompts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PlanError(ValueError):
+    """A snapshot whose workload cannot be replayed (none recorded, nothing in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    index: int  # position in arrival order
+    id: str | None  # the original request id, for reference only
+    offset: float  # arrival, seconds after the first arrival
+    prompt_len: int
+    max_tokens: int | None
+    n: int | None
+    ignore_eos: bool | None
+    has_stop: bool | None
+    level: int
+    outcome: str  # the original's: finished | aborted | error | failed_by_crash | in_flight
+    output_len: int | None
+    prefix_of: int | None = None  # index of the request whose first prefix_len tokens it reuses
+    prefix_len: int = 0
+
+
+@dataclass(slots=True)
+class PlanPhase:
+    number: int  # 1-based
+    concurrency: int
+    requests: list[PlannedRequest]
+    barrier: bool  # the original started it once the phase before had drained
+    start: float = 0.0  # first arrival offset
+    end: float = 0.0  # last end (or the fault) offset
+
+    def original(self, outcome: str) -> int:
+        return sum(1 for r in self.requests if r.outcome == outcome)
+
+    @property
+    def original_failed(self) -> int:
+        return sum(1 for r in self.requests if r.outcome in ("error", "failed_by_crash", "aborted"))
+
+
+@dataclass(slots=True)
+class Plan:
+    phases: list[PlanPhase]
+    crashed: bool
+    fault_offset: float | None  # the fault, seconds after the first arrival
+    truncated: dict[str, Any] = field(default_factory=dict)
+    window: dict[str, Any] = field(default_factory=dict)
+    skipped: int = 0  # requests without a prompt length: nothing to send
+    source: dict[str, Any] = field(default_factory=dict)  # snapshot id, engine, model
+
+    @property
+    def requests(self) -> list[PlannedRequest]:
+        return [r for p in self.phases for r in p.requests]
+
+    @property
+    def crash_phase(self) -> PlanPhase | None:
+        """The phase the fault fell in: the last one holding a request failed by the crash."""
+        hit = [p for p in self.phases if p.original("failed_by_crash")]
+        return hit[-1] if hit else None
+
+
+def _rows(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    cols = (workload.get("requests") or {}).get("columns") or {}
+    ids = cols.get("id") or []
+    return [{k: (v[i] if i < len(v) else None) for k, v in cols.items()} for i in range(len(ids))]
+
+
+def levels(arrivals: list[float], ends: list[float | None], until: float) -> list[int]:
+    """Each request's level: the most requests in flight during its life. Ends at the same
+    time as arrivals count first (a closed-loop client sends when a response returns)."""
+    events = [(a, 1, i) for i, a in enumerate(arrivals)]
+    events += [(e if e is not None else until, 0, i) for i, e in enumerate(ends)]
+    events.sort(key=lambda ev: (ev[0], ev[1]))
+    open_: set[int] = set()
+    out = [0] * len(arrivals)
+    for _, kind, i in events:
+        if kind == 0:
+            open_.discard(i)
+            continue
+        open_.add(i)
+        level = len(open_)
+        for j in open_:  # O(requests x concurrency): 10,000 x 256 is a few million steps
+            if out[j] < level:
+                out[j] = level
+    return out
+
+
+def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None = None) -> Plan:
+    if not workload:
+        raise PlanError("the snapshot holds no workload (recorded before the workload log existed, "
+                        "or by an engine without the recorder)")  # fmt: skip
+    rows = sorted(_rows(workload), key=lambda r: float(r.get("arrival_offset") or 0.0))
+    usable = [r for r in rows if isinstance(r.get("prompt_len"), int) and r["prompt_len"] > 0]
+    if not usable:
+        raise PlanError("the snapshot's workload holds no request with a prompt length")
+    fault_ts, t0 = workload.get("fault_ts"), workload.get("t0")
+    fault = float(fault_ts) - float(t0) if isinstance(fault_ts, (int, float)) and isinstance(t0, (int, float)) else None
+    base = float(usable[0]["arrival_offset"] or 0.0)
+    arrivals = [float(r["arrival_offset"] or 0.0) - base for r in usable]
+    ends = [float(r["end_offset"]) - base if r.get("end_offset") is not None else None for r in usable]
+    until = (fault - base) if fault is not None else max([a for a in arrivals] + [e for e in ends if e is not None])
+    lv = levels(arrivals, ends, until)
+    reqs: list[PlannedRequest] = []
+    for i, r in enumerate(usable):
+        prefix_of, prefix_len = None, 0
+        cached = r.get("cached_tokens")
+        if isinstance(cached, int) and cached > 0:
+            donor = next((j for j in range(i - 1, -1, -1) if usable[j]["prompt_len"] >= cached), None)
+            if donor is not None:
+                prefix_of, prefix_len = donor, min(cached, r["prompt_len"])
+        reqs.append(PlannedRequest(
+            index=i, id=r.get("id"), offset=round(arrivals[i], 6), prompt_len=int(r["prompt_len"]),
+            max_tokens=r.get("max_tokens"), n=r.get("n"), ignore_eos=r.get("ignore_eos"),
+            has_stop=r.get("has_stop"), level=lv[i], outcome=str(r.get("outcome") or "finished"),
+            output_len=r.get("output_len"), prefix_of=prefix_of, prefix_len=prefix_len,
+        ))  # fmt: skip
+    phases: list[PlanPhase] = []
+    for req in reqs:
+        if phases and phases[-1].concurrency == req.level:
+            phases[-1].requests.append(req)
+        else:
+            phases.append(PlanPhase(number=len(phases) + 1, concurrency=req.level, requests=[req], barrier=False))
+    for k, ph in enumerate(phases):
+        ph.start = ph.requests[0].offset
+        ph_ends = [ends[r.index] for r in ph.requests]
+        ph.end = max((e if e is not None else until) for e in ph_ends)
+        if k:
+            prev = phases[k - 1]
+            prev_ends = [ends[r.index] for r in prev.requests]
+            ph.barrier = all(e is not None and e <= ph.start for e in prev_ends)
+    return Plan(
+        phases=phases, crashed=bool(workload.get("crashed")),
+        fault_offset=round(until, 6) if fault is not None else None,
+        truncated=dict(workload.get("truncated") or {}), window=dict(workload.get("window") or {}),
+        skipped=len(rows) - len(usable), source=dict(source or {}),
+    )  # fmt: skip

@@ -1,0 +1,130 @@
+"""Where a replay's snapshot comes from (an export file, the database, a sidecar's API), where
+the replay's own snapshot is looked for afterwards, and the link between the two.
+
+The link is stored in the first snapshot's summary (``replays: [...]``), which is served with
+it, so that opening the original shows that it was reproduced and by which snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from collector.storage.db import StorageError
+
+
+class SourceError(RuntimeError):
+    """The snapshot (or the sidecar) could not be read."""
+
+
+def from_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or "engine" not in data:
+        raise SourceError(f"{path} is not a snapshot export")
+    return data
+
+
+def from_db(database: str, snap_id: int, *, host: str) -> dict[str, Any]:
+    from collector.storage.db import make_engine
+    from collector.storage.repo import Repository
+
+    try:
+        doc = Repository(make_engine(database), host=host).get_snapshot(snap_id, parts=("workload",))
+    except StorageError as exc:
+        raise SourceError(str(exc)) from exc
+    out = doc.header()
+    out["workload"] = doc.workload
+    return out
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def from_sidecar(base: str, snap_id: int, *, token: str | None = None) -> dict[str, Any]:
+    try:
+        resp = httpx.get(f"{base.rstrip('/')}/api/v1/snapshots/{snap_id}", headers=_headers(token), timeout=60.0)
+    except httpx.HTTPError as exc:
+        raise SourceError(f"sidecar {base}: {exc}") from exc
+    if resp.status_code != 200:
+        raise SourceError(f"sidecar {base}: snapshot {snap_id}: HTTP {resp.status_code} {resp.text[:200]}")
+    data = resp.json()
+    if not isinstance(data, dict):
+        raise SourceError(f"sidecar {base}: snapshot {snap_id} is not an object")
+    return data
+
+
+async def new_snapshot_from_sidecar(base: str, since: float, *, wait_s: float, token: str | None = None,
+                                    exclude: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The first snapshot the sidecar stored after ``since`` (unix seconds), waiting up to
+    ``wait_s`` for one to appear; None when none did."""
+    deadline = time.monotonic() + wait_s
+    async with httpx.AsyncClient(timeout=10.0, headers=_headers(token)) as client:
+        while True:
+            try:
+                resp = await client.get(f"{base.rstrip('/')}/api/v1/snapshots", params={"since": since, "limit": 50})
+                items = resp.json().get("items", []) if resp.status_code == 200 else []
+            except (httpx.HTTPError, ValueError, AttributeError):
+                items = []
+            items = [i for i in items if i.get("id") != exclude]
+            if items:
+                first = min(items, key=lambda i: (i.get("created_at") or 0, i.get("id") or 0))
+                first["url"] = f"{base.rstrip('/')}/snapshots/{first['id']}"
+                return dict(first)
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(1.0)
+
+
+async def new_snapshot_from_db(database: str, since: float, *, host: str, wait_s: float,
+                               exclude: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+    from collector.storage.db import make_engine
+    from collector.storage.repo import Repository, SnapshotFilter
+
+    repo = Repository(make_engine(database), host=host)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter(since=since), limit=50)
+        except StorageError:
+            rows = []
+        rows = [r for r in rows if r["id"] != exclude]
+        if rows:
+            return dict(min(rows, key=lambda r: (r["created_at"], r["id"])))
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(1.0)
+
+
+def link_replay(database: str, original: int, replay: dict[str, Any]) -> None:
+    """Record in the original snapshot's summary that a replay reproduced (or not) its fault."""
+    from sqlalchemy import select, update
+
+    from collector.storage.db import make_engine
+    from collector.storage.models import SnapshotRow
+
+    engine = make_engine(database)
+    try:
+        with engine.begin() as conn:
+            summary = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == original)).scalar_one_or_none()
+            if summary is None:
+                raise SourceError(f"snapshot {original} not found")
+            summary = dict(summary)
+            summary["replays"] = [*(summary.get("replays") or []), replay]
+            conn.execute(update(SnapshotRow).where(SnapshotRow.id == original).values(summary=summary))
+    except Exception as exc:  # noqa: BLE001 - driver errors of either database
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"cannot link the replay to snapshot {original}: {exc}") from exc
+    finally:
+        engine.dispose()
