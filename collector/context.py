@@ -104,6 +104,13 @@ class AppContext:
             "loop_lag_s": round(self.loop_lag_s, 4),
         }
 
+    def behind(self) -> bool:
+        """The sidecar itself is late: its loop ran late, or a ring's newest record is old while
+        its writer is alive (cheap: for the detector task's every tick)."""
+        if self.loop_lag_s > 1.0:
+            return True
+        return any((r.figures().get("lag_s") or 0.0) > 2.0 for r in self.recorders)
+
     def health(self) -> dict[str, Any]:
         statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
         figures = self.ingest_figures()

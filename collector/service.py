@@ -92,6 +92,7 @@ class Service:
         ctx = self.ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer,
                                     detectors=detectors, loop=loop)  # fmt: skip
         ctx.port_getter = lambda: self.port
+        detectors.behind = ctx.behind
         hub.consumers.append(committer.on_event)
         if settings.alertmanager:
             alerter = ctx.alerter = Alerter(

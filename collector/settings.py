@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     gpu_ring_seconds: float = Field(default=600.0, gt=0)
     log_ring_lines: int = Field(default=2000, ge=10)
     ring_request_bytes: int = Field(
-        default=24 * 1024 * 1024, ge=1 << 16,
+        default=8 * 1024 * 1024, ge=1 << 16,
         description="per engine: per-request blocks kept (the oldest steps keep only their aggregates past it)",
     )  # fmt: skip
     workload_requests: int = Field(default=10_000, ge=0, description="requests kept per engine for replay")

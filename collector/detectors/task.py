@@ -22,8 +22,13 @@ HISTORY_STEPS = 2048
 
 class DetectorTask:
     def __init__(self, hub: Hub, thresholds: DetectorThresholds, *, interval: float = 1.0,
-                 consumers: Sequence[Callable[[Transition], None]] = ()) -> None:  # fmt: skip
+                 consumers: Sequence[Callable[[Transition], None]] = (),
+                 behind: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.hub = hub
+        # While the sidecar itself is late (its loop, its ring reads), the newest steps it holds
+        # are old: an engine would look stalled because we are. Those ticks are skipped, counted.
+        self.behind = behind
+        self.skipped = 0
         self.runner = DetectorRunner(thresholds, clock=hub.clock)
         self.interval = interval
         self.consumers = list(consumers)
@@ -41,6 +46,9 @@ class DetectorTask:
                 log.exception("detector evaluation failed")
 
     def tick(self) -> list[Transition]:
+        if self.behind():
+            self.skipped += 1
+            return []
         hub = self.hub
         names = hub.engine_names()
         steps = {name: hub.recent_steps(name, HISTORY_STEPS) for name in names}

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from collector.model import HALF_REQUESTS, HALF_STATS, STAT_FIELDS, GpuSample, LogLine, StepRecord
 
-DEFAULT_REQUEST_BYTES = 24 * 1024 * 1024
+DEFAULT_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 class EngineRing:

@@ -106,7 +106,10 @@ class SnapshotCommitter:
         self.retry_every = retry_every
         self._open: dict[str, OpenSnapshot] = {}
         self._recent: list[OpenSnapshot] = []  # closed and open, newest last (bounded)
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        # first commits before amendments: a fault's first snapshot must not wait behind the
+        # amendments of earlier ones (each is a full build and encode)
+        self._queue: asyncio.PriorityQueue[tuple[int, int, _Job]] = asyncio.PriorityQueue()
+        self._seq = 0
         self._waiting: list[_Job] = []  # spooled, not committed yet (database down)
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)
@@ -141,8 +144,12 @@ class SnapshotCommitter:
             self._open[engine] = opened
         self._recent.append(opened)
         del self._recent[:-500]
-        self._queue.put_nowait(_Job(opened, self._capture(engine, trigger), amend=False))
+        self._put(_Job(opened, self._capture(engine, trigger), amend=False))
         return opened
+
+    def _put(self, job: _Job) -> None:
+        self._seq += 1
+        self._queue.put_nowait((1 if job.amend else 0, self._seq, job))
 
     def _distinct(self, cur: OpenSnapshot, ev: Event) -> bool:
         if not cur.amended or ev.kind not in DISTINCT_KINDS:
@@ -176,7 +183,7 @@ class SnapshotCommitter:
         retry = asyncio.create_task(self._retry_loop(), name="snapshot-retry")
         try:
             while True:
-                job = await self._queue.get()
+                _, _, job = await self._queue.get()
                 try:
                     await self._process(job)
                 except Exception:  # one snapshot's failure must never stop the next
@@ -282,7 +289,7 @@ class SnapshotCommitter:
             if o.amended:
                 return
             o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
-            self._queue.put_nowait(_Job(o, self._capture(o.engine, o.trigger), amend=True))
+            self._put(_Job(o, self._capture(o.engine, o.trigger), amend=True))
 
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().call_later(self.settle_s if delay is None else delay, due)

@@ -56,6 +56,7 @@ class _Tail:
     silent_reported: bool = False
     bad_records: int = 0
     newest_ts: float = 0.0
+    caught_up_at: float = field(default_factory=time.time)  # when we last read up to the writer's head
     run: int = 0
 
 
@@ -106,7 +107,9 @@ class RecorderSource:
 
     def figures(self) -> dict[str, Any]:
         now = self.clock()
-        lag = [now - t.newest_ts for t in self._tails.values() if t.newest_ts and not t.silent_reported]
+        # lag: how long since each ring was last read up to its writer's head (an idle engine
+        # that writes nothing is not lag; records waiting for us are)
+        lag = [now - t.caught_up_at for t in self._tails.values()]
         return {
             "rings": len(self._tails),
             "records": self.records,
@@ -192,6 +195,8 @@ class RecorderSource:
                 log.warning("ring %s unreadable: %s", path.name, exc)
             return 0
         tail.pid = info.pid
+        if tail.reader.pos >= info.head:
+            tail.caught_up_at = now
         out = tail.held
         for payload in payloads:
             try:
