@@ -3,7 +3,9 @@
 
     .venv/bin/python bench/bench_freeze.py [--steps 4096] [--requests 64] [--runs 7]
 
-Prints medians in milliseconds: hub.freeze (on the event loop) and pack_parts (in a thread).
+Prints medians in milliseconds: the capture (on the event loop: references only), the document
+build and the encode of its parts (both in a thread), and the first read of the stored requests
+part (decoding the recorder's blocks into the export's columns).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import statistics
 import time
 
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, RequestRow, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
+from collector.snapshot.document import RequestTable
+from collector.snapshot.freeze import capture
 from collector.storage.repo import pack_parts
 
 
@@ -23,25 +27,40 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4096)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--request-bytes", type=int, default=8 << 20, help="ring_request_bytes")
     args = p.parse_args()
-    hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps))
+    hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps,
+                       ring_request_bytes=args.request_bytes))  # fmt: skip
     for i in range(args.steps):  # what the recorder delivers: a stats half and a requests half
-        hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, running=args.requests, connector={"mirror_rows": 10}))
+        hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, running=args.requests, waiting=0,
+                            kv_cache_usage=0.03, preemptions=0, prompt_tokens=0, generation_tokens=args.requests,
+                            connector={"mirror_rows": 10}, halves=HALF_STATS))  # fmt: skip
         rows = [RequestRow(f"cmpl-{j:04d}-abcdef12", 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
         hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, requests=rows))
     trigger = Event(kind=EventKind.XID, ts=1000 + args.steps * 0.025, source="kmsg", message="Xid 43")
-    freeze, pack = [], []
+    cap_t, build_t, pack_t, read_t = [], [], [], []
     for _ in range(args.runs):
         t0 = time.perf_counter()
-        doc = hub.freeze("d", trigger)
+        cap = capture(hub, "d", trigger, gpu_seconds=300)
         t1 = time.perf_counter()
+        doc = cap.build()
+        t2 = time.perf_counter()
         blobs = pack_parts(doc)
-        freeze.append(t1 - t0)
-        pack.append(time.perf_counter() - t1)
+        t3 = time.perf_counter()
+        RequestTable.from_stored(blobs["requests"]).json_bytes()
+        t4 = time.perf_counter()
+        cap_t.append(t1 - t0)
+        build_t.append(t2 - t1)
+        pack_t.append(t3 - t2)
+        read_t.append(t4 - t3)
     size = sum(len(b) for b in blobs.values())
-    print(f"ring {args.steps} steps x {args.requests} requests ({len(doc.requests)} request rows), {args.runs} runs")
-    print(f"  freeze (hub.freeze):      median {statistics.median(freeze) * 1e3:.0f} ms")
-    print(f"  encode (pack_parts):      median {statistics.median(pack) * 1e3:.0f} ms  ({size / 1e3:.0f} kB gzip)")
+    ms = lambda xs: f"{statistics.median(xs) * 1e3:.1f} ms"  # noqa: E731
+    print(f"ring {args.steps} steps x {args.requests} requests: {len(doc.requests)} request rows held "
+          f"({args.request_bytes >> 20} MiB of blocks), {args.runs} runs")
+    print(f"  capture (on the loop):       median {ms(cap_t)}")
+    print(f"  build the document (thread): median {ms(build_t)}")
+    print(f"  encode the parts (thread):   median {ms(pack_t)}  ({size / 1e3:.0f} kB stored)")
+    print(f"  first read of the requests:  median {ms(read_t)}  (decode blocks + JSON, then cached)")
 
 
 if __name__ == "__main__":

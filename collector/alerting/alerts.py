@@ -25,7 +25,7 @@ DETECTOR_ALERTS: dict[str, str] = {
     "engine_stall": "VllmEngineStalled",
     "kv_cache_jump": "VllmKvCacheUsageJump",
     "preemption_storm": "VllmPreemptionStorm",
-    "mirror_rows_growth": "VllmMirrorRowsGrowing",
+    "host_backlog": "VllmHiSparseHostBacklog",
     "throughput_collapse": "VllmThroughputCollapse",
     "itl_regression": "VllmInterTokenLatencyRegression",
     "gpu_throttling": "GpuThrottling",

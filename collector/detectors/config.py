@@ -28,11 +28,13 @@ class PreemptionThresholds(BaseModel):
     critical_per_s: float = Field(5.0, gt=0)
 
 
-class MirrorRowsThresholds(BaseModel):
+class HostBacklogThresholds(BaseModel):
     enabled: bool = True
     window_s: float = Field(60.0, gt=0)
-    growth_ratio: float = Field(1.5, gt=1)  # rows in the last quarter / first quarter of the window
+    growth_ratio: float = Field(1.5, gt=1)  # last quarter of the window over its first
     load_tolerance: float = Field(0.2, ge=0)  # running requests may change this much and count as steady
+    pending_min: float = Field(64, ge=0)  # pending page transfers below this are never a backlog
+    cache_full: float = Field(0.95, gt=0, le=1)  # host_cache_usage_perc at or above this warns
     min_points: int = Field(8, ge=4)
 
 
@@ -82,7 +84,7 @@ class DetectorThresholds(BaseModel):
     stall: StallThresholds = StallThresholds()
     kv_jump: KvJumpThresholds = KvJumpThresholds()
     preemption: PreemptionThresholds = PreemptionThresholds()
-    mirror_rows: MirrorRowsThresholds = MirrorRowsThresholds()
+    host_backlog: HostBacklogThresholds = HostBacklogThresholds()
     throughput: ThroughputThresholds = ThroughputThresholds()
     latency: LatencyThresholds = LatencyThresholds()
     throttling: ThrottlingThresholds = ThrottlingThresholds()

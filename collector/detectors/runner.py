@@ -18,7 +18,7 @@ from collector.detectors.config import DetectorThresholds
 from collector.detectors.ecc import detect_memory_errors
 from collector.detectors.kv_jump import detect_kv_jump
 from collector.detectors.latency import detect_itl_regression
-from collector.detectors.mirror_rows import detect_mirror_rows_growth
+from collector.detectors.host_backlog import detect_host_backlog
 from collector.detectors.preemption import detect_preemption_storm
 from collector.detectors.scrape_gone import detect_scrape_gone
 from collector.detectors.stall import detect_stall
@@ -58,7 +58,7 @@ class DetectorRunner:
             t.stall.critical_after_s * 2,
             t.kv_jump.window_s,
             t.preemption.window_s,
-            t.mirror_rows.window_s,
+            t.host_backlog.window_s,
             t.throughput.window_s + t.throughput.baseline_s,
             t.latency.window_s + t.latency.baseline_s,
             t.ecc.window_s,
@@ -120,11 +120,14 @@ class DetectorRunner:
             out.append(detect_kv_jump(kv, now=now, labels=labels, thr=t.kv_jump))
         if t.preemption.enabled:
             out.append(detect_preemption_storm(preempt, now=now, labels=labels, thr=t.preemption))
-        if t.mirror_rows.enabled and all_steps:
-            rows = [(s.ts, float(m)) for s in all_steps if (m := s.mirror_rows) is not None]
-            if rows:
+        if t.host_backlog.enabled and all_steps:
+            blocks = [(s.ts, float(b)) for s in all_steps if (b := s.host_blocks) is not None]
+            pending = S.connector_level(all_steps, "pending_page_transfers")
+            usage = S.connector_level(all_steps, "host_cache_usage_perc")
+            if blocks or pending or usage:
                 running = [(s.ts, float(s.running)) for s in all_steps if s.running is not None]
-                out.append(detect_mirror_rows_growth(rows, running, now=now, labels=labels, thr=t.mirror_rows))
+                out.append(detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels,
+                                               thr=t.host_backlog))  # fmt: skip
         if t.throughput.enabled:
             # scrapes reach further back than a step ring at hundreds of steps a second
             long_tokens = S.token_amounts(scrapes) if len(scrapes) >= 2 else tokens

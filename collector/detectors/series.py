@@ -91,3 +91,15 @@ def value_at(points: Sequence[Point], ts: float) -> float | None:
             break
         found = v
     return found
+
+
+def connector_level(steps: Sequence[StepRecord], stat: str) -> list[Point]:
+    """A connector level per step (``<Connector>.<stat>`` in the step's connector stats; the
+    recorder reduces a level's list to its last value)."""
+    out: list[Point] = []
+    for s in steps:
+        for key, value in s.connector.items():
+            if key.rsplit(".", 1)[-1] == stat and isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append((s.ts, float(value)))
+                break
+    return out
