@@ -24,7 +24,7 @@ from collector.detectors.scrape_gone import detect_scrape_gone
 from collector.detectors.stall import detect_stall
 from collector.detectors.throttling import NAME as THROTTLING, detect_throttling
 from collector.detectors.throughput import detect_throughput_collapse
-from collector.model import GpuSample, MetricsScrape, StepRecord
+from collector.model import HALF_STATS, GpuSample, MetricsScrape, StepRecord
 
 T = TypeVar("T")
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -97,15 +97,16 @@ class DetectorRunner:
         # Steps when the recorder runs; scrapes otherwise. A hung engine stops stepping but its
         # /metrics still answers, so the stall check merges both. Only steps whose stats half
         # arrived carry the figures (the others' are unknown, not 0).
+        # Each series takes the steps that carry its figures: one unread field costs that series
+        # its points, not every detector the step.
         all_steps = steps
-        steps = [s for s in steps if s.kv_cache_usage is not None and s.waiting is not None and s.running is not None
-                 and s.preemptions is not None and s.generation_tokens is not None and s.prompt_tokens is not None]
+        steps = [s for s in steps if s.halves & HALF_STATS]
         if steps:
-            waiting = [(s.ts, float(s.waiting)) for s in steps]
+            waiting = [(s.ts, float(s.waiting)) for s in steps if s.waiting is not None]
             tokens = S.step_tokens(steps)
-            kv = [(s.ts, s.kv_cache_usage) for s in steps]
-            preempt = [(s.ts, float(s.preemptions)) for s in steps]
-            demand = [(s.ts, float(s.running + s.waiting)) for s in steps]
+            kv = [(s.ts, s.kv_cache_usage) for s in steps if s.kv_cache_usage is not None]
+            preempt = [(s.ts, float(s.preemptions)) for s in steps if s.preemptions is not None]
+            demand = [(s.ts, float(s.running + s.waiting)) for s in steps if s.running is not None and s.waiting is not None]
         else:
             waiting = S.gauge(scrapes, S.WAITING)
             tokens = S.token_amounts(scrapes)

@@ -61,11 +61,17 @@ def token_amounts(scrapes: Sequence[MetricsScrape]) -> list[Point]:
 
 
 def step_tokens(steps: Sequence[StepRecord]) -> list[Point]:
-    return [(s.ts, float(s.generation_tokens + s.prompt_tokens)) for s in steps]
+    """Tokens per step; a step that carries neither figure has no point (unknown is not 0)."""
+    out: list[Point] = []
+    for s in steps:
+        if s.generation_tokens is None and s.prompt_tokens is None:
+            continue
+        out.append((s.ts, float((s.generation_tokens or 0) + (s.prompt_tokens or 0))))
+    return out
 
 
 def step_generation(steps: Sequence[StepRecord]) -> list[Point]:
-    return [(s.ts, float(s.generation_tokens)) for s in steps]
+    return [(s.ts, float(s.generation_tokens)) for s in steps if s.generation_tokens is not None]
 
 
 def sum_between(points: Sequence[Point], start: float, end: float) -> float:

@@ -272,6 +272,7 @@ def _build(
     events: Sequence[Event], log_lines: Sequence[LogLine], fingerprint: dict[str, Any],
     extra_summary: dict[str, Any] | None, created_at: float | None,
 ) -> SnapshotDoc:  # fmt: skip
+    requests = request_table(steps)  # first: steps given as row objects get their blocks here
     summary = summarize(steps, events)
     if extra_summary:
         summary.update(extra_summary)
@@ -284,7 +285,7 @@ def _build(
         summary=summary,
         fingerprint=redact(fingerprint),
         steps=[step_row(s) for s in steps],
-        requests=request_table(steps),
+        requests=requests,
         gpu_samples=[g.to_dict() for g in gpu_samples],
         events=[redact(e.to_dict()) for e in events],
         log_lines=[{"ts": line.ts, "line": redact(line.line)} for line in log_lines],

@@ -36,7 +36,7 @@ def store_one(url: str) -> int:
 def test_db_upgrade_downgrade_and_current(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = f"sqlite:///{tmp_path / 'f.db'}"
     assert main(["db", "upgrade", "--db", db]) == 0
-    assert "revision 0001" in capsys.readouterr().out
+    assert "revision 0002" in capsys.readouterr().out
     assert main(["db", "downgrade", "--db", db]) == 0
     assert "revision base" in capsys.readouterr().out
 

@@ -198,37 +198,72 @@ def vllm_names() -> set[str]:
     return names
 
 
-def sidecar_names() -> set[str]:
-    """Sample names of the sidecar's real /metrics: its collector over a hub fed one engine step,
-    one GPU sample and one Xid, with a committed snapshot and a source status."""
+def sidecar_names(tmp_path: Path) -> set[str]:
+    """Sample names of the sidecar's real /metrics: its collector over the service's own
+    ``AppContext`` (a real hub, writer, committer and detector task, none running) fed one engine
+    step, one GPU sample and one Xid, with a committed snapshot and a source status."""
+    import asyncio
+
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from collector.alerting.router import Alerter
     from collector.api.metrics import SidecarCollector
+    from collector.context import AppContext
+    from collector.detectors.task import DetectorTask
     from collector.ingest.hub import Hub
-    from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, SourceStatus, StepRecord
+    from collector.model import (
+        HALF_STATS,
+        Event,
+        EventKind,
+        GpuSample,
+        RequestRow,
+        Severity,
+        SourceStatus,
+        StepRecord,
+    )
     from collector.settings import EngineConfig, Settings
+    from collector.snapshot.committer import SnapshotCommitter
+    from collector.storage.db import make_engine
+    from collector.storage.repo import Repository
+    from collector.storage.writer import BatchWriter
 
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64),
-              clock=lambda: 1000.0)  # fmt: skip
-    hub.snapshot_sink = SimpleNamespace(snapshot_due=lambda engine, trigger: None)
-    hub.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0", memory_used=1, temperature=40.0,
-                       power_w=100.0, utilization=50.0, clock_event_reasons=0, ecc_volatile_uncorrected=0,
-                       remapped_rows_correctable=0, remapped_rows_uncorrectable=0))  # fmt: skip
-    hub.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=1, waiting=0, kv_cache_usage=0.1,
-                        requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)]))  # fmt: skip
-    hub.emit(Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0",
-                   severity=Severity.CRITICAL))  # fmt: skip
-    ctx = SimpleNamespace(hub=hub, snapshot_counts={("decode-0", "cuda_error"): 1},
-                          source_statuses=lambda: [SourceStatus(name="kmsg", up=True)],
-                          writer=SimpleNamespace(db_up=True), alert_stats=lambda: {"sent": 1})  # fmt: skip
-    registry = CollectorRegistry()
-    registry.register(SidecarCollector(ctx))
-    text = generate_latest(registry).decode()
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64,
+                        database=url, host_name="node-a")  # fmt: skip
+    repo = Repository(make_engine(url), host="node-a")
+    writer = BatchWriter(repo, interval=0.5)
+    hub = Hub(settings, rows=writer, clock=lambda: 1000.0)
+    committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30.0)
+    hub.consumers.append(committer.on_event)
+    alerter = Alerter(settings, host="node-a", snapshots_for=committer.snapshots_for, engine_up=lambda name: True,
+                      port=lambda: 8080)  # fmt: skip
+    loop = asyncio.new_event_loop()
+    try:
+        ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer,
+                         detectors=DetectorTask(hub, settings.detectors), loop=loop, alerter=alerter,
+                         unsupported=[SourceStatus(name="kmsg", up=True)],
+                         snapshot_counts={("decode-0", "cuda_error"): 1})  # fmt: skip
+        hub.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0", memory_used=1, temperature=40.0,
+                           power_w=100.0, utilization=50.0, clock_event_reasons=0, ecc_volatile_uncorrected=0,
+                           remapped_rows_correctable=0, remapped_rows_uncorrectable=0))  # fmt: skip
+        hub.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=1, waiting=0, kv_cache_usage=0.1, halves=HALF_STATS,
+                            requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)]))  # fmt: skip
+        hub.emit(Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0",
+                       severity=Severity.CRITICAL))  # fmt: skip
+        assert committer.backlog == 1  # the Xid was decided a snapshot of decode-0
+        registry = CollectorRegistry()
+        registry.register(SidecarCollector(ctx))
+        text = generate_latest(registry).decode()
+    finally:
+        loop.close()
     return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def test_every_metric_name_is_really_exported() -> None:
-    exported = vllm_names() | sidecar_names()
+def test_every_metric_name_is_really_exported(tmp_path: Path) -> None:
+    exported = vllm_names() | sidecar_names(tmp_path)
+    # the step's figures and the sidecar's own health reach /metrics
+    assert {"flightrec_running_requests", "flightrec_mirror_rows", "flightrec_snapshots_waiting",
+            "flightrec_source_up", "flightrec_alerts_sent_total", "flightrec_snapshots_total"} <= exported
     assert "vllm:num_requests_running" in exported and "flightrec_xid_events_total" in exported
     used = {m for _, e in prom_exprs(load()) for m in metric_names(e)}
     used |= {m for v in load()["templating"]["list"] if v["type"] == "query" for m in metric_names(v["definition"])}

@@ -9,7 +9,7 @@ from detector_synth import gpu, noisy, scrapes, steps
 from collector.detectors.base import Level
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.runner import DetectorRunner
-from collector.model import MetricsScrape
+from collector.model import HALF_REQUESTS, HALF_STATS, MetricsScrape, StepRecord
 
 T0 = 1_000_000.0
 
@@ -28,10 +28,17 @@ def replay(runner: DetectorRunner, records, *, until: float, gpu_samples=(), scr
     return out
 
 
+def stats_half(records: list[StepRecord]) -> list[StepRecord]:
+    """The synthetic steps as the stat logger's half carries them: every figure known."""
+    for r in records:
+        r.prompt_tokens, r.finished, r.halves = 0, 0, HALF_STATS
+    return records
+
+
 def test_a_stall_fires_once_and_resolves_once() -> None:
     # 30 s of work, then the queue waits with no tokens for 40 s, then work again
-    records = steps(T0, 110, per_s=5, waiting=lambda t: 4,
-                    tokens=lambda t: 0 if 30 <= t < 70 else 8)
+    records = stats_half(steps(T0, 110, per_s=5, waiting=lambda t: 4,
+                               tokens=lambda t: 0 if 30 <= t < 70 else 8))
     runner = DetectorRunner(DetectorThresholds(enter_after=2, exit_after=3))
     out = [e for e in replay(runner, records, until=T0 + 110) if e[1] == "engine_stall"]
     assert [(prev, cur) for _, _, prev, cur in out] == [
@@ -42,9 +49,10 @@ def test_a_stall_fires_once_and_resolves_once() -> None:
 
 def test_noisy_healthy_engine_raises_nothing() -> None:
     rng = random.Random(11)
-    records = steps(T0, 240, per_s=10, running=lambda t: int(noisy(rng, 12, 4)),
-                    waiting=lambda t: int(noisy(rng, 2, 2)), kv=lambda t: noisy(rng, 0.5, 0.1),
-                    tokens=lambda t: int(noisy(rng, 12, 6)), preemptions=lambda t: 1 if rng.random() < 0.01 else 0)
+    records = stats_half(steps(T0, 240, per_s=10, running=lambda t: int(noisy(rng, 12, 4)),
+                               waiting=lambda t: int(noisy(rng, 2, 2)), kv=lambda t: noisy(rng, 0.5, 0.1),
+                               tokens=lambda t: int(noisy(rng, 12, 6)),
+                               preemptions=lambda t: 1 if rng.random() < 0.01 else 0))
     runner = DetectorRunner()
     assert replay(runner, records, until=T0 + 240) == []
 
@@ -61,6 +69,21 @@ def test_scrapes_alone_drive_the_engine_detectors_and_scrape_gone() -> None:
     assert ("preemption_storm", Level.WARNING) in kinds  # 2/s >= 1/s
     gone = [t for t, name, _, cur in out if name == "scrape_target_gone" and cur is Level.CRITICAL]
     assert gone and 44 <= gone[0] <= 47
+
+
+def test_steps_with_unknown_figures_are_not_read_as_zeros() -> None:
+    # Only the scheduler's half arrives (running known, the stat figures unknown) while the
+    # scrapes show a preemption storm: the detectors read the scrapes (steps read as zeros
+    # would hide the storm), and the steps' unknown tokens are no stall either.
+    def values(t: float) -> dict[str, float]:
+        return {"num_requests_running": 8, "num_requests_waiting": 3, "kv_cache_usage_perc": 0.4,
+                "num_preemptions_total": 2.0 * t, "generation_tokens_total": 100.0 * t}
+
+    records = [StepRecord(engine="decode-0", ts=T0 + i / 5, step=i, running=8, halves=HALF_REQUESTS) for i in range(60 * 5)]
+    out = replay(DetectorRunner(), records, scrape_list=scrapes(T0, 60, values=values), until=T0 + 60)
+    kinds = [(name, cur) for _, name, _, cur in out]
+    assert ("preemption_storm", Level.WARNING) in kinds
+    assert not [k for k in kinds if k[0] == "engine_stall"]
 
 
 def test_gpu_detectors_are_per_gpu() -> None:

@@ -1,23 +1,40 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, GpuSample, Severity, StepRecord
+from collector.model import (
+    HALF_STATS,
+    Event,
+    EventKind,
+    GpuSample,
+    Severity,
+    StepRecord,
+)
 from collector.settings import EngineConfig, Settings
+from collector.snapshot.committer import SnapshotCommitter
+from collector.snapshot.freeze import freeze
 
 
 class Due:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Event]] = []
+    """The trigger policy's decisions, read off a committer that is never run."""
 
-    def snapshot_due(self, engine: str, trigger: Event) -> None:
-        self.calls.append((engine, trigger))
+    def __init__(self, hub: Hub, spool_dir: Path) -> None:
+        self.committer = SnapshotCommitter(hub, None, spool_dir=spool_dir, settle_s=5.0, window_s=60.0)  # type: ignore[arg-type]
+        hub.consumers.append(self.committer.on_event)
+        self.seen: list[tuple[Event, bool]] = []
+        hub.consumers.append(lambda ev, is_new: self.seen.append((ev, is_new)))
+
+    @property
+    def calls(self) -> list[tuple[str, Event]]:
+        c = self.committer
+        return [(o.engine, o.trigger) for o in c._recent]
 
 
-def hub(**kw: object) -> tuple[Hub, Due]:
+def hub(tmp_path: Path, **kw: object) -> tuple[Hub, Due]:
     engines = [EngineConfig(name="prefill-0", url="http://p", gpus=[0]), EngineConfig(name="decode-0", url="http://d", gpus=[1])]
     h = Hub(Settings(engines=engines, ring_steps=64, **kw), clock=lambda: 1000.0)  # type: ignore[arg-type]
-    due = Due()
-    h.snapshot_sink = due
+    due = Due(h, tmp_path)
     h.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0"))
     h.emit(GpuSample(gpu="GPU-b", index=1, ts=999.0, bus_id="0000:00:06.0"))
     return h, due
@@ -28,44 +45,59 @@ def xid(source: str) -> Event:
                  severity=Severity.WARNING)  # fmt: skip
 
 
-def test_one_xid_from_two_sources_is_one_trigger_for_the_engine_on_that_gpu() -> None:
-    h, due = hub()
+def test_one_xid_from_two_sources_is_one_trigger_for_the_engine_on_that_gpu(tmp_path: Path) -> None:
+    h, due = hub(tmp_path)
     h.emit(xid("kmsg"))
     h.emit(xid("nvml"))
     assert [name for name, _ in due.calls] == ["decode-0"]
+    assert due.committer._queue.qsize() == 1 and list(due.committer._open) == ["decode-0"]
     assert sorted(due.calls[0][1].sources) == ["kmsg", "nvml"]
     assert h.xid_counts == {("0000:00:06.0", 43): 1}
+    # every event reaches the consumers, the merged second witness as not new; one uid
+    assert [is_new for _, is_new in due.seen] == [True, False]
+    assert due.seen[0][0].uid and due.seen[0][0].uid == due.seen[1][0].uid
+    assert h.engines_for(due.seen[0][0]) == ["decode-0"]
 
 
-def test_gpu_fault_with_no_mapping_goes_to_every_engine() -> None:
+def test_gpu_fault_with_no_mapping_goes_to_every_engine(tmp_path: Path) -> None:
     h = Hub(Settings(engines=[EngineConfig(name="a", url="http://a"), EngineConfig(name="b", url="http://b")]))
-    due = Due()
-    h.snapshot_sink = due
+    due = Due(h, tmp_path)
     h.emit(xid("kmsg"))
     assert sorted(n for n, _ in due.calls) == ["a", "b"]
+    assert due.committer._queue.qsize() == 2
 
 
-def test_engine_events_trigger_only_their_engine_and_info_does_not() -> None:
-    h, due = hub()
+def test_engine_events_trigger_only_their_engine_and_info_does_not(tmp_path: Path) -> None:
+    h, due = hub(tmp_path)
     h.emit(Event(kind=EventKind.LOG, ts=1000.0, source="log", message="hello", engine="decode-0"))
     h.emit(Event(kind=EventKind.CUDA_ERROR, ts=1000.0, source="log", message="CUDA error", engine="prefill-0"))
     assert [n for n, _ in due.calls] == ["prefill-0"]
+    assert list(due.committer._open) == ["prefill-0"]
+    assert len(due.seen) == 2  # the LOG event still reaches every consumer
+    assert [e.message for e in h.engines["decode-0"].events] == ["hello"]
 
 
-def test_freeze_takes_the_ring_the_gpu_of_the_engine_and_its_events() -> None:
-    h, _ = hub()
+def test_freeze_takes_the_ring_the_gpu_of_the_engine_and_its_events(tmp_path: Path) -> None:
+    h, _ = hub(tmp_path)
     for i in range(100):
-        h.emit(StepRecord(engine="decode-0", ts=900.0 + i, step=i, running=2))
+        h.emit(StepRecord(engine="decode-0", ts=900.0 + i, step=i, running=2, halves=HALF_STATS))
     h.emit(xid("kmsg"))
-    doc = h.freeze("decode-0", xid("kmsg"))
+    doc = freeze(h, "decode-0", xid("kmsg"))
     assert len(doc.steps) == 64 and doc.steps[-1]["step"] == 99
     assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-b"}
     assert [e["xid"] for e in doc.events] == [43]
     assert doc.summary["last_step"] == 99 and doc.summary["running"] == 2
+    assert doc.summary["at_step"]["running"] == 99
+    # figures no half carried are unknown (null), never 0
+    assert doc.steps[-1]["waiting"] is None and doc.steps[-1]["kv_cache_usage"] is None
+    assert doc.summary["waiting"] is None and doc.summary["at_step"]["waiting"] is None
+    assert doc.summary["concurrency_at_fault"] is None
+    assert doc.steps[-1]["has_requests"] is False and doc.steps[-1]["has_stats"] is True
 
 
-def test_a_bad_record_never_escapes_emit() -> None:
-    h, _ = hub()
+def test_a_bad_record_never_escapes_emit(tmp_path: Path) -> None:
+    h, _ = hub(tmp_path)
     h.emit(StepRecord(engine="decode-0", ts=1.0, step="x"))  # type: ignore[arg-type]
     h.emit(StepRecord(engine="decode-0", ts=2.0, step=1))
     assert h.engines["decode-0"].ring.last() is not None
+    assert h.dropped == 1

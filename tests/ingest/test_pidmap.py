@@ -3,9 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
 from collector.ingest.pidmap import PidMap, owner, parent_pid
+from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
 from collector.settings import EngineConfig, Settings
+from collector.snapshot.committer import SnapshotCommitter
+from collector.snapshot.freeze import freeze
+from collector.storage.writer import BatchWriter
 
 
 def fake_proc(root: Path, tree: dict[int, int]) -> Path:
@@ -38,8 +41,8 @@ def test_an_xid_goes_to_the_engine_of_its_pid_and_gpus_are_learnt(tmp_path: Path
     proc = fake_proc(tmp_path, TREE)
     hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d"), EngineConfig(name="prefill-0", url="http://p")]),
               proc_root=proc)  # fmt: skip
-    due: list[str] = []
-    hub.snapshot_sink = type("S", (), {"snapshot_due": lambda self, name, ev: due.append(name)})()
+    committer = SnapshotCommitter(hub, None, spool_dir=tmp_path / "spool", settle_s=5.0, window_s=60.0)  # type: ignore[arg-type]
+    hub.consumers.append(committer.on_event)
     hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
     hub.emit(Fingerprint(engine="prefill-0", ts=0.0, facts={"pid": 200}))
     hub.emit(GpuSample(gpu="GPU-0", index=0, ts=1.0, bus_id="0000:00:05.0", processes=[{"pid": 400, "used_memory": 1}]))
@@ -51,13 +54,17 @@ def test_an_xid_goes_to_the_engine_of_its_pid_and_gpus_are_learnt(tmp_path: Path
     # no pid (NVML's report of another fault): routed by the learnt GPU
     hub.emit(Event(kind=EventKind.XID, ts=9.0, source="nvml", message="Xid 31", xid=31, gpu="0000:00:05.0",
                    severity=Severity.WARNING))  # fmt: skip
-    assert due == ["decode-0", "prefill-0"]
-    doc = hub.freeze("decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
+    assert [o.engine for o in committer._recent] == ["decode-0", "prefill-0"]
+    assert sorted(committer._open) == ["decode-0", "prefill-0"] and committer._queue.qsize() == 2
+    doc = freeze(hub, "decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
     assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-1"}
 
 
 def test_malformed_process_lists_are_ignored_not_fatal(tmp_path: Path) -> None:
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]), proc_root=fake_proc(tmp_path, TREE))
+    writer = BatchWriter(None, interval=1.0)  # type: ignore[arg-type]  # never run: its queue only
+    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]), rows=writer,
+              proc_root=fake_proc(tmp_path, TREE))  # fmt: skip
     hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
     hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, processes=[{"pid": "x"}, {"used_memory": 3}, "junk"]))  # type: ignore[list-item]
-    assert hub.pending.gpu and hub.engines["decode-0"].learned_gpus == set()
+    assert writer.pending_rows == 1 and hub.engines["decode-0"].learned_gpus == set()
+    assert hub.dropped == 0  # the sample itself was filed

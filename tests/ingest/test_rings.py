@@ -2,8 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from collector.model import GpuSample, LogLine, RequestRow, StepRecord
+from collector.ingest.requests import RequestBlock
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
+from collector.model import (
+    HALF_REQUESTS,
+    HALF_STATS,
+    GpuSample,
+    LogLine,
+    RequestRow,
+    StepRecord,
+)
 
 
 def step(n: int, **kw: object) -> StepRecord:
@@ -26,16 +34,62 @@ def test_ring_rejects_a_zero_size() -> None:
         EngineRing(0)
 
 
+def reqs_half(n: int, rows: list[RequestRow]) -> StepRecord:
+    block = RequestBlock.from_rows(n, float(n), rows)
+    return step(n, running=block.running, request_block=block, halves=HALF_REQUESTS)
+
+
 @pytest.mark.parametrize("stats_first", [True, False])
 def test_two_halves_of_a_step_merge_whichever_comes_first(stats_first: bool) -> None:
     ring = EngineRing(8)
-    stats = step(5, running=3, waiting=2, kv_cache_usage=0.25)
-    reqs = step(5, running=2, requests=[RequestRow("a", 10, 11), RequestRow("b", 20, 21)])
+    stats = step(5, running=3, waiting=2, kv_cache_usage=0.25, halves=HALF_STATS)
+    reqs = reqs_half(5, [RequestRow("a", 10, 11), RequestRow("b", 20, 21)])
     for rec in (stats, reqs) if stats_first else (reqs, stats):
         ring.add(rec)
     (held,) = ring.steps()
     assert (held.running, held.waiting, held.kv_cache_usage) == (3, 2, 0.25)  # the stats win
-    assert held.requests is not None and [r.request_id for r in held.requests] == ["a", "b"]
+    assert held.request_block is not None and held.request_block.column("request_id") == ["a", "b"]
+    assert held.requests is None and held.request_count == 2
+    assert held.halves == HALF_STATS | HALF_REQUESTS
+    assert held.preemptions is None  # no half carried it: unknown, not 0
+    assert ring.request_bytes == held.request_block.nbytes
+
+
+def test_a_step_with_only_its_requests_half_has_unknown_stats() -> None:
+    ring = EngineRing(8)
+    held = ring.add(reqs_half(7, [RequestRow("a", 10, 11, status="running"), RequestRow("b", 5, 5, status="waiting")]))
+    assert held.halves == HALF_REQUESTS
+    assert held.running == 1  # counted from the block's rows
+    assert (held.waiting, held.kv_cache_usage, held.preemptions, held.generation_tokens) == (None, None, None, None)
+
+
+def test_a_step_with_only_its_stats_half_has_no_request_figures() -> None:
+    ring = EngineRing(8)
+    held = ring.add(step(9, running=4, waiting=0, halves=HALF_STATS))
+    assert held.request_block is None and held.request_count is None
+    assert held.mirror_rows is None and held.host_blocks is None
+    assert (held.running, held.waiting) == (4, 0)  # a known 0 stays 0
+
+
+def test_a_new_run_reusing_step_numbers_replaces_the_old_step() -> None:
+    ring = EngineRing(8)
+    ring.add(StepRecord(engine="d", ts=1.0, step=3, running=5, halves=HALF_STATS, run=100))
+    held = ring.add(StepRecord(engine="d", ts=2.0, step=3, waiting=1, halves=HALF_STATS, run=200))
+    assert held.run == 200 and held.running is None and held.waiting == 1  # nothing merged across runs
+    assert [(s.run, s.step) for s in ring.steps()] == [(200, 3)]
+
+
+def test_request_blocks_are_bounded_by_bytes_and_their_steps_kept() -> None:
+    rows = [RequestRow(f"r{i}", 10, 11) for i in range(16)]
+    size = reqs_half(0, rows).request_block.nbytes  # type: ignore[union-attr]
+    ring = EngineRing(64, max_request_bytes=size * 3)
+    for n in range(10):
+        ring.add(reqs_half(n, rows))
+    kept = ring.steps()
+    assert len(kept) == 10  # every step kept
+    assert [s.step for s in kept if s.request_block is not None] == [7, 8, 9]  # the newest blocks
+    assert ring.blocks_evicted == 7 and ring.request_bytes <= size * 3
+    assert kept[0].running == 16  # the aggregate outlives the block
 
 
 def test_steps_come_back_in_step_order() -> None:

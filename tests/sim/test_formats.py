@@ -12,11 +12,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
 from collector.channel.codec import decode
-from collector.model import Fingerprint, StepRecord
-from collector.xid.parser import parse_line
+from collector.model import HALF_REQUESTS, HALF_STATS, Fingerprint, StepRecord
 from collector.sim.engine import SimEngine
 from collector.sim.pair import PairConfig, SimPair
 from collector.sim.scenario import LoadClient, Phase, Scenario
+from collector.xid.parser import parse_line
 
 REAL_PAGES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-metrics").glob("*.txt"))
 SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2,
@@ -72,10 +72,16 @@ def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> Non
         for payload in RingReader(ring).read():
             meta, obs = decode(payload)
             got.append(meta or obs)
-    steps = [o for o in got if isinstance(o, StepRecord) and o.requests is None]
-    reqs = [o for o in got if isinstance(o, StepRecord) and o.requests is not None]
+    # the stat logger's half and the scheduler's half of each step, each with only its figures
+    steps = [o for o in got if isinstance(o, StepRecord) and o.halves == HALF_STATS]
+    reqs = [o for o in got if isinstance(o, StepRecord) and o.halves == HALF_REQUESTS]
     assert [s.step for s in steps] == [1, 2, 3, 4, 5] == [r.step for r in reqs]
-    assert reqs[-1].requests[0].prompt_len == 1000 and reqs[-1].requests[0].output_tokens == 5  # type: ignore[index]
+    assert all(s.request_block is None and s.requests is None for s in steps)
+    assert all(s.kv_cache_usage is not None and s.waiting is not None for s in steps)
+    assert all(r.request_block is not None and r.requests is None for r in reqs)
+    assert all(r.waiting is None and r.kv_cache_usage is None for r in reqs)  # not the scheduler's figures
+    block = reqs[-1].request_block
+    assert block.column("prompt_len")[0] == 1000 and block.column("output_tokens")[0] == 5  # type: ignore[union-attr]
     (fp,) = [o for o in got if isinstance(o, Fingerprint)]
     assert fp.facts["block_size"] == 64 and fp.facts["env"]["NCCL_NET_PLUGIN"] == "none"
     assert fp.facts["cuda_graph_mode"] == "FULL"

@@ -58,6 +58,9 @@ def test_engine_state_at_the_crash(snapshot: dict[str, Any]) -> None:
     last = doc["steps"][-1]
     cols = doc["requests"]["columns"]
     at_last = [i for i, s in enumerate(cols["step"]) if s == last["step"]]
+    # the last step before the death came in both halves: its figures are known, not nulls
+    assert last["has_stats"] and last["has_requests"] and last["requests"] == len(at_last)
+    assert doc["summary"]["at_step"]["running"] == doc["summary"]["at_step"]["kv_cache_usage"] == last["step"]
     assert item(snapshot, "load_concurrency") == SC.phases[SC.crash_phase].concurrency  # the C16 phase
     assert item(snapshot, "running") == last["running"] == len(at_last) > 0
     ctx = item(snapshot, "context_lengths")

@@ -15,8 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.ingest.hub import Hub
-from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, StepRecord
+from collector.ingest.requests import RequestBlock
+from collector.model import (
+    HALF_REQUESTS,
+    HALF_STATS,
+    Event,
+    EventKind,
+    GpuSample,
+    RequestRow,
+    Severity,
+    StepRecord,
+)
 from collector.settings import EngineConfig, Settings
+from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import (
     PARTS,
     RequestTable,
@@ -29,18 +40,26 @@ from collector.snapshot.document import (
     segment_of,
     unpack,
 )
-from collector.snapshot.committer import SnapshotManager
-from collector.snapshot.freeze import build_snapshot, is_trigger, request_table, summarize
+from collector.snapshot.freeze import (
+    build_snapshot,
+    is_trigger,
+    request_table,
+    summarize,
+)
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 
 
 def steps(n: int, reqs: int, *, t0: float = 1000.0) -> list[StepRecord]:
-    return [
-        StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs,
-                   requests=[RequestRow(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)])
-        for i in range(n)
-    ]  # fmt: skip
+    """Steps as the ring holds them once both halves came: stats, and the recorder's block."""
+    out: list[StepRecord] = []
+    prev = None
+    for i in range(n):
+        rows = [RequestRow(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)]
+        prev = RequestBlock.from_rows(i, t0 + i, rows, prev)
+        out.append(StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs,
+                              request_block=prev, halves=HALF_STATS | HALF_REQUESTS))  # fmt: skip
+    return out
 
 
 def ev(kind: EventKind, ts: float, **kw: object) -> Event:
@@ -74,13 +93,33 @@ def test_failed_workers_get_the_step_they_were_in() -> None:
     assert s["peak_concurrency"] == 16 and s["running"] == 3
     assert s["requests_at_last_step"]["mirror_rows"] == {"r0": 0, "r1": 1, "r2": 2}
     assert s["requests_at_last_step"]["context_len_max"] == 32009
+    # the last known figures, each with the step it is from; null where never known
+    assert s["at_step"]["running"] == 9 and s["mirror_rows"] == 3 and s["at_step"]["mirror_rows"] == 9
+    assert s["kv_cache_usage"] is None and s["at_step"]["kv_cache_usage"] is None
+    assert s["host_blocks"] is None and s["requests_at_last_step"]["host_blocks"] == {"r0": None, "r1": None, "r2": None}
+    assert s["steps_with_stats"] == 10 == s["steps_with_requests"]
+
+
+def test_summary_takes_each_figure_from_the_last_step_that_knew_it() -> None:
+    recs = steps(4, 2)
+    recs.append(StepRecord(engine="decode-0", ts=1004.0, step=4, running=5, waiting=None, halves=HALF_STATS))
+    recs.append(StepRecord(engine="decode-0", ts=1005.0, step=5))  # a step no half has filled in yet
+    s = summarize(recs, [])
+    assert s["last_step"] == 5
+    assert (s["running"], s["at_step"]["running"]) == (5, 4)
+    assert (s["waiting"], s["at_step"]["waiting"]) == (14, 3)  # step 4's waiting was unknown
+    assert s["concurrency_at_fault"] == 19
+    assert s["requests_at_last_step"]["step"] == 3  # the last step that carried its rows
+    assert s["steps_with_stats"] == 5 and s["steps_with_requests"] == 4
+    assert summarize([StepRecord(engine="d", ts=1.0, step=0)], [])["running"] is None
 
 
 def test_request_table_reads_as_rows_and_round_trips() -> None:
     table = request_table(steps(3, 2))
     assert len(table) == 6
     assert table[-1] == {"step": 2, "request_id": "r1", "prompt_len": 32000, "computed_tokens": 32002,
-                         "output_tokens": 2, "preemptions": 0, "status": "running", "mirror_rows": 1}  # fmt: skip
+                         "output_tokens": 2, "preemptions": 0, "status": "running", "mirror_rows": 1,
+                         "host_blocks": None}  # fmt: skip  # no row knew it: null, never 0
     assert RequestTable.coerce(json.loads(json.dumps(table.to_json()))) == table
     rows = [{"step": 1, "request_id": "a"}, {"step": 1, "request_id": "b", "extras": {"k": 1}}]
     sparse = RequestTable.from_rows(rows)
@@ -116,11 +155,12 @@ def test_export_splices_stored_parts_and_reencodes_foreign_ones() -> None:
     assert deflate_segment(b"").length == 0
 
 
-def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotManager, list[int]]:
+def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotCommitter, list[int]]:
     repo = Repository(make_engine(url), host=hub.host)
     done: list[int] = []
-    mgr = SnapshotManager(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30,
-                          on_committed=lambda doc, _: done.append(doc.id or 0))  # fmt: skip
+    mgr = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30,
+                            on_committed=[lambda doc, _: done.append(doc.id or 0)])  # fmt: skip
+    hub.consumers.append(mgr.on_event)
     return repo, mgr, done
 
 

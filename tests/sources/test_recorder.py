@@ -9,7 +9,18 @@ from pathlib import Path
 from collector.channel.codec import encode, encode_requests, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
-from collector.model import Event, EventKind, Observation, RequestRow, StepRecord
+from collector.ingest.hub import Hub
+from collector.ingest.join import EngineJoin
+from collector.model import (
+    HALF_REQUESTS,
+    HALF_STATS,
+    Event,
+    EventKind,
+    Observation,
+    RequestRow,
+    StepRecord,
+)
+from collector.settings import EngineConfig, Settings
 from collector.sources.recorder import RecorderSource
 
 
@@ -54,8 +65,25 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     assert src.poll(sink) == 2
     steps = [o for o in sink.items if isinstance(o, StepRecord)]
     assert {(s.engine, s.step) for s in steps} == {("decode-0", 1)}
-    req = next(s for s in steps if s.requests is not None)
-    assert req.requests == [RequestRow("r1", 300, 300, 1)]
+    # the scheduler's half carries the recorder's bytes, decoded only when read
+    req = next(s for s in steps if s.request_block is not None)
+    assert req.requests is None and req.halves == HALF_REQUESTS
+    assert req.request_block.column("request_id") == ["r1"]
+    assert req.request_block.column("computed_tokens") == [300] and req.request_block.column("output_tokens") == [1]
+    assert req.running == 1 and req.waiting is None and req.kv_cache_usage is None  # not this half's figures
+    stat = next(s for s in steps if s.request_block is None)
+    assert stat.halves == HALF_STATS and (stat.running, stat.waiting, stat.kv_cache_usage) == (2, 1, 0.25)
+
+
+def test_a_figure_the_stat_logger_could_not_read_arrives_as_null(tmp_path: Path) -> None:
+    w = writer(tmp_path, "decode-0", "stats", 13)
+    w.append(encode_step_fields(1, 999.0, 0, 2, None, 0, None, 0, 10, 2, 0, 0, 0))
+    sink = ListSink()
+    RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True).poll(sink)
+    (rec,) = sink.items
+    assert isinstance(rec, StepRecord) and rec.halves == HALF_STATS
+    assert rec.running == 2 and rec.waiting is None and rec.kv_cache_usage is None
+    assert rec.preemptions == 0  # a read 0 stays 0
 
 
 def test_dp_engine_name_survives_the_file_name(tmp_path: Path) -> None:
@@ -130,3 +158,59 @@ def test_ring_of_an_engine_that_died_long_ago_is_history_not_news(tmp_path: Path
     clock.now += 10
     src.poll(sink)
     assert [type(o) for o in sink.items] == [StepRecord]
+
+
+def proc_with_listener(root: Path, pid: int, port: int, inode: int) -> Path:
+    """A fake /proc: ``pid`` listens on ``port`` (a LISTEN row of net/tcp, its fd on the socket)."""
+    (root / "net").mkdir(parents=True)
+    (root / "net" / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        f"   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 {inode} 1 "
+        "0000000000000000 100 0 0 10 0\n"
+    )
+    (root / str(pid) / "fd").mkdir(parents=True)
+    os.symlink(f"socket:[{inode}]", root / str(pid) / "fd" / "5")
+    return root
+
+
+ENGINES = [EngineConfig(name="decode-0", url="http://127.0.0.1:8000"), EngineConfig(name="prefill-0", url="http://127.0.0.1:8001")]
+
+
+def test_a_ring_named_by_its_pid_joins_the_engine_listening_on_its_port(tmp_path: Path) -> None:
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    proc = proc_with_listener(tmp_path / "proc", 4242, 8000, 90001)
+    w = writer(rings, "vllm-4242", "stats", 4242)
+    w.append(step(1, 999.0))
+    clock = Clock()
+    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock),
+                         join_wait=30.0)  # fmt: skip
+    hub = Hub(Settings(engines=ENGINES))
+    assert src.poll(hub) == 1
+    assert hub.engines["decode-0"].ring.last() is not None and hub.engines["decode-0"].configured
+    assert "vllm-4242" not in hub.engines
+    assert src.joined_engines() == {"decode-0"}
+    assert src.figures()["engines"] == ["decode-0"] and src.figures()["unconfigured"] == []
+
+
+def test_an_unmatched_ring_waits_then_is_kept_under_its_own_name_unconfigured(tmp_path: Path) -> None:
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    proc = proc_with_listener(tmp_path / "proc", 4242, 8000, 90001)
+    clock = Clock()
+    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock),
+                         join_wait=30.0)  # fmt: skip
+    hub = Hub(Settings(engines=ENGINES))
+    w = writer(rings, "vllm-777", "stats", 777)
+    w.append(step(1, 999.0))
+    assert src.poll(hub) == 0  # held: a configured engine (both, here) has no recorder yet
+    assert "vllm-777" not in hub.engines
+    clock.now += 10.0
+    w.append(step(2, 1009.0))
+    assert src.poll(hub) == 0
+    clock.now += 25.0  # past join_wait
+    assert src.poll(hub) == 2  # nothing held back is lost
+    st = hub.engines["vllm-777"]
+    assert [s.step for s in st.ring.steps()] == [1, 2] and st.configured is False
+    assert src.figures()["unconfigured"] == ["vllm-777"] and src.joined_engines() == set()
+    assert hub.engines["decode-0"].ring.last() is None
