@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--osl", type=int, default=256, help="mean output tokens (default 256)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-workload-records", action="store_true", help="omit the wl records (for older sidecars)")
+    p.add_argument("--start-delay", type=float, default=0.0, help="seconds between writing the config and the first step")
+    p.add_argument("--linger", action="store_true", help="after --duration, stay up idle (rings, /metrics) until interrupted")
     p.add_argument("--summary-json", help="write the final figures as JSON to this file")
     p.add_argument("--progress-every", type=float, default=10.0, help="seconds between progress lines (0: none)")
 
@@ -94,16 +96,20 @@ def main(args: argparse.Namespace) -> int:
               f"CPU {100 * r.cpu_share:4.1f}%", flush=True)  # fmt: skip
 
     try:
+        if args.start_delay > 0:  # a sidecar started on the config reads the rings from step 1
+            stop.wait(args.start_delay)
         report = run(engines, cfg, stop, progress if args.progress_every > 0 else None, args.progress_every or 10.0)
+        for line in report.lines():
+            print(line, flush=True)
+        if args.summary_json:
+            Path(args.summary_json).write_text(summary_json(report) + "\n")
+        if args.linger:  # idle engines, not dead ones: a benchmark reads the sidecar's counters now
+            stop.wait()
     finally:
         if servers is not None:
             servers.close()
         for e in engines:
             e.close()
-    for line in report.lines():
-        print(line, flush=True)
-    if args.summary_json:
-        Path(args.summary_json).write_text(summary_json(report) + "\n")
     return 0
 
 

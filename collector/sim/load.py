@@ -73,19 +73,28 @@ def api_pid(index: int) -> int:
     return FIRST_PID + 100 * index
 
 
+def _recorder_channel_class() -> Any:
+    """The recorder's channel class of this version (it moved once), or None."""
+    import importlib
+
+    for module in ("collector.recorder.channel", "collector.vllm.channel_writer"):
+        try:
+            return importlib.import_module(module).RecorderChannel
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 class Writer:
-    """One ring of one simulated process: the recorder's channel where this version has it
-    (``collector.recorder.channel.RecorderChannel``), else a ring writer with the same meta
-    record first and again at every wrap."""
+    """One ring of one simulated process, written through the recorder's own channel class
+    (``RecorderChannel``: meta record first and at every wrap, faults disable it), else a ring
+    writer that does the same."""
 
     def __init__(self, directory: Path, engine: str, role: str, pid: int, capacity: int) -> None:
         self.records = 0
         self.bytes = 0
         self._channel: Any = None
-        try:
-            from collector.recorder.channel import RecorderChannel
-        except ImportError:
-            RecorderChannel = None  # noqa: N806 - a recorder version without the channel class
+        RecorderChannel = _recorder_channel_class()  # noqa: N806
         if RecorderChannel is not None:
             self._channel = RecorderChannel(
                 engine=engine, engine_index=0, role=role, vllm_version=VLLM_VERSION,
