@@ -18,8 +18,9 @@ output tokens are ``offset + step``: each column is one ``map`` over precomputed
 loop runs in C); only the few requests in prefill are patched, and the id, prompt and status
 columns are re-encoded only when a request arrives or finishes.
 
-This module imports only what every recorder version has (``collector.channel``), plus the
-recorder API where it exists, so the node benchmark can drive an older sidecar with it.
+The rings are written through the engine-side recorder API (``collector.sim.load_rings``);
+with a recorder version before that API, through that version's channel, so the node
+benchmark can drive an older sidecar with this same load.
 """
 
 from __future__ import annotations
@@ -35,14 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collector.channel import RingWriter
-from collector.channel.codec import STATUS_CODE, encode, encode_request_columns, encode_step_fields
-from collector.channel.naming import ring_file_name
+from collector.channel.codec import STATUS_CODE
+from collector.sim.load_rings import EngineRings, open_rings
 
 VLLM_VERSION = "0.11.1rc2.dev147+g3b5d6a1.sim"
 MODEL = "deepseek-ai/DeepSeek-V3.2-Exp"
-STATS_RING_BYTES = 4 * 1024 * 1024  # the recorder's sizes (collector.recorder.channel)
-SCHED_RING_BYTES = 16 * 1024 * 1024
 FIRST_PID = 41_000  # simulated API server pids: FIRST_PID + 100 * engine, its engine core + 1
 _RUNNING = STATUS_CODE["running"]
 
@@ -73,78 +71,17 @@ def api_pid(index: int) -> int:
     return FIRST_PID + 100 * index
 
 
-def _recorder_channel_class() -> Any:
-    """The recorder's channel class of this version (it moved once), or None."""
-    import importlib
-
-    for module in ("collector.recorder.channel", "collector.vllm.channel_writer"):
-        try:
-            return importlib.import_module(module).RecorderChannel
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-class Writer:
-    """One ring of one simulated process, written through the recorder's own channel class
-    (``RecorderChannel``: meta record first and at every wrap, faults disable it), else a ring
-    writer that does the same."""
-
-    def __init__(self, directory: Path, engine: str, role: str, pid: int, capacity: int) -> None:
-        self.records = 0
-        self.bytes = 0
-        self._channel: Any = None
-        RecorderChannel = _recorder_channel_class()  # noqa: N806
-        if RecorderChannel is not None:
-            self._channel = RecorderChannel(
-                engine=engine, engine_index=0, role=role, vllm_version=VLLM_VERSION,
-                directory=directory, capacity=capacity, pid=pid,
-            )  # fmt: skip
-            if not self._channel.active:
-                raise OSError(f"recorder channel of {engine} ({role}) failed: {self._channel.failed}")
-            self.path = Path(self._channel.path)
-            self._append: Callable[[bytes], None] = self._channel.write
-            return
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / ring_file_name(engine, role, pid)
-        self._ring = RingWriter(self.path, capacity=capacity)
-        self._capacity = capacity
-        self._wrap = 0
-        self._meta = encode({"t": "meta", "engine": engine, "engine_index": 0, "role": role, "pid": pid,
-                             "vllm_version": VLLM_VERSION, "format": 2, "created": time.time()})  # fmt: skip
-        self._ring.append(self._meta)
-        self._append = self._ring_append
-
-    def _ring_append(self, payload: bytes) -> None:
-        self._ring.append(payload)
-        wrap = self._ring.head // self._capacity
-        if wrap != self._wrap:
-            self._wrap = wrap
-            self._ring.append(self._meta)
-
-    def write(self, payload: bytes) -> None:
-        self._append(payload)
-        self.records += 1
-        self.bytes += len(payload)
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        else:
-            self._ring.close()
-
-
 def fingerprint_facts(cfg: LoadConfig, index: int, port: int | None) -> dict[str, Any]:
-    """A plain deployment (no KV connector) keyed as the recorder's fingerprint is."""
-    return {
-        "vllm_version": VLLM_VERSION, "model": cfg.model, "served_model_name": cfg.model,
-        "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
-        "engine_index": 0, "block_size": cfg.block_size, "kv_transfer_config": None, "connectors": [],
-        "kv_role": None, "cuda_graph_mode": "FULL_AND_PIECEWISE", "compilation_mode": "VLLM_COMPILE",
-        "enforce_eager": False, "max_num_seqs": max(cfg.running, 256), "max_model_len": 4 * (cfg.isl + cfg.osl),
-        "async_scheduling": True, "env": {"CUDA_VISIBLE_DEVICES": str(index % 8)},
-        "hostname": "sim-node", "pid": api_pid(index), "port": port, "simulated": True,
-    }  # fmt: skip
+    """A plain deployment (no KV connector, released vLLM's defaults: full and piecewise CUDA
+    graphs, async scheduling), as the recorder reads it from vLLM's config."""
+    from collector.sim import deployment
+
+    config = deployment.vllm_config(
+        model=cfg.model, tp=1, block_size=cfg.block_size, max_num_seqs=max(cfg.running, 256),
+        max_model_len=4 * (cfg.isl + cfg.osl), cudagraph_mode=deployment.CUDAGraphMode.FULL_AND_PIECEWISE,
+    )  # fmt: skip
+    return deployment.fingerprint(config, vllm_version=VLLM_VERSION, environ={"CUDA_VISIBLE_DEVICES": str(index % 8)},
+                                  pid=api_pid(index), port=port)  # fmt: skip
 
 
 @dataclass
@@ -188,12 +125,12 @@ class EngineLoad:
         self.cfg, self.index, self.clock = cfg, index, clock
         self.name = cfg.engine_name(index)
         self.rng = random.Random(cfg.seed * 7919 + index)
-        pid = api_pid(index)
-        self.stats = Writer(cfg.recorder_dir, self.name, "stats", pid, STATS_RING_BYTES)
-        self.sched = Writer(cfg.recorder_dir, self.name, "sched", pid + 1, SCHED_RING_BYTES)
-        fp = encode({"t": "fp", "engine": self.name, "ts": clock(), "facts": fingerprint_facts(cfg, index, port)})
-        self.stats.write(fp)
-        self.sched.write(fp)
+        self.rings: EngineRings = open_rings(
+            cfg.recorder_dir, server_pid=api_pid(index), port=port, name=cfg.name and self.name,
+            default_name=self.name, version=VLLM_VERSION, workload_records=cfg.workload_records,
+        )  # fmt: skip
+        self.name = self.rings.engine
+        self.rings.fingerprint(fingerprint_facts(cfg, index, port), clock())
         n = cfg.running
         self.step_no = 0
         self.last_kv_usage = 0.0
@@ -241,9 +178,7 @@ class EngineLoad:
             self._decode_from(slot, done)
             return
         self.prefilling[slot] = 0
-        if self.cfg.workload_records:
-            self.sched.write(encode({"t": "wl", "ev": "arrive", "id": rid, "ts": now, "prompt_len": prompt,
-                                     "max_tokens": max_tokens, "n": 1, "ignore_eos": True, "has_stop": False}))  # fmt: skip
+        self.rings.arrival(rid, now, prompt, max_tokens)
 
     def _decode_from(self, slot: int, output: int) -> None:
         """The request decodes from this step on: one computed and one output token a step,
@@ -265,9 +200,7 @@ class EngineLoad:
             "num_generation_tokens": out, "num_preemptions": 0, "num_cached_tokens": 0,
             "max_tokens_param": out, "finish_reason": "length",
         })  # fmt: skip
-        if self.cfg.workload_records:
-            self.sched.write(encode({"t": "wl", "ev": "end", "id": rid, "ts": now, "output_len": out,
-                                     "finish": "length", "cached_tokens": 0}))  # fmt: skip
+        self.rings.end(rid, now, out, "length")
 
     def _encode_static(self) -> None:
         self._ids_blob = "\0".join(self.ids).encode()
@@ -310,13 +243,10 @@ class EngineLoad:
         if self._finished_rows:
             extras = {"finished_requests": self._finished_rows}
             self._finished_rows = []
-        self.stats.write(encode_step_fields(
-            step, now, 0, n, 0, 0, kv, 0, prompt_tokens, generation_tokens, finished_n, 0, 0, extras,
-        ))  # fmt: skip
-        self.sched.write(encode_request_columns(
-            step, now, n, self._ids_blob, self._prompt_bytes, self.computed.tobytes(), self.output.tobytes(),
-            self._zeros, self._status,
-        ))  # fmt: skip
+        self.rings.step(step, now, running=n, kv_cache_usage=kv, prompt_tokens=prompt_tokens,
+                        generation_tokens=generation_tokens, finished=finished_n, extras=extras)  # fmt: skip
+        self.rings.requests(step, now, n, self._ids_blob, self._prompt_bytes, self.computed.tobytes(),
+                            self.output.tobytes(), self._zeros, self._status)  # fmt: skip
         c = self.counters
         c.steps += 1
         c.request_rows += n
@@ -324,8 +254,7 @@ class EngineLoad:
         c.generation_tokens += generation_tokens
 
     def close(self) -> None:
-        self.stats.close()
-        self.sched.close()
+        self.rings.close()
 
 
 @dataclass

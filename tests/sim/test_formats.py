@@ -19,6 +19,8 @@ from collector.sim.pair import PairConfig, SimPair
 from collector.sim.scenario import LoadClient, Phase, Scenario
 
 REAL_PAGES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-metrics").glob("*.txt"))
+# made by vLLM's own HiSparse and NIXL metric classes (tests/sim/real_vllm_connector_page.py)
+CONNECTOR_PAGE = Path(__file__).parent / "fixtures" / "connector-families.txt"
 SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2,
                  crash_after_done=2, prefill_chunk=512)  # fmt: skip
 
@@ -47,18 +49,35 @@ def sim_page(tmp_path: Path) -> str:
 def test_metric_names_types_and_labels_match_a_real_vllm(tmp_path: Path) -> None:
     sim = families(sim_page(tmp_path))
     real: dict[str, tuple[str, frozenset[str]]] = {}
-    for page in REAL_PAGES:
+    for page in [*REAL_PAGES, CONNECTOR_PAGE]:
         real.update(families(page.read_text()))
     shared = [name for name in sim if name in real]
-    # every family the simulator shares with vLLM 0.32 has vLLM's type and label names
-    assert len(shared) >= 12
+    # every family the simulator shares with vLLM has vLLM's type and label names
+    assert len(shared) >= 25
     for name in shared:
         assert sim[name] == real[name], name
-    # the families only the simulator has are the incident's connector families (vLLM 0.33)
-    assert {n.removesuffix("_created") for n in sim if n not in real} <= {
-        "vllm:hisparse_host_cache_usage_perc", "vllm:hisparse_pending_page_transfers", "vllm:nixl_num_failed_transfers",
-    }  # fmt: skip
+    # every connector family vLLM's HiSparse and NIXL classes register, the simulator has
+    connector = families(CONNECTOR_PAGE.read_text())
+    assert set(connector) <= set(sim)
+    # the one family the simulator has beyond these pages: a KV consumer's fetch stages, which
+    # vLLM registers only on a decode engine of a P/D pair (vllm/v1/metrics/loggers.py)
+    assert {n.removesuffix("_created") for n in sim if n not in real} == {"vllm:num_requests_kv_fetch_by_stage"}
     assert all("engine" in labels and "model_name" in labels for _, labels in sim.values())
+
+
+def test_connector_families_have_vllms_help_and_buckets(tmp_path: Path) -> None:
+    def detail(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name.startswith(("vllm:hisparse", "vllm:nixl")):
+                les = tuple(s.labels["le"] for s in fam.samples if "le" in s.labels)
+                out[fam.name] = (fam.documentation, les)
+        return out
+
+    real = detail(CONNECTOR_PAGE.read_text())
+    sim = detail(sim_page(tmp_path))
+    assert len(real) >= 13
+    assert {k: sim[k] for k in real} == real
 
 
 def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> None:
