@@ -67,6 +67,8 @@ def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec); sys.modules[name] = mod; spec.loader.exec_module(mod)
     return mod
+load("collector.sim.deployment", here + "/collector/sim/deployment.py")
+load("collector.sim.load_rings", here + "/collector/sim/load_rings.py")
 load("collector.sim.load", here + "/collector/sim/load.py")
 load("collector.sim.load_http", here + "/collector/sim/load_http.py")
 cli = load("_flightrec_simulate", here + "/collector/cli/simulate.py")

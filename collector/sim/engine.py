@@ -21,7 +21,11 @@ from collector.channel import RingWriter
 from collector.channel.naming import ring_file_name
 from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
 from collector.model import Fingerprint, RequestRow, StepRecord
-from collector.vllm.extract import flatten_connector
+
+try:  # the stat logger's own reader of kv_connector_stats (renamed once)
+    from collector.vllm.extract import connector_stats as connector_record
+except ImportError:
+    from collector.vllm.extract import flatten_connector as connector_record  # type: ignore[no-redef]
 from collector.sim import deployment, vllm_logs
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
@@ -69,12 +73,8 @@ def engine_config(name: str, role: str, sc: Scenario) -> Any:
 def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int, pid: int) -> dict[str, Any]:
     """The deployment facts of the incident, as the recorder reads them from vLLM's config."""
     env = {**SIM_ENV, "CUDA_VISIBLE_DEVICES": str(gpu_index), "HF_TOKEN": "hf_simulated"}
-    facts = deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid,
-                                   port=port or None)  # fmt: skip
-    # HiSparse's own settings (vllm/config/attention.py), for a recorder that reads them
-    facts.setdefault("hisparse_config", {"device_buffer_size": sc.device_buffer_size,
-                                         "eager_host_mirror": sc.eager_host_mirror})  # fmt: skip
-    return facts
+    return deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid,
+                                  port=port or None)  # fmt: skip
 
 
 class SimEngine:
@@ -336,7 +336,7 @@ class SimEngine:
             kv_cache_usage=usage, preemptions=0, prompt_tokens=prompt, generation_tokens=gen,
             finished=len(finished), waiting_by_reason={"capacity": len(self.waiting) - fetching, "deferred": 0,
                                                        **({"kv_fetch_in_progress": fetching} if fetching else {})},
-            connector=flatten_connector(kvc),
+            connector=connector_record(kvc),
         )  # fmt: skip
         self.stats_ring.append(encode_step(rec))
         self.sched_ring.append(encode_requests(self.name, self.step_counter, now, rows))
