@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
 from collector.channel.codec import decode
-from collector.model import Fingerprint, StepRecord
+from collector.ingest.requests import decode_columns
+from collector.model import HALF_REQUESTS, HALF_STATS, Fingerprint, StepRecord
 from collector.xid.parser import parse_line
 from collector.sim.engine import SimEngine
 from collector.sim.pair import PairConfig, SimPair
@@ -91,10 +92,13 @@ def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> Non
         for payload in RingReader(ring).read():
             meta, obs = decode(payload)
             got.append(meta or obs)
-    steps = [o for o in got if isinstance(o, StepRecord) and o.requests is None]
-    reqs = [o for o in got if isinstance(o, StepRecord) and o.requests is not None]
+    steps = [o for o in got if isinstance(o, StepRecord) and o.halves == HALF_STATS]
+    reqs = [o for o in got if isinstance(o, StepRecord) and o.halves == HALF_REQUESTS]
     assert [s.step for s in steps] == [1, 2, 3, 4, 5] == [r.step for r in reqs]
-    assert reqs[-1].requests[0].prompt_len == 1000 and reqs[-1].requests[0].output_tokens == 5  # type: ignore[index]
+    last = decode_columns([reqs[-1].request_block])
+    assert last["prompt_len"][0] == 1000 and last["output_tokens"][0] == 5
+    assert last["mirror_rows"][0] == 1  # one decode row mirrored this step
+    assert any(k.startswith("HiSparseConnector.host_cache_usage_perc") for k in steps[-1].connector)
     (fp,) = [o for o in got if isinstance(o, Fingerprint)]
     assert fp.facts["block_size"] == 64 and fp.facts["env"]["NCCL_NET_PLUGIN"] == "none"
     assert fp.facts["cuda_graph_mode"] == "FULL"

@@ -18,7 +18,8 @@ from collector.channel.codec import decode
 from collector.channel.naming import parse_ring_file_name
 from collector.cli import build_parser
 from collector.cli.simulate import main as simulate_main
-from collector.model import Fingerprint, StepRecord, WorkloadRecord
+from collector.ingest.requests import decode_columns
+from collector.model import HALF_REQUESTS, Fingerprint, StepRecord, WorkloadRecord
 from collector.settings import load_settings
 from collector.sim.load import EngineLoad, Lanes, LoadConfig, Pacer, api_pid
 
@@ -62,6 +63,7 @@ def test_the_rings_hold_every_step_with_requests_growing_and_finishing(tmp_path:
         assert fp.facts["pid"] == api_pid(0) and fp.facts["port"] == 8000
     steps = [o for o in by_role["stats"][1] if isinstance(o, StepRecord)]
     reqs = [o for o in by_role["sched"][1] if isinstance(o, StepRecord)]
+    assert all(r.halves == HALF_REQUESTS for r in reqs) and not any(s.halves & HALF_REQUESTS for s in steps)
     assert [s.step for s in steps] == list(range(1, 41)) == [r.step for r in reqs]
     assert all(s.running == 8 and 0 < s.kv_cache_usage < 1 for s in steps)
     # every finish is counted in the step record, listed with its id, and its slot refilled
@@ -69,14 +71,16 @@ def test_the_rings_hold_every_step_with_requests_growing_and_finishing(tmp_path:
     assert sum(s.finished for s in steps) == len(finished_ids) > 8
     seen: dict[str, list[tuple[int, int, int]]] = {}
     for r in reqs:
-        assert r.requests is not None and len(r.requests) == 8
-        for row in r.requests:
-            assert VLLM_ID.match(row.request_id) and row.status == "running"
-            seen.setdefault(row.request_id, []).append((r.step, row.computed_tokens, row.output_tokens))
-            if row.output_tokens:  # decoding: the last sampled token is not computed yet
-                assert row.computed_tokens == row.prompt_len + row.output_tokens - 1
+        cols = decode_columns([r.request_block])
+        assert len(cols["request_id"]) == 8 and set(cols["status"]) == {"running"}
+        for rid, prompt, computed, output in zip(cols["request_id"], cols["prompt_len"], cols["computed_tokens"],
+                                                 cols["output_tokens"], strict=True):  # fmt: skip
+            assert VLLM_ID.match(rid)
+            seen.setdefault(rid, []).append((r.step, computed, output))
+            if output:  # decoding: the last sampled token is not computed yet
+                assert computed == prompt + output - 1
             else:  # chunked prefill: 64 prompt tokens a step
-                assert row.computed_tokens % 64 == 0 or row.computed_tokens == row.prompt_len
+                assert computed % 64 == 0 or computed == prompt
     for history in seen.values():  # one more output token every step once decoding
         outs = [o for _, _, o in history if o]
         assert outs == list(range(outs[0], outs[0] + len(outs))) if outs else len(history) <= 2
