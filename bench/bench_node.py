@@ -265,10 +265,10 @@ def scrape_sidecar(base: str) -> dict[str, Any]:
     out["steps_received"] = sums.get("flightrec_steps_received_total", sums.get("flightrec_steps_received"))
     rows = [v for k, v in sums.items() if "request_rows" in k and "received" in k]
     out["request_rows_received"] = rows[0] if rows else None
-    lost = [v for k, v in sums.items() if "lost" in k]
-    out["lost"] = sum(lost) if lost else None
-    lag = [v for k, v in sums.items() if "lag" in k and "seconds" in k]
-    out["lag_s"] = max(lag) if lag else None
+    out["lost_bytes"] = sums.get("flightrec_recorder_lost_bytes_total", sums.get("flightrec_recorder_lost_bytes"))
+    out["lost"] = out["lost_bytes"]
+    out["lag_s"] = sums.get("flightrec_recorder_lag_seconds")
+    out["loop_lag_s"] = sums.get("flightrec_loop_lag_seconds")
     return out
 
 
@@ -384,6 +384,9 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         if cfg.faults:
             fig["sidecar_cpu_share_faults"] = round((cpu_b - cpu_m) / max(wall_b - wall_m, 1e-9), 4)
         fig["sidecar_rss_now_mib"] = round((proc_status_kib(side.pid, "VmRSS") or 0) / 1024, 1)
+        at_end = scrape_sidecar(base)  # while the load still runs: how far behind is it?
+        fig["at_window_end"] = {k: at_end.get(k) for k in ("steps_received", "request_rows_received", "lag_s",
+                                                           "loop_lag_s", "lost_bytes")}  # fmt: skip
         # the load ends (idle engines, still up); give the sidecar time to catch up
         t_end = time.time()
         while not summary.exists() and time.time() - t_end < 60:
@@ -499,8 +502,11 @@ def table(fig: dict[str, Any]) -> str:
         ("engine_steps rows (distinct) / steps written", f"{fmt(fig.get('db_step_rows'), digits=0)} "
                                                          f"({fmt(fig.get('db_distinct_steps'), digits=0)}) / "
                                                          f"{fmt(fig.get('written_steps'), digits=0)}"),
-        ("lag / lost (sidecar's own)", f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
-                                       f"{fmt((fig.get('sidecar') or {}).get('lost'), digits=0)}"),
+        ("recorder lag / loop lag / lost ring bytes", f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
+                                                      f"{fmt((fig.get('sidecar') or {}).get('loop_lag_s'), ' s', digits=2)} / "
+                                                      f"{fmt((fig.get('sidecar') or {}).get('lost_bytes'), digits=0)}"),
+        ("at the window's end: recorder lag / loop lag", f"{fmt((fig.get('at_window_end') or {}).get('lag_s'), ' s', digits=2)} / "
+                                                         f"{fmt((fig.get('at_window_end') or {}).get('loop_lag_s'), ' s', digits=2)}"),
         ("caught up after the load stopped", fmt(fig.get("caught_up_after_load_end_s"), " s")),
         ("fault -> durable snapshot", f"p50 {fmt(f2s.get('p50'), ' ms')}, p99 {fmt(f2s.get('p99'), ' ms')}, "
                                       f"max {fmt(f2s.get('max'), ' ms')} over {fig.get('faults', 0)} faults "

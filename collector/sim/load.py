@@ -13,10 +13,10 @@ a step), then one output token a step up to about ``osl``; when it finishes, the
 arrives in its slot. Request ids have vLLM's completion form ``cmpl-<32 hex>-0``.
 
 Cost: the simulator must stay a small share of a core while it drives 8 x 100 steps/s x 256
-requests, so per step it does no Python work per request. A decoding request's computed and
-output tokens are ``offset + step``: each column is one ``map`` over precomputed offsets (the
-loop runs in C); only the few requests in prefill are patched, and the id, prompt and status
-columns are re-encoded only when a request arrives or finishes.
+requests, so per step it does no Python work per request. The computed and output columns are
+each one big integer of packed u32 lanes (``Lanes``): one addition moves every decoding request
+a token, ``to_bytes`` is the column; only the few requests in prefill are added to one by one,
+and the id and prompt columns are re-encoded only when a request arrives or finishes.
 
 The rings are written through the engine-side recorder API (``collector.sim.load_rings``);
 with a recorder version before that API, through that version's channel, so the node
