@@ -286,6 +286,7 @@ class RunConfig:
     fault_interval: float
     pg_admin: str
     keep: bool = False
+    start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
 @dataclass
@@ -347,7 +348,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(base + "/healthz", timeout=2).status_code == 200:
                     break
-            if side.poll() is not None or time.time() - t_sim > 120:
+            if side.poll() is not None or time.time() - t_sim > cfg.start_timeout:
                 raise RuntimeError(f"the sidecar did not start; see {work / 'sidecar.log'}")
             time.sleep(0.1)
         fig["sidecar_ready_after_config_s"] = round(time.time() - t_sim, 1)
@@ -522,13 +523,23 @@ def table(fig: dict[str, Any]) -> str:
 
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    points = [(e, 256) for e in (1, 2, 4, 8, 16)] + [(8, r) for r in (16, 64, 512)]
+    """Engines 1..16 at 256 running, then running 16..512 at 8 engines; a point that fails is
+    kept with its error (the others still run)."""
+    engines = [int(x) for x in args.sweep_engines.split(",")]
+    running = [int(x) for x in args.sweep_running.split(",")]
+    points = [(e, 256) for e in engines] + [(8, r) for r in running if (8, r) not in [(e, 256) for e in engines]]
     out = []
-    for engines, running in points:
-        fig = run_once(config(args, engines=engines, running=running, faults=0))
-        print(f"engines {engines:>2} x running {running:>3}: CPU {fmt(fig.get('sidecar_cpu_share'), '%', 100)}, "
-              f"peak RSS {fmt(fig.get('sidecar_rss_peak_mib'), ' MiB')}, load {fig.get('load_start')}", flush=True)  # fmt: skip
+    for n_engines, n_running in points:
+        try:
+            fig = run_once(config(args, engines=n_engines, running=n_running, faults=0))
+        except Exception as exc:  # noqa: BLE001 - one bad point must not lose the sweep
+            fig = {"engines": n_engines, "running": n_running, "error": repr(exc)}
+        print(f"engines {n_engines:>2} x running {n_running:>3}: CPU {fmt(fig.get('sidecar_cpu_share'), '%', 100)}, "
+              f"peak RSS {fmt(fig.get('sidecar_rss_peak_mib'), ' MiB')}, load {fig.get('load_start')}"
+              f"{'  ERROR ' + fig['error'] if 'error' in fig else ''}", flush=True)  # fmt: skip
         out.append(fig)
+        if args.json:  # partial results survive an interrupted sweep
+            Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
     return out
 
 
@@ -536,6 +547,9 @@ def sweep_table(figs: list[dict[str, Any]]) -> str:
     lines = ["| engines | running | steps/s (all) | sidecar CPU | peak RSS | records received / written | load (1 min) |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for f in figs:
+        if "error" in f:
+            lines.append(f"| {f['engines']} | {f['running']} | failed: {f['error'][:60]} | | | | |")
+            continue
         load = f.get("load") or {}
         lines.append(f"| {f['engines']} | {f['running']} | {fmt(load.get('steps_per_s'))} | "
                      f"{fmt(f.get('sidecar_cpu_share'), '%', 100)} | {fmt(f.get('sidecar_rss_peak_mib'), ' MiB')} | "
@@ -553,8 +567,9 @@ def plot(figs: list[dict[str, Any]], path: Path, title: str) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install '.[bench]'): no plot", file=sys.stderr)
         return False
-    by_engines = sorted((f for f in figs if f["running"] == 256), key=lambda f: f["engines"])
-    by_running = sorted((f for f in figs if f["engines"] == 8), key=lambda f: f["running"])
+    ok = [f for f in figs if "error" not in f]
+    by_engines = sorted((f for f in ok if f["running"] == 256), key=lambda f: f["engines"])
+    by_running = sorted((f for f in ok if f["engines"] == 8), key=lambda f: f["running"])
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     for col, (series, key, label) in enumerate(((by_engines, "engines", "engines (256 running each)"),
                                                 (by_running, "running", "running requests (8 engines)"))):  # fmt: skip
@@ -603,6 +618,8 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=20, help="Xid faults in the second half of the window")
     p.add_argument("--fault-interval", type=float, default=2.5, help="seconds between faults (engines in turn)")
     p.add_argument("--sweep", action="store_true", help="engines 1..16 at 256 running, running 16..512 at 8 engines")
+    p.add_argument("--sweep-engines", default="1,2,4,8,16", help="engine counts at 256 running")
+    p.add_argument("--sweep-running", default="16,64,256,512", help="running requests at 8 engines")
     p.add_argument("--out", default=".", help="folder for the sweep's PNG and table")
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, config, database)")
