@@ -456,14 +456,16 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
                     p.wait()
         sim_log.close()
         side_log.close()
-    if "db_step_rows" in fig:
-        fig["raw_driver_rows_per_s"] = raw_insert_best(db)
-    if not cfg.keep:
-        db.drop()
-        shutil.rmtree(recorder, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        fig["workdir"] = str(work)
+        try:
+            if "db_step_rows" in fig:
+                fig["raw_driver_rows_per_s"] = raw_insert_best(db)
+        finally:
+            if not cfg.keep:  # a failed run leaves nothing behind either
+                db.drop()
+                shutil.rmtree(recorder, ignore_errors=True)
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                fig["workdir"] = str(work)
     return fig
 
 
