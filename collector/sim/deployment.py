@@ -94,15 +94,23 @@ def vllm_config(
 
 def fingerprint(
     config: Any, *, vllm_version: str, environ: Mapping[str, str], pid: int, port: int | None,
-    hostname: str = "sim-node",
+    hostname: str = "sim-node", name: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The recorder's fingerprint of ``config``, plus where the API server listens and that
-    this engine is simulated (said, never hidden)."""
+    """The recorder's fingerprint of ``config``, with the joining facts its engine identity adds
+    (the API server's pid, host and port; ``name`` as ``FLIGHTREC_ENGINE_NAME``), and that this
+    engine is simulated (said, never hidden)."""
     from collector.vllm.fingerprint import build_fingerprint
 
     facts = build_fingerprint(config, engine_index=0, vllm_version=vllm_version, environ=environ,
                               hostname=hostname, pid=pid)  # fmt: skip
-    facts["port"] = port
+    try:
+        from collector.recorder import EngineIdentity
+    except ImportError:  # a recorder version before the identity: the pid is its joining fact
+        facts["port"] = port
+    else:
+        identity = EngineIdentity(server_pid=pid, server_host="127.0.0.1" if port else None, server_port=port,
+                                  name=name, engine_version=vllm_version)  # fmt: skip
+        facts.update(identity.facts())
     facts["simulated"] = True
     return facts
 

@@ -21,11 +21,7 @@ from collector.channel import RingWriter
 from collector.channel.naming import ring_file_name
 from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
 from collector.model import Fingerprint, RequestRow, StepRecord
-
-try:  # the stat logger's own reader of kv_connector_stats (renamed once)
-    from collector.vllm.extract import connector_stats as connector_record
-except ImportError:
-    from collector.vllm.extract import flatten_connector as connector_record  # type: ignore[no-redef]
+from collector.vllm.extract import connector_stats as connector_record  # the stat logger's reader
 from collector.sim import deployment, vllm_logs
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
@@ -74,7 +70,7 @@ def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: 
     """The deployment facts of the incident, as the recorder reads them from vLLM's config."""
     env = {**SIM_ENV, "CUDA_VISIBLE_DEVICES": str(gpu_index), "HF_TOKEN": "hf_simulated"}
     return deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid,
-                                  port=port or None)  # fmt: skip
+                                  port=port or None, name=name)  # fmt: skip
 
 
 class SimEngine:
@@ -167,6 +163,9 @@ class SimEngine:
         self.http_up = True
         if self.port == 0:
             self.port = self._server.servers[0].sockets[0].getsockname()[1]
+            # the fingerprint names where the API server listens, once it does
+            self.facts = fingerprint_facts(self.name, self.role, self.sc, self.port, self.gpu_index, self.pids["APIServer"])
+            self.stats_ring.append(encode_fingerprint(Fingerprint(engine=self.name, ts=time.time(), facts=self.facts)))
 
     async def stop_http(self) -> None:
         if self._server is not None and self.http_up:

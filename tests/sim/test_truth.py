@@ -79,7 +79,7 @@ def test_fingerprint_is_the_recorders_reading_of_that_config(shapes: dict[str, A
         assert facts["hisparse"] == shapes["hisparse_config"]
     assert facts["compilation_mode"] in shapes["compilation_modes"]
     assert facts["env"]["NCCL_NET_PLUGIN"] == "none" and "HF_TOKEN" not in facts["env"]
-    assert (facts["pid"], facts["port"], facts["simulated"]) == (3107, 8200, True)
+    assert (facts["server_pid"], facts["server_port"], facts["simulated"]) == (3107, 8200, True)
 
 
 @pytest.mark.vllm
