@@ -6,6 +6,7 @@
     flightrec snapshots list|show ID|export ID [--db URL]
     flightrec inspect-log FILE [--json]
     flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] | --plan SNAPSHOT_ID
+    flightrec simulate --engines N --running R --steps-per-second S --recorder-dir DIR [...]
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad settings or arguments.
 """
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     from collector.cli.replay import add_parser as add_replay
 
     add_replay(sub)
+
+    from collector.cli import simulate
+
+    simulate.add_arguments(sub.add_parser("simulate", help="a node-sized load of simulated engines, for sizing"))
     return parser
 
 
@@ -102,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             from collector.cli.replay import main as replay_main
 
             return replay_main(args, _settings(args))
+        if args.command == "simulate":
+            from collector.cli.simulate import main as simulate_main
+
+            return simulate_main(args)
     except SettingsError as exc:
         print(f"flightrec: invalid settings:\n{exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,8 @@ from collector.channel import RingWriter
 from collector.channel.naming import ring_file_name
 from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
 from collector.model import Fingerprint, RequestRow, StepRecord
-from collector.sim import vllm_logs
+from collector.vllm.extract import connector_stats as connector_record  # the stat logger's reader
+from collector.sim import deployment, vllm_logs
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
 
@@ -34,52 +35,42 @@ class _Server(uvicorn.Server):
         yield
 
 
-def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int, pid: int) -> dict[str, Any]:
-    """The deployment facts of the incident, keyed as the recorder reports them."""
+# DeepSeek-V3.2 on the host pool: 61 layers x (656 B of fp8 MLA latent + 132 B of indexer key)
+# per token; the host holds whole 64-token pages.
+HOST_BYTES_PER_TOKEN = 61 * (656 + 132)
+# The worker snapshots HiSparse's hot-buffer hits and misses every 2,000 of its stats calls
+# (one per step): `_METRICS_INTERVAL` in vLLM's hisparse/worker.py.
+HISPARSE_METRICS_INTERVAL = 2000
+HISPARSE_KEYS = (
+    "cache_hits", "cache_misses", "host_to_device_bytes", "host_cache_usage_perc", "pending_page_transfers",
+    "host_block_lifetime_seconds", "host_block_idle_before_evict_seconds", "host_block_reuse_gap_seconds",
+)  # fmt: skip
+NIXL_KEYS = (
+    "transfer_duration", "post_duration", "bytes_transferred", "num_descriptors", "num_failed_transfers",
+    "num_failed_notifications", "num_failed_handshakes", "num_kv_expired_reqs", "num_notifications_after_expiry",
+)  # fmt: skip
+SIM_ENV = {"CUDA_LAUNCH_BLOCKING": "0", "NCCL_NET_PLUGIN": "none", "NCCL_DEBUG": "WARN", "VLLM_USE_V1": "1"}
+
+
+def engine_config(name: str, role: str, sc: Scenario) -> Any:
+    """The incident's engine as vLLM's config holds it (``collector.sim.deployment``)."""
     kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
-    return {
-        "vllm_version": VERSION,
-        "model": sc.model,
-        "served_model_name": sc.model,
-        "tensor_parallel_size": sc.tp,
-        "pipeline_parallel_size": 1,
-        "data_parallel_size": 1,
-        "engine_index": 0,
-        "block_size": sc.block_size,
-        "kv_transfer_config": {
-            "kv_connector": "MultiConnector",
-            "kv_role": kv_role,
-            "kv_connector_extra_config": {
-                "connectors": [
-                    {"kv_connector": "NixlConnector", "kv_role": kv_role},
-                    {"kv_connector": "HiSparseConnector", "kv_role": kv_role,
-                     "kv_connector_extra_config": {"host_pool_size": "128GiB", "import_prefix_via_host": True}},
-                ]
-            },
-        },  # fmt: skip
-        "connectors": ["MultiConnector", "NixlConnector", "HiSparseConnector"],
-        "kv_role": kv_role,
-        "host_pool_size": sc.host_pool_bytes,
-        "import_prefix_via_host": True,
-        "cuda_graph_mode": "FULL",
-        "compilation_mode": 3,
-        "enforce_eager": False,
-        "max_num_seqs": 16,
-        "max_model_len": 40960,
-        "env": {
-            "CUDA_LAUNCH_BLOCKING": "0",
-            "NCCL_NET_PLUGIN": "none",
-            "NCCL_DEBUG": "WARN",
-            "VLLM_USE_V1": "1",
-            "CUDA_VISIBLE_DEVICES": str(gpu_index),
-            "HF_TOKEN": "***",
-        },
-        "hostname": "sim-node",
-        "pid": pid,  # the simulated API server's
-        "role": role,
-        "port": port,
-        "simulated": True,
-    }
+    return deployment.vllm_config(
+        model=sc.model, tp=sc.tp, block_size=sc.block_size, max_num_seqs=16, max_model_len=40960,
+        # The incident's PR stack ran HiSparse with full CUDA graphs. Released vLLM refuses that
+        # at start-up ("HiSparse does not support cudagraph_mode=FULL", vllm/config/vllm.py):
+        # a released deployment runs FULL_AND_PIECEWISE or FULL_DECODE_ONLY.
+        cudagraph_mode=deployment.CUDAGraphMode[sc.cudagraph_mode],
+        kv_transfer=deployment.kv_transfer_config(kv_role, sc.host_pool_gib, deployment.engine_id(name)),
+        device_buffer_size=sc.device_buffer_size, eager_host_mirror=sc.eager_host_mirror,
+    )  # fmt: skip
+
+
+def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int, pid: int) -> dict[str, Any]:
+    """The deployment facts of the incident, as the recorder reads them from vLLM's config."""
+    env = {**SIM_ENV, "CUDA_VISIBLE_DEVICES": str(gpu_index), "HF_TOKEN": "hf_simulated"}
+    return deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid,
+                                  port=port or None, name=name)  # fmt: skip
 
 
 class SimEngine:
@@ -100,7 +91,7 @@ class SimEngine:
         self.gpu_index = gpu_index
         self.pids = {"APIServer": fake_pid, "EngineCore_DP0": fake_pid + 150,
                      "Worker_TP0": fake_pid + 300, "Worker_TP1": fake_pid + 301}  # fmt: skip
-        self.metrics = VllmMetrics(engine_index=0, model_name=scenario.model)
+        self.metrics = VllmMetrics(engine_index=0, model_name=scenario.model, kv_consumer=role == "decode")
         recorder_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
         self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid), capacity=4 << 20)
@@ -115,6 +106,11 @@ class SimEngine:
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.step_counter = 0
+        self.last_mirrors: dict[str, tuple[vllm_logs.RowMirror, ...]] = {}
+        self.last_connector_stats: dict[str, dict[str, list[Any]]] = {}
+        self._host_base: dict[str, int] = {}  # request -> its first host page
+        self._host_next = 0
+        self._device_slot: dict[str, int] = {}
         self.alive = True
         self.http_up = False
         self._server: _Server | None = None
@@ -167,6 +163,9 @@ class SimEngine:
         self.http_up = True
         if self.port == 0:
             self.port = self._server.servers[0].sockets[0].getsockname()[1]
+            # the fingerprint names where the API server listens, once it does
+            self.facts = fingerprint_facts(self.name, self.role, self.sc, self.port, self.gpu_index, self.pids["APIServer"])
+            self.stats_ring.append(encode_fingerprint(Fingerprint(engine=self.name, ts=time.time(), facts=self.facts)))
 
     async def stop_http(self) -> None:
         if self._server is not None and self.http_up:
@@ -185,10 +184,60 @@ class SimEngine:
         held = sum(r.computed for r in self.running)
         return round(held / sc.prefill_kv_capacity_tokens, 6)
 
-    def mirror_rows(self, r: SimRequest) -> int:
-        """Host-mirror rows the sparse connector holds for a request: every block beyond the
-        device window is mirrored in the host pool."""
-        return max(0, math.ceil((r.context_len - self.sc.device_window_tokens) / self.sc.block_size))
+    def host_blocks(self, r: SimRequest) -> int:
+        """Host pages the HiSparse coordinator holds for a request (its host manager's
+        ``req_to_blocks``): with ``eager_host_mirror`` every page of its context, the prompt's
+        KV having landed straight in host pages (external imports always do)."""
+        tokens = r.context_len - 1 if self.role == "decode" else r.computed
+        return math.ceil(tokens / self.sc.block_size)
+
+    def row_mirrors(self, r: SimRequest, computed_now: int) -> tuple[vllm_logs.RowMirror, ...]:
+        """This step's ``SparseKVRowMirror`` spans of a request (``HiSparseConnectorMetadata
+        .row_mirrors``): the rows its forward writes, copied from its device hot buffer (one
+        start per KV group: the MLA latent and the indexer key) to their rows in its host pages.
+        A decode step writes one row (no speculative decoding), a prefill chunk its tokens: the
+        work follows the batch, not what the host holds."""
+        sc = self.sc
+        if computed_now <= 0:
+            return ()
+        base = self._host_base.get(r.request_id)
+        if base is None:
+            base = self._host_base[r.request_id] = self._host_next
+            self._host_next += math.ceil((r.prompt_len + r.max_tokens) / sc.block_size)
+        slot = self._device_slot.setdefault(r.request_id, len(self._device_slot) % 64)
+        first = (r.context_len - 1 if self.role == "decode" else r.computed) - computed_now
+        rows = sc.device_rows_per_request
+        dev = slot * rows + first % rows
+        return (vllm_logs.RowMirror((dev, 64 * rows + dev), base * sc.block_size + first, computed_now),)
+
+    def host_usage(self) -> float:
+        blocks = sum(self.host_blocks(r) for r in self.running)
+        return min(1.0, round(blocks * self.sc.block_size * HOST_BYTES_PER_TOKEN / self.sc.host_pool_bytes, 6))
+
+    def connector_stats(self, landed: list[SimRequest]) -> dict[str, dict[str, list[Any]]]:
+        """``SchedulerStats.kv_connector_stats`` of this step, as MultiConnector builds it: keyed
+        by connector class, each connector's lists (HiSparse: deltas for hits, misses and bytes,
+        levels for host usage and pending transfers; NIXL: one entry per finished transfer)."""
+        out: dict[str, dict[str, list[Any]]] = {}
+        if landed:  # the decode side pulled these prompts' KV from the prefill engine
+            nixl: dict[str, list[Any]] = {k: [] for k in NIXL_KEYS}
+            for r in landed:
+                nixl["transfer_duration"].append(0.12)
+                nixl["post_duration"].append(0.0004)
+                nixl["bytes_transferred"].append(r.prompt_len * HOST_BYTES_PER_TOKEN)
+                nixl["num_descriptors"].append(math.ceil(r.prompt_len / self.sc.block_size))
+            out["NixlConnector"] = nixl
+        his: dict[str, list[Any]] = {k: [] for k in HISPARSE_KEYS}
+        his["host_cache_usage_perc"].append(self.host_usage())
+        # write-backs and restores not yet done: the prompts still landing in host pages
+        his["pending_page_transfers"].append(len(self.waiting) if self.role == "decode" else 0)
+        if self.step_counter % HISPARSE_METRICS_INTERVAL == 0 and self.running:
+            misses = 4 * len(self.running)
+            his["cache_hits"].append(2048 * len(self.running) * HISPARSE_METRICS_INTERVAL - misses)
+            his["cache_misses"].append(misses)
+            his["host_to_device_bytes"].append(misses * HOST_BYTES_PER_TOKEN)
+        out["HiSparseConnector"] = his
+        return out
 
     def step(self) -> tuple[list[SimRequest], int]:
         """One engine step. Returns (requests that left this engine, tokens computed)."""
@@ -196,6 +245,8 @@ class SimEngine:
         self.step_counter += 1
         out: list[SimRequest] = []
         prompt = gen = 0
+        landed: list[SimRequest] = []
+        computed_now: dict[str, int] = {}
         if self.role == "prefill":
             while self.waiting and len(self.running) < 16:
                 r = self.waiting.pop(0)
@@ -209,6 +260,7 @@ class SimEngine:
                 r.computed += n
                 budget -= n
                 prompt += n
+                computed_now[r.request_id] = n
             for r in [r for r in self.running if r.computed >= r.prompt_len]:
                 self.running.remove(r)
                 r.output = 1  # the first token comes from the prefill engine
@@ -218,17 +270,20 @@ class SimEngine:
                 self.waiting.remove(r)
                 r.status = "running"
                 self.running.append(r)
+                landed.append(r)
             for r in self.running:
                 r.output += 1
                 gen += 1
+                computed_now[r.request_id] = 1
             for r in [r for r in self.running if r.output >= r.max_tokens]:
                 self.running.remove(r)
                 r.status = "finished"
                 out.append(r)
-        self._record(prompt, gen, out)
+        self.last_mirrors = {r.request_id: self.row_mirrors(r, computed_now.get(r.request_id, 0)) for r in self.running}
+        self._record(prompt, gen, out, landed)
         return out, prompt + gen
 
-    def _record(self, prompt: int, gen: int, finished: list[SimRequest]) -> None:
+    def _record(self, prompt: int, gen: int, finished: list[SimRequest], landed: list[SimRequest]) -> None:
         now = time.time()
         m = self.metrics
         m.running.set(len(self.running))
@@ -251,26 +306,36 @@ class SimEngine:
                 m.ttft.observe(4.0)
         p, g, since = self._window_tokens
         self._window_tokens = (p + prompt, g + gen, since)
+        mirrors = self.last_mirrors
         rows = [
             RequestRow(request_id=r.request_id, prompt_len=r.prompt_len,
                        computed_tokens=r.context_len - 1 if self.role == "decode" else r.computed,
                        output_tokens=r.output, preemptions=r.preemptions, status=r.status,
-                       mirror_rows=self.mirror_rows(r) if self.role == "decode" else None)
+                       mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())))
             for r in self.running
         ]  # fmt: skip
-        mirror_total = sum(x.mirror_rows or 0 for x in rows)
-        connector: dict[str, Any] = {"nixl_num_failed_transfers": 0}
-        if self.role == "decode":
-            connector.update(mirror_rows=mirror_total,
-                             host_pool_used_bytes=mirror_total * self.sc.block_size * 70272 // 64,
-                             pending_page_transfers=len(self.waiting))  # fmt: skip
-            m.host_cache.set(min(1.0, connector["host_pool_used_bytes"] / self.sc.host_pool_bytes))
-            m.pending_pages.set(len(self.waiting))
+        self.last_connector_stats = kvc = self.connector_stats(landed)
+        his = kvc["HiSparseConnector"]
+        m.host_cache.set(his["host_cache_usage_perc"][-1])
+        m.pending_pages.set(his["pending_page_transfers"][-1])
+        for key, counter in (("cache_hits", m.hisparse_hits), ("cache_misses", m.hisparse_misses),
+                             ("host_to_device_bytes", m.hisparse_h2d_bytes)):  # fmt: skip
+            for v in his[key]:
+                counter.inc(v)
+        for d, b, nd in zip(*(kvc.get("NixlConnector", {}).get(k, []) for k in
+                              ("transfer_duration", "bytes_transferred", "num_descriptors")), strict=True):  # fmt: skip
+            m.nixl_xfer_time.observe(d)
+            m.nixl_bytes.observe(b)
+            m.nixl_descriptors.observe(nd)
+        fetching = len(self.waiting) if self.role == "decode" else 0
+        if m.kv_fetch_in_progress is not None:
+            m.kv_fetch_in_progress.set(fetching)
         rec = StepRecord(
             engine=self.name, ts=now, step=self.step_counter, running=len(self.running), waiting=len(self.waiting),
             kv_cache_usage=usage, preemptions=0, prompt_tokens=prompt, generation_tokens=gen,
-            finished=len(finished), waiting_by_reason={"capacity": len(self.waiting), "deferred": 0},
-            connector=connector,
+            finished=len(finished), waiting_by_reason={"capacity": len(self.waiting) - fetching, "deferred": 0,
+                                                       **({"kv_fetch_in_progress": fetching} if fetching else {})},
+            connector=connector_record(kvc),
         )  # fmt: skip
         self.stats_ring.append(encode_step(rec))
         self.sched_ring.append(encode_requests(self.name, self.step_counter, now, rows))
@@ -285,6 +350,18 @@ class SimEngine:
         # no prefix-cache hits: the incident's prompts did not repeat
         self.sched_ring.append(encode({"t": "wl", "ev": "end", "id": r.request_id, "ts": time.time(),
                                        "output_len": output_len, "finish": finish, "cached_tokens": 0}))  # fmt: skip
+
+    def dump_step(self) -> vllm_logs.DumpStep:
+        """The last step as vLLM's crash dump prints it (``collector.sim.vllm_logs``)."""
+        running = self.running
+        return vllm_logs.DumpStep(
+            step=self.step_counter, req_ids=[r.request_id for r in running],
+            num_computed_tokens=[r.context_len - 1 if self.role == "decode" else r.computed for r in running],
+            num_output_tokens=[r.output for r in running],
+            row_mirrors={rid: m for rid, m in self.last_mirrors.items() if m}, waiting=len(self.waiting),
+            kv_cache_usage=self.kv_usage(), kv_connector_stats=self.last_connector_stats or None,
+            scheduler_clock=round(time.monotonic(), 6),
+        )  # fmt: skip
 
     def close(self) -> None:
         self.stats_ring.close()

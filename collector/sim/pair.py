@@ -158,8 +158,7 @@ class SimPair:
         ts = time.time()
         d.write_lines(vllm_logs.worker_failure("Worker_TP0", d.pids["Worker_TP0"], ts, vllm_logs.TRACEBACK_TP0))
         d.write_lines(vllm_logs.worker_failure("Worker_TP1", d.pids["Worker_TP1"], ts, vllm_logs.TRACEBACK_TP1))
-        d.write_lines(vllm_logs.crash_dump(d.pids["EngineCore_DP0"], ts, self.crash_step or 0, d.running,
-                                           len(d.waiting), d.kv_usage(), sc.model, "0.11.1"))  # fmt: skip
+        d.write_lines(vllm_logs.crash_dump(d.pids["EngineCore_DP0"], ts, d.dump_step(), sc.model, "0.11.1"))
         done, failed = self.client.fail_rest() if self.frontend is None else self.frontend.fail_all()
         await asyncio.sleep(0.05)
         d.write_lines(vllm_logs.api_server_death(d.pids["APIServer"], time.time()))

@@ -7,6 +7,7 @@ done, failing the other 22 (16 running, 6 not yet admitted).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 
@@ -32,11 +33,27 @@ class Scenario:
     crash_phase: int = 4  # index into phases (C16)
     crash_after_done: int = 10  # requests done in the crash phase before the fault
     crash_extra_steps: int = 2  # steps after the 10th completion: the 11th is still running
-    host_pool_bytes: int = 128 << 30
+    host_pool_gib: float = 128.0  # the HiSparse connector's host_pool_gib
+    device_buffer_size: int | None = None  # hisparse_config: None is vLLM's default (2 top-k)
+    eager_host_mirror: bool = True  # hisparse_config: vLLM's default
+    device_rows_per_request: int = 4096  # that default for DeepSeek-V3.2 (top-k 2048)
+    # The incident's PR stack ran FULL graphs with HiSparse; released vLLM refuses FULL with
+    # HiSparse (real deployments run FULL_AND_PIECEWISE or FULL_DECODE_ONLY).
+    cudagraph_mode: str = "FULL"
     failing_workers: tuple[str, ...] = ("Worker_TP0", "Worker_TP1")
     xid: int = 43  # a `trap` fault gives Xid 43 on a real H200 (gpu-facts)
     model: str = "deepseek-ai/DeepSeek-V3.2-Exp"
     tp: int = 2
+
+    @property
+    def host_pool_bytes(self) -> int:
+        return int(self.host_pool_gib * 2**30)
+
+
+def request_id(n: int) -> str:
+    """vLLM's id of the n-th completion request: ``cmpl-<32 hex>-0`` (a random uuid in vLLM,
+    derived from ``n`` here so a run is reproducible)."""
+    return f"cmpl-{hashlib.md5(f'sim-request-{n}'.encode()).hexdigest()}-0"
 
 
 @dataclass
@@ -81,7 +98,7 @@ class LoadClient:
             self.next_id += 1
             self.sent_in_phase += 1
             self.in_flight += 1
-            out.append(SimRequest(f"cmpl-c{phase.concurrency}-{self.next_id:04d}-0", self.scenario.isl, self.scenario.osl))
+            out.append(SimRequest(request_id(self.next_id), self.scenario.isl, self.scenario.osl))
         return out
 
     def finished(self, n: int = 1) -> None:

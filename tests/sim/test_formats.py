@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
 from collector.channel.codec import decode
+from collector.ingest.requests import decode_columns
 from collector.model import HALF_REQUESTS, HALF_STATS, Fingerprint, StepRecord
 from collector.sim.engine import SimEngine
 from collector.sim.pair import PairConfig, SimPair
@@ -19,6 +20,8 @@ from collector.sim.scenario import LoadClient, Phase, Scenario
 from collector.xid.parser import parse_line
 
 REAL_PAGES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-metrics").glob("*.txt"))
+# made by vLLM's own HiSparse and NIXL metric classes (tests/sim/real_vllm_connector_page.py)
+CONNECTOR_PAGE = Path(__file__).parent / "fixtures" / "connector-families.txt"
 SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2,
                  crash_after_done=2, prefill_chunk=512)  # fmt: skip
 
@@ -47,18 +50,35 @@ def sim_page(tmp_path: Path) -> str:
 def test_metric_names_types_and_labels_match_a_real_vllm(tmp_path: Path) -> None:
     sim = families(sim_page(tmp_path))
     real: dict[str, tuple[str, frozenset[str]]] = {}
-    for page in REAL_PAGES:
+    for page in [*REAL_PAGES, CONNECTOR_PAGE]:
         real.update(families(page.read_text()))
     shared = [name for name in sim if name in real]
-    # every family the simulator shares with vLLM 0.32 has vLLM's type and label names
-    assert len(shared) >= 12
+    # every family the simulator shares with vLLM has vLLM's type and label names
+    assert len(shared) >= 25
     for name in shared:
         assert sim[name] == real[name], name
-    # the families only the simulator has are the incident's connector families (vLLM 0.33)
-    assert {n.removesuffix("_created") for n in sim if n not in real} <= {
-        "vllm:hisparse_host_cache_usage_perc", "vllm:hisparse_pending_page_transfers", "vllm:nixl_num_failed_transfers",
-    }  # fmt: skip
+    # every connector family vLLM's HiSparse and NIXL classes register, the simulator has
+    connector = families(CONNECTOR_PAGE.read_text())
+    assert set(connector) <= set(sim)
+    # the one family the simulator has beyond these pages: a KV consumer's fetch stages, which
+    # vLLM registers only on a decode engine of a P/D pair (vllm/v1/metrics/loggers.py)
+    assert {n.removesuffix("_created") for n in sim if n not in real} == {"vllm:num_requests_kv_fetch_by_stage"}
     assert all("engine" in labels and "model_name" in labels for _, labels in sim.values())
+
+
+def test_connector_families_have_vllms_help_and_buckets(tmp_path: Path) -> None:
+    def detail(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name.startswith(("vllm:hisparse", "vllm:nixl")):
+                les = tuple(s.labels["le"] for s in fam.samples if "le" in s.labels)
+                out[fam.name] = (fam.documentation, les)
+        return out
+
+    real = detail(CONNECTOR_PAGE.read_text())
+    sim = detail(sim_page(tmp_path))
+    assert len(real) >= 13
+    assert {k: sim[k] for k in real} == real
 
 
 def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> None:
@@ -82,6 +102,10 @@ def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> Non
     assert all(r.waiting is None and r.kv_cache_usage is None for r in reqs)  # not the scheduler's figures
     block = reqs[-1].request_block
     assert block.column("prompt_len")[0] == 1000 and block.column("output_tokens")[0] == 5  # type: ignore[union-attr]
+    last = decode_columns([reqs[-1].request_block])
+    assert last["prompt_len"][0] == 1000 and last["output_tokens"][0] == 5
+    assert last["mirror_rows"][0] == 1  # one decode row mirrored this step
+    assert any(k.startswith("HiSparseConnector.host_cache_usage_perc") for k in steps[-1].connector)
     (fp,) = [o for o in got if isinstance(o, Fingerprint)]
     assert fp.facts["block_size"] == 64 and fp.facts["env"]["NCCL_NET_PLUGIN"] == "none"
     assert fp.facts["cuda_graph_mode"] == "FULL"

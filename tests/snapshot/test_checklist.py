@@ -44,9 +44,9 @@ def test_deployment_facts(snapshot: dict[str, Any]) -> None:
     assert item(snapshot, "vllm_version") == VERSION
     assert item(snapshot, "connectors") == ["MultiConnector", "NixlConnector", "HiSparseConnector"]
     detail = snapshot["items"]["connectors"]["detail"]
-    assert detail["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["host_pool_size"] == "128GiB"
-    assert item(snapshot, "host_pool_size") == f"{SC.host_pool_bytes / 2**30:g} GiB"
-    assert item(snapshot, "import_prefix_via_host") is True
+    assert detail["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["host_pool_gib"] == SC.host_pool_gib
+    assert item(snapshot, "host_pool_size") in (SC.host_pool_gib, f"{SC.host_pool_gib:g} GiB")
+    assert not snapshot["items"]["import_prefix_via_host"]["recorded"]  # vLLM has no such setting
     assert item(snapshot, "block_size") == SC.block_size
     assert item(snapshot, "nccl_net_plugin") == {"decode-0": "none", "prefill-0": "none"}  # both engines of the pair
     assert item(snapshot, "cuda_launch_blocking") == "0"
