@@ -37,7 +37,7 @@ def test_db_upgrade_downgrade_and_current(tmp_path: Path, capsys: pytest.Capture
     db = f"sqlite:///{tmp_path / 'f.db'}"
     assert main(["db", "upgrade", "--db", db]) == 0
     assert "revision 0001" in capsys.readouterr().out
-    assert main(["db", "downgrade", "--db", db]) == 0
+    assert main(["db", "downgrade", "base", "--db", db]) == 0
     assert "revision base" in capsys.readouterr().out
 
 
