@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector import __version__
 from collector.redact import redact
@@ -23,7 +23,7 @@ from collector.api.body_limit import MAX_BODY, BodyLimit
 from collector.api.headers import SecurityHeaders
 from collector.snapshot.checklist import checklist
 from collector.api.export_cache import ExportCache
-from collector.api.metrics import SidecarCollector
+from collector.api.metrics import sidecar_registry
 from collector.model import EventKind
 from collector.snapshot.document import export_gzip, unpack
 from collector.storage.db import StorageError
@@ -74,8 +74,7 @@ def create_app(ctx: Any) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, max_body=MAX_BODY)
     app.add_middleware(SecurityHeaders)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SidecarCollector(ctx))
+    registry = sidecar_registry(ctx)
 
     @app.exception_handler(StorageError)
     async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
