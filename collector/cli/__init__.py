@@ -6,6 +6,7 @@
     flightrec snapshots list [--limit N] [--engine E] | show ID | export ID [-o FILE|-]
     flightrec inspect-log FILE|- [--json]
     flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] | --plan SNAPSHOT_ID
+    flightrec health [--config FILE] [--port P]
 
 Each subcommand is a module with ``register(subparsers, parents)`` that adds its parser and
 sets ``func``; ``COMMANDS`` lists them in help order. Exit codes are in ``cli/common.py``.
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from collector import __version__
-from collector.cli import db, inspect_log, serve, snapshots
+from collector.cli import db, health, inspect_log, serve, snapshots
 from collector.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -47,7 +48,7 @@ class _Replay:
 
 # Subcommand modules, in the order `flightrec --help` lists them. A new command is a module
 # with register(sub, parents) and one line here.
-COMMANDS: list[ModuleType | type] = [serve, db, snapshots, inspect_log, _Replay]
+COMMANDS: list[ModuleType | type] = [serve, db, snapshots, inspect_log, health, _Replay]
 
 # Libraries whose INFO lines are noise to an operator (each migration step, each request).
 QUIET_LOGGERS = ("alembic", "uvicorn", "uvicorn.error", "httpx", "httpcore", "asyncio")

@@ -78,6 +78,11 @@ def check_port_free(host: str, port: int) -> None:
 def _preflight(settings: Settings) -> None:
     check_bind(settings)
     require_writable_database(settings.database)
+    if settings.spool_dir is not None:
+        try:
+            Path(settings.spool_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"spool_dir: cannot create {settings.spool_dir}: {exc.strerror or exc}", EXIT_USAGE) from exc
     check_port_free(settings.host, settings.port)
 
 
@@ -95,7 +100,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = settings_from(args, host=args.host, port=args.port)
     _preflight(settings)
-    asyncio.run(_run_service(Service(settings)))
+    asyncio.run(_run_service(Service(settings, spool_dir=settings.spool_dir)))
     return 0
 
 
@@ -155,7 +160,7 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
         "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
         "nvml": "off", "scrape_interval": min(base.scrape_interval, 1.0),
     })  # fmt: skip
-    svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)])
+    svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)], spool_dir=settings.spool_dir)
     stored = asyncio.Event()
 
     def url() -> str:

@@ -248,3 +248,36 @@ def test_inspect_log_of_a_torn_gzip_says_so(tmp_path: Path, capsys: pytest.Captu
     torn.write_bytes(gzip.compress(CRASH_LOG.read_bytes())[:-40])
     assert main(["inspect-log", str(torn)]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+# -- health ---------------------------------------------------------------------------------
+
+
+def test_health_follows_the_configured_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthz(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps({"status": "degraded"}).encode()
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthz)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "flightrec.yaml"
+        config.write_text(f"port: {port}\nhost: 0.0.0.0\napi_token: t\n")
+        assert main(["health", "--config", str(config)]) == 0
+        assert capsys.readouterr().out.strip() == f"http://127.0.0.1:{port}/healthz: degraded"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert main(["health", "--config", str(config)]) == 1  # nothing listens any more
+    assert capsys.readouterr().err.startswith(f"flightrec: http://127.0.0.1:{port}/healthz:")
