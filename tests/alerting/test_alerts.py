@@ -156,3 +156,15 @@ def test_a_gpu_detector_alert_names_the_gpu_as_the_xid_alert_does() -> None:
 def test_one_name_for_a_gone_scrape_target() -> None:
     state = DetectorState("scrape_target_gone", Level.CRITICAL, "no /metrics for 30 s", labels={"engine": "decode-0"}, ts=1.0)
     assert alert_for_state(state, **KW).name == "VllmScrapeTargetGone"
+
+
+def test_the_runbook_lists_the_catalog_as_it_is() -> None:
+    """docs/alerting.md's Xid table, which the rule's annotation points at, is the catalog's."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "alerting.md").read_text()
+    catalog = json.loads((root / "collector" / "xid" / "catalog.json").read_text())
+    for code, e in catalog["codes"].items():
+        assert f"| {code} | {e['name']} | {e['severity']} | {e['category']} | {e['meaning']} | {e['action']} |" in docs, code
