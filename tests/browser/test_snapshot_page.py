@@ -182,3 +182,30 @@ def test_an_unknown_snapshot_page_is_404_and_says_so(serve: Any, browser: Browse
         page = browser.new_page()
         page.navigate(f"{srv.url}/snapshots/99")
         assert "No snapshot 99" in page.evaluate("document.body.innerText")
+
+
+def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Browser) -> None:
+    import time
+
+    from api_context import make_context
+    from conftest import ServerThread, free_port
+
+    from collector.api.app import create_app
+    from collector.model import Event, EventKind
+    from collector.snapshot.freeze import build_snapshot
+    from collector.storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'manual.db'}"
+    upgrade(url)
+    ctx = make_context(url, host_name="node-a")
+    now = time.time()
+    trigger = Event(kind=EventKind.MANUAL, ts=now, source="api", message="manual snapshot: drill", engine="decode-0")
+    doc = build_snapshot(host="node-a", engine="decode-0", trigger=trigger, steps=[], gpu_samples=[], events=[trigger],
+                         log_lines=[], fingerprint={}, created_at=now)  # fmt: skip
+    sid, _ = ctx.repo.store_snapshot(doc, incident_window_s=30, incident_key="k")
+    with ServerThread(create_app(ctx), free_port()) as srv:
+        page = _open(browser, f"{srv.url}/snapshots/{sid}")
+        note = page.evaluate("document.getElementById('no-recorder') && document.getElementById('no-recorder').textContent")
+        assert note and note.startswith("This manual snapshot of decode-0 holds no engine steps")
+        assert "--scheduler-cls collector.vllm.RecordingScheduler" in note and "FLIGHTREC_ENGINE_NAME=decode-0" in note
+        assert page.console_errors() == []
