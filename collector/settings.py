@@ -126,8 +126,6 @@ class Settings(BaseSettings):
     incident_window_s: float = Field(default=30.0, gt=0)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     host_name: str | None = Field(default=None, description="this node's name; default hostname")
-    spool_dir: Path | None = Field(default=None, description="snapshots wait here while the database is down; "
-                                   "default: beside a SQLite file, else ./flightrec-spool")
     alerting: AlertingSettings = Field(default_factory=AlertingSettings)
     detectors: DetectorThresholds = Field(default_factory=DetectorThresholds)
 

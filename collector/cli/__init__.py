@@ -43,7 +43,11 @@ class _Replay:
         from collector.cli.common import settings_from
 
         replay.add_parser(sub)
-        sub.choices["replay"].set_defaults(func=lambda args: replay.main(args, settings_from(args)))
+        parser = sub.choices["replay"]
+        for action in parser._actions:  # every option's help says something (and its default)
+            if action.help is None and action.dest == "id":
+                action.help = "the snapshot whose recorded load to replay"
+        parser.set_defaults(func=lambda args: replay.main(args, settings_from(args)))
 
 
 # Subcommand modules, in the order `flightrec --help` lists them. A new command is a module

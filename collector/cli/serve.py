@@ -100,7 +100,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = settings_from(args, host=args.host, port=args.port)
     _preflight(settings)
-    asyncio.run(_run_service(Service(settings, spool_dir=settings.spool_dir)))
+    asyncio.run(_run_service(Service(settings)))
     return 0
 
 
@@ -160,7 +160,7 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
         "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
         "nvml": "off", "scrape_interval": min(base.scrape_interval, 1.0),
     })  # fmt: skip
-    svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)], spool_dir=settings.spool_dir)
+    svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)])
     stored = asyncio.Event()
 
     def url() -> str:
