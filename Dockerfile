@@ -22,15 +22,18 @@ RUN pip install . \
 
 # Non-root: reading /dev/kmsg then needs the GPU-node settings in docker-compose.yml.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/flightrec --shell /usr/sbin/nologin flightrec \
-    && mkdir -p /var/lib/flightrec /etc/flightrec \
-    && chown flightrec:flightrec /var/lib/flightrec
+    && mkdir -p /var/lib/flightrec/spool /etc/flightrec \
+    && chown -R flightrec:flightrec /var/lib/flightrec
 WORKDIR /var/lib/flightrec
 USER flightrec
 
+# Snapshots wait here while the database is down (a volume in docker-compose.yml).
+ENV FLIGHTREC_SPOOL_DIR=/var/lib/flightrec/spool
 EXPOSE 8787
 # /healthz needs no token; "degraded" still answers 200, so only a dead process fails this.
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=2)"]
+# `flightrec health` reads the same settings as serve: the check follows a changed port.
+HEALTHCHECK --interval=10s --timeout=4s --start-period=20s --retries=3 \
+    CMD ["flightrec", "health", "--config", "/etc/flightrec/flightrec.yaml"]
 
 # host 0.0.0.0 (in the config file) refuses to start without an api_token: set FLIGHTREC_API_TOKEN.
 ENTRYPOINT ["flightrec"]

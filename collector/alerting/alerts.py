@@ -1,20 +1,29 @@
 """Alerts as data, and the builders that turn events and detector states into them.
 
-Labels follow the usual conventions: CamelCase ``alertname``, ``severity`` (critical pages,
-warning, info), and ``engine``, ``host``, ``gpu`` where they apply. Two alerts with the same
-label set are the same alert to Alertmanager, so the label set is the key: a CUDA error line and
-the EngineDeadError that follows it page once, as ``VllmEngineCrashed`` for that engine.
+Labels follow collector/alerting/labels.py, the scheme the shipped Prometheus rules use too:
+CamelCase ``alertname``, ``severity`` (critical pages, warning, info), ``Hostname`` on every
+alert, ``engine`` (the sidecar's engine name) on engine alerts, and dcgm-exporter's ``gpu``
+(index), ``UUID`` and ``pci_bus_id`` on GPU alerts. Two alerts with the same label set are the
+same alert to Alertmanager, so the label set is the key: a CUDA error line and the
+EngineDeadError that follows it page once, as ``VllmEngineCrashed`` for that engine, and the
+rule that sees the same crash in ``flightrec_snapshots_total`` sends that very label set.
+
+An Xid alert's severity, meaning and action are the Xid catalog's (collector/xid/catalog.json),
+the same catalog that labels ``flightrec_xid_events_total`` with the severity the rule pages with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from collector.alerting.labels import ALERT_GPU_LABELS, ENGINE, GPU_BUS, GPU_INDEX, GPU_MODEL, HOSTNAME, gpu_labels
 from collector.detectors.base import DetectorState, Level, Transition
-from collector.model import Event, EventKind, Severity
+from collector.model import Event, EventKind, GpuSample, Severity
+from collector.xid.catalog import lookup as xid_lookup
 
 AlertKey = frozenset[tuple[str, str]]
 
@@ -30,7 +39,7 @@ DETECTOR_ALERTS: dict[str, str] = {
     "itl_regression": "VllmInterTokenLatencyRegression",
     "gpu_throttling": "GpuThrottling",
     "gpu_memory_errors": "GpuMemoryErrors",
-    "scrape_target_gone": "FlightrecScrapeTargetGone",
+    "scrape_target_gone": "VllmScrapeTargetGone",
 }
 
 
@@ -104,13 +113,18 @@ def alert_for_event(
     snapshot_id: str | int | None = None,
     runbook_base: str = "",
     hold: float = 3600.0,
+    gpus: Iterable[GpuSample] = (),
 ) -> Alert | None:
-    """The alert an event pages with, or None for events that do not page on their own."""
+    """The alert an event pages with, or None for events that do not page on their own.
+    ``gpus`` (the hub's last samples) turn the event's GPU key into dcgm-exporter's labels."""
+    gpus = list(gpus) or _gpu_of_event(event)
     snapshot_path = f"/snapshots/{quote(str(snapshot_id))}" if snapshot_id is not None else "/"
     generator = _link(public_url, snapshot_path)
     snapshot_note = {"snapshot_url": generator} if (generator and snapshot_id is not None) else {}
     engine = event.engine or ""
-    base_labels = {"host": host, "engine": engine}
+    base_labels = {HOSTNAME: host, ENGINE: engine}
+    gpu_ids = gpu_labels(event.gpu, gpus, names=ALERT_GPU_LABELS)
+    gpu_name = _gpu_name(event.gpu, gpus)
     first_line = event.message.strip().splitlines()[0][:300] if event.message.strip() else event.kind.value
     where = f"engine {engine}" if engine else f"host {host}"
 
@@ -135,15 +149,19 @@ def alert_for_event(
     if event.kind is EventKind.XID:
         name = "GpuXidError"
         xid = "" if event.xid is None else str(event.xid)
+        info = xid_lookup(event.xid) if event.xid is not None else None
+        catalog = {"meaning": f"{info.name}: {info.meaning}", "action": info.action} if info else {}
         return Alert(
             name=name,
             severity=event.severity,
-            labels={**base_labels, "gpu": event.gpu or "", "xid": xid},
+            # no engine label: the rule that counts Xids sends this same set, so the two are one alert
+            labels={HOSTNAME: host, **gpu_ids, "xid": xid},
             annotations=_annotations(
-                f"GPU {event.gpu or '?'} on {host} raised Xid {xid or '?'}",
-                event.message[:2000],
+                f"GPU {gpu_name} on {host} raised Xid {xid or '?'}" + (f" ({info.name})" if info else ""),
+                event.message[:2000] + (f"\nAction: {info.action}" if info else ""),
                 runbook_base,
                 name,
+                **catalog,
                 **snapshot_note,
             ),
             starts_at=event.ts,
@@ -155,9 +173,9 @@ def alert_for_event(
         return Alert(
             name=name,
             severity=Severity.CRITICAL,
-            labels={**base_labels, "gpu": event.gpu or ""},
+            labels={HOSTNAME: host, **gpu_ids},
             annotations=_annotations(
-                f"GPU {event.gpu or '?'} on {host} fell off the bus", event.message[:2000], runbook_base, name,
+                f"GPU {gpu_name} on {host} fell off the bus", event.message[:2000], runbook_base, name,
                 **snapshot_note,
             ),
             starts_at=event.ts,
@@ -203,8 +221,33 @@ def alert_for_event(
             ts=event.ts,
         )
         return alert_for_state(state, host=host, public_url=public_url, runbook_base=runbook_base,
-                               snapshot_id=snapshot_id)
+                               snapshot_id=snapshot_id, gpus=gpus)
     return None
+
+
+def _gpu_of_event(event: Event) -> list[GpuSample]:
+    """What the event itself knows of its GPU (NVML's witness names index and UUID), for when
+    the hub's samples are not at hand."""
+    index, uuid = event.data.get("index"), event.data.get("uuid")
+    if not event.gpu or not isinstance(index, int) or isinstance(index, bool):
+        return []
+    key = uuid if isinstance(uuid, str) and uuid.startswith("GPU-") else f"gpu{index}"
+    return [GpuSample(gpu=key, index=index, ts=event.ts, bus_id=event.gpu if ":" in event.gpu else None)]
+
+
+def _gpu_name(key: str | None, gpus: list[GpuSample]) -> str:
+    """How a GPU is named in a summary: "1 (NVIDIA H200, 00000000:00:06.0)"."""
+    labels = gpu_labels(key, gpus)
+    head = labels[GPU_INDEX] or key or "?"
+    detail = ", ".join(v for v in (labels[GPU_MODEL], labels[GPU_BUS]) if v and v != head)
+    return f"{head} ({detail})" if detail else head
+
+
+def _state_labels(host: str, labels: dict[str, str], gpus: list[GpuSample]) -> dict[str, str]:
+    out = {HOSTNAME: host, **labels}
+    if GPU_INDEX in labels:  # a detector names the GPU by our key: say it as dcgm-exporter does
+        out.update(gpu_labels(labels[GPU_INDEX], gpus, names=ALERT_GPU_LABELS))
+    return out
 
 
 def alert_for_state(
@@ -214,8 +257,10 @@ def alert_for_state(
     public_url: str,
     runbook_base: str = "",
     snapshot_id: str | int | None = None,
+    gpus: Iterable[GpuSample] = (),
 ) -> Alert:
     """The alert of a detector state that is not OK (its severity is the state's level)."""
+    gpus = list(gpus)
     if state.state is Level.OK:
         raise ValueError("an OK detector state has no alert")
     name = DETECTOR_ALERTS.get(state.name) or "".join(p.capitalize() for p in state.name.split("_"))
@@ -225,7 +270,7 @@ def alert_for_state(
     return Alert(
         name=name,
         severity=Severity(state.state.value),
-        labels={"host": host, **state.labels},
+        labels=_state_labels(host, state.labels, gpus),
         annotations=_annotations(
             f"{name} on {subject}: {state.reason}"[:300],
             f"{state.reason}. Suggested action: {state.suggested_action}" if state.suggested_action else state.reason,
@@ -239,7 +284,7 @@ def alert_for_state(
 
 
 def alerts_for_transition(
-    transition: Transition, *, host: str, public_url: str, runbook_base: str = ""
+    transition: Transition, *, host: str, public_url: str, runbook_base: str = "", gpus: Iterable[GpuSample] = ()
 ) -> tuple[Alert | None, AlertKey | None]:
     """(alert to fire, key to resolve) for one detector transition.
 
@@ -249,8 +294,9 @@ def alerts_for_transition(
     fire = None
     resolve = None
     if transition.current.state is not Level.OK:
-        fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base)
+        fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base,
+                               gpus=gpus)
     if transition.previous.state is not Level.OK:
         resolve = alert_for_state(transition.previous, host=host, public_url=public_url,
-                                  runbook_base=runbook_base).key
+                                  runbook_base=runbook_base, gpus=gpus).key
     return fire, resolve

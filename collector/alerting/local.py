@@ -94,6 +94,25 @@ receivers:
 """
 
 
+def with_webhook(config_text: str, webhook_url: str, *, group_wait: str = "0s", group_interval: str = "100ms") -> str:
+    """A real Alertmanager config (the shipped one) with every receiver replaced by the webhook
+    and its waits shortened: its routes, grouping and inhibit rules are what a test exercises."""
+    import yaml
+
+    cfg = yaml.safe_load(config_text)
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
+                        for r in cfg.get("receivers", [])]  # fmt: skip
+
+    def shorten(route: dict[str, Any]) -> None:
+        route["group_wait"] = group_wait
+        route["group_interval"] = group_interval
+        for child in route.get("routes", []):
+            shorten(child)
+
+    shorten(cfg["route"])
+    return str(yaml.safe_dump(cfg, sort_keys=False))
+
+
 class LocalAlertmanager:
     def __init__(
         self,
@@ -102,7 +121,10 @@ class LocalAlertmanager:
         port: int | None = None,
         binary: str | None = None,
         group_interval: str = "100ms",
+        config_text: str | None = None,
     ) -> None:
+        """``config_text``: a whole config to run instead of the one-webhook default (see
+        ``with_webhook``)."""
         self.binary = binary or find_binary()
         if self.binary is None:
             raise LocalAlertmanagerError("no alertmanager binary on PATH (" + ", ".join(BINARIES) + ")")
@@ -110,7 +132,7 @@ class LocalAlertmanager:
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="flightrec-am-")
         self._config = Path(self._dir.name) / "alertmanager.yml"
-        self._config.write_text(CONFIG.format(webhook=webhook_url, group_interval=group_interval))
+        self._config.write_text(config_text or CONFIG.format(webhook=webhook_url, group_interval=group_interval))
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = Path(self._dir.name) / "alertmanager.log"
 

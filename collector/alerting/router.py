@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition
 from collector.detectors.base import Transition
-from collector.model import Event, EventKind
+from collector.model import Event, EventKind, GpuSample
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import is_trigger
 
@@ -40,6 +40,7 @@ class Alerter:
         client: AlertmanagerClient | None = None,
         hold_max_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        gpus: Callable[[], Iterable[GpuSample]] | None = None,
     ) -> None:
         s = settings
         a = s.alerting
@@ -59,6 +60,9 @@ class Alerter:
         # must not delay the page: it goes out without the link)
         self.hold_max_s = hold_max_s
         self.clock = clock
+        # the hub's last GPU samples: alerts name a GPU as dcgm-exporter and our /metrics do
+        # (index, UUID, PCI bus id); without them only what the event itself says
+        self.gpus = gpus or (lambda: ())
         self._held: dict[str, list[tuple[float, Event]]] = {}  # engine -> triggers waiting for a commit
         self._down: dict[str, Alert] = {}
 
@@ -76,7 +80,7 @@ class Alerter:
 
     def _alert(self, ev: Event, snapshot_id: int | None = None) -> Alert | None:
         return alert_for_event(ev, host=self.host, public_url=self.public_url, snapshot_id=snapshot_id,
-                               runbook_base=self.runbook_base, hold=self.hold)  # fmt: skip
+                               runbook_base=self.runbook_base, hold=self.hold, gpus=self.gpus())  # fmt: skip
 
     def _fire(self, ev: Event, snapshot_id: int | None = None) -> None:
         alert = self._alert(ev, snapshot_id)
@@ -105,7 +109,7 @@ class Alerter:
 
     def on_transition(self, tr: Transition) -> None:
         fire, resolve = alerts_for_transition(tr, host=self.host, public_url=self.public_url,
-                                              runbook_base=self.runbook_base)  # fmt: skip
+                                              runbook_base=self.runbook_base, gpus=self.gpus())  # fmt: skip
         if resolve is not None:
             self.client.resolve(resolve)
         if fire is not None:

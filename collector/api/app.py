@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector import __version__
 from collector.redact import redact
@@ -23,7 +23,9 @@ from collector.api.body_limit import MAX_BODY, BodyLimit
 from collector.api.headers import SecurityHeaders
 from collector.snapshot.checklist import checklist
 from collector.api.export_cache import ExportCache
-from collector.api.metrics import SidecarCollector
+from collector.api.metrics import sidecar_registry
+from collector.api.openapi import add_docs, install_openapi
+from collector.api.params import BeforeIdQuery, CursorQuery, TimeQuery, id_cursor, time_range
 from collector.model import EventKind
 from collector.snapshot.document import export_gzip, unpack
 from collector.storage.db import StorageError
@@ -36,7 +38,6 @@ PathId = Path(ge=1, le=2**62, description="numeric id")
 # Postgres) instead of being a 422.
 IdQuery = Query(ge=1, le=2**62)
 Write = Depends(require_write)
-TimeParam = Annotated[float | None, Query(allow_inf_nan=False, ge=0, description="unix seconds")]
 
 
 def _accepts_gzip(request: Request) -> bool:
@@ -59,6 +60,12 @@ def _summary(row: dict[str, Any], request: Request) -> dict[str, Any]:
     return row
 
 
+def _next_cursor(response: Response, rows: list[dict[str, Any]], limit: int) -> None:
+    """A full page may have a next one: its cursor in a header, the body stays a list."""
+    if len(rows) == limit and rows:
+        response.headers["X-Next-Cursor"] = str(rows[-1]["id"])
+
+
 def _json(obj: Any) -> Response:
     # Already shaped as the response model says: serialised directly, not re-validated.
     return Response(json.dumps(obj, separators=(",", ":"), default=str), media_type="application/json")
@@ -70,12 +77,15 @@ def create_app(ctx: Any) -> FastAPI:
         version=__version__,
         description="Crash snapshots of vLLM engines: the last steps before a fault, per request, "
         "joined with the GPU's state and the fault.",
+        docs_url=None,  # served from local assets: collector/api/openapi.py
+        redoc_url=None,
     )
+    install_openapi(app)
+    add_docs(app)
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, max_body=MAX_BODY)
     app.add_middleware(SecurityHeaders)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SidecarCollector(ctx))
+    registry = sidecar_registry(ctx)
 
     @app.exception_handler(StorageError)
     async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
@@ -142,16 +152,15 @@ def create_app(ctx: Any) -> FastAPI:
         host: Annotated[str | None, Query(max_length=255)] = None,
         trigger: Annotated[EventKind | None, Query(description="trigger kind, e.g. xid")] = None,
         incident_id: Annotated[int | None, IdQuery] = None,
-        since: TimeParam = None,
-        until: TimeParam = None,
+        since: TimeQuery = None,
+        until: TimeQuery = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: CursorQuery = None,
         _: None = Read,
     ) -> Response:
-        if since is not None and until is not None and until <= since:
-            raise HTTPException(400, "until must be after since")
+        lo, hi = time_range(since, until)
         rows, nxt = ctx.repo.list_snapshots(
-            SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=since, until=until),
+            SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=lo, until=hi),
             limit=limit, cursor=cursor,
         )  # fmt: skip
         return _json({"items": [_summary(r, request) for r in rows], "next_cursor": nxt})
@@ -224,11 +233,15 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
     def incidents(
+        response: Response,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        before_id: Annotated[int | None, IdQuery] = None,
+        cursor: CursorQuery = None,
+        before_id: BeforeIdQuery = None,
         _: None = Read,
     ) -> list[dict[str, Any]]:
-        return ctx.repo.list_incidents(limit=limit, before_id=before_id)
+        rows = ctx.repo.list_incidents(limit=limit, before_id=id_cursor(cursor, before_id))
+        _next_cursor(response, rows, limit)
+        return rows
 
     @app.get("/api/v1/incidents/{incident_id}", response_model=schemas.IncidentOut)
     def incident(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> dict[str, Any]:
@@ -238,17 +251,21 @@ def create_app(ctx: Any) -> FastAPI:
 
     @app.get("/api/v1/events", response_model=list[schemas.EventOut])
     def events(
+        response: Response,
         kind: Annotated[EventKind | None, Query()] = None,
         engine: Annotated[str | None, Query(max_length=128)] = None,
-        since: TimeParam = None,
-        until: TimeParam = None,
+        since: TimeQuery = None,
+        until: TimeQuery = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        before_id: Annotated[int | None, IdQuery] = None,
+        cursor: CursorQuery = None,
+        before_id: BeforeIdQuery = None,
         _: None = Read,
     ) -> list[dict[str, Any]]:
-        if since is not None and until is not None and until <= since:
-            raise HTTPException(400, "until must be after since")
-        return ctx.repo.list_events(kind=kind.value if kind else None, engine=engine, since=since, until=until, limit=limit, before_id=before_id)
+        lo, hi = time_range(since, until)
+        rows = ctx.repo.list_events(kind=kind.value if kind else None, engine=engine, since=lo, until=hi, limit=limit,
+                                    before_id=id_cursor(cursor, before_id))  # fmt: skip
+        _next_cursor(response, rows, limit)
+        return rows
 
     from collector.api.pages import add_pages
 

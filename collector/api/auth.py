@@ -24,6 +24,13 @@ def check_token(request: Request, *, write: bool) -> None:
         token = None  # a blank token is no token (settings refuse one; this holds without them)
     needed = write or not ctx.settings.loopback_only
     if not needed:
+        # Loopback reads need no token, but a token that is presented and wrong is a
+        # misconfigured client: say so (401) rather than let it believe it is authorised.
+        got = _presented(request)
+        if got is not None and (token is None or not hmac.compare_digest(got.encode(), token.encode())):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED,
+                                "wrong bearer token" if token is not None else "a bearer token was sent but no api_token is configured",
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return
     if token is None:
         if write:

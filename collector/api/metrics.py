@@ -1,118 +1,218 @@
 """The sidecar's own /metrics: read from the hub at scrape time, so the per-step path pays
-nothing for it. Names are the ones the shipped Prometheus rules and Grafana dashboard use."""
+nothing for it. Names are the ones the shipped Prometheus rules and Grafana dashboard use;
+labels are collector/alerting/labels.py's scheme (dcgm-exporter's for GPUs, ``Hostname`` on
+every series), so an Xid counter and a GPU gauge of one GPU carry the same ``gpu``.
+
+Naming: ``flightrec_engine_*`` per engine, ``flightrec_gpu_*`` per GPU, base units
+(``_seconds``, ``_bytes``, ``_ratio`` for 0-1 fractions), ``_total`` on counters. Checked
+with ``promtool check metrics`` (tests/api/test_metrics.py).
+
+The snapshot commit latency is a histogram fed through ``observe_commit_latency(seconds)``,
+which the snapshot committer calls once per commit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import threading
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
+from collector import __version__
+from collector.alerting.labels import ENGINE, HOSTNAME, METRIC_GPU_LABELS, gpu_labels
+from collector.xid.catalog import lookup as xid_lookup
+
+COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class LatencyHistogram:
+    """Cumulative bucket counts, thread-safe (commits run in worker threads)."""
+
+    def __init__(self, buckets: Sequence[float] = COMMIT_BUCKETS) -> None:
+        self.bounds = tuple(sorted(buckets))
+        self._counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        if seconds < 0 or seconds != seconds:  # a clock step or NaN says nothing
+            return
+        with self._lock:
+            self._counts[bisect.bisect_left(self.bounds, seconds)] += 1
+            self._sum += seconds
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, running = [], 0
+        for bound, n in zip((*[f"{b:g}" for b in self.bounds], "+Inf"), counts, strict=True):
+            running += n
+            cumulative.append((bound, float(running)))
+        return HistogramMetricFamily(name, documentation, buckets=cumulative, sum_value=total)
+
+
+COMMIT_LATENCY = LatencyHistogram()
+
+
+def observe_commit_latency(seconds: float) -> None:
+    """Record one snapshot commit: from the fault's trigger to the committed row."""
+    COMMIT_LATENCY.observe(seconds)
+
+
+def sidecar_registry(ctx: Any, *, commit_latency: LatencyHistogram = COMMIT_LATENCY) -> CollectorRegistry:
+    """Our collector plus prometheus_client's process, platform (python_info) and GC ones."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(ctx, commit_latency=commit_latency))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 class SidecarCollector(Collector):
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, *, commit_latency: LatencyHistogram = COMMIT_LATENCY) -> None:
         self.ctx = ctx
+        self.commit_latency = commit_latency
 
     def collect(self) -> Iterable[Metric]:
         hub = self.ctx.hub
-        up = GaugeMetricFamily("flightrec_engine_up", "1 if the engine answered lately", labels=["engine"])
-        running = GaugeMetricFamily("flightrec_running_requests", "running requests at the last step", labels=["engine"])
-        waiting = GaugeMetricFamily("flightrec_engine_waiting", "waiting requests at the last step", labels=["engine"])
-        kv = GaugeMetricFamily("flightrec_engine_kv_cache_usage", "KV cache usage (0-1) at the last step", labels=["engine"])
-        step = GaugeMetricFamily("flightrec_engine_last_step", "last engine step recorded", labels=["engine"])
-        steps = CounterMetricFamily("flightrec_steps_received", "engine steps received from the recorder", labels=["engine"])
-        mirror = GaugeMetricFamily("flightrec_mirror_rows", "host-mirror rows at the last step", labels=["engine"])
-        source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from",
-                                   labels=["engine", "source"])  # fmt: skip
-        rows = CounterMetricFamily("flightrec_request_rows_received", "per-request rows received from the recorder",
-                                   labels=["engine"])  # fmt: skip
+        host = str(hub.host)
+        info = GaugeMetricFamily("flightrec_build_info", "the running flight recorder's version", labels=["version"])
+        info.add_metric([__version__], 1.0)
+        yield info
+        yield from self._engines(hub, host)
+        yield from self._ingest(host)
+        yield from self._gpus(hub, host)
+        yield from self._sidecar(hub, host)
 
-        def put(fam: GaugeMetricFamily, name: str, value: float | None) -> None:
+    def _engines(self, hub: Any, host: str) -> Iterable[Metric]:
+        labels = [HOSTNAME, ENGINE]
+
+        def g(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        up = g("flightrec_engine_up", "1 if the engine answered the last scrapes, else 0")
+        running = g("flightrec_engine_running_requests", "running requests at the last recorded step")
+        waiting = g("flightrec_engine_waiting_requests", "waiting requests at the last recorded step")
+        kv = g("flightrec_engine_kv_cache_usage_ratio", "KV-cache usage (0-1) at the last recorded step")
+        step = g("flightrec_engine_last_step", "number of the last engine step recorded")
+        mirror = g("flightrec_engine_mirror_rows", "connector host-mirror rows at the last recorded step")
+        steps = CounterMetricFamily("flightrec_engine_steps_received", "engine steps received from the recorder", labels=labels)
+        rows = CounterMetricFamily("flightrec_engine_request_rows_received", "per-request rows received from the recorder",
+                                   labels=labels)  # fmt: skip
+        source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from",
+                                   labels=[*labels, "source"])  # fmt: skip
+
+        def put(fam: GaugeMetricFamily, key: list[str], value: float | None) -> None:
             if value is not None:  # unknown is absent, never 0
-                fam.add_metric([name], float(value))
+                fam.add_metric(key, float(value))
 
         for name, st in sorted(hub.engines.items()):
-            up.add_metric([name], 1.0 if st.up else 0.0)
-            steps.add_metric([name], st.steps_received)
-            rows.add_metric([name], st.requests_received)
+            key = [host, name]
+            up.add_metric(key, 1.0 if st.up else 0.0)
+            steps.add_metric(key, st.steps_received)
+            rows.add_metric(key, getattr(st, "requests_received", 0))
             last = st.ring.last()
             if last is not None:
-                source.add_metric([name, "recorder"], 1.0)
-                put(running, name, last.running)
-                put(waiting, name, last.waiting)
-                put(kv, name, last.kv_cache_usage)
-                step.add_metric([name], last.step)
-                put(mirror, name, last.mirror_rows)
-            elif st.scrapes:  # an engine with /metrics only: its last scrape
-                source.add_metric([name, "scrape"], 1.0)
+                source.add_metric([*key, "recorder"], 1.0)
+                for fam, value in ((running, last.running), (waiting, last.waiting), (kv, last.kv_cache_usage),
+                                   (step, last.step), (mirror, last.mirror_rows)):  # fmt: skip
+                    put(fam, key, value)
+            elif getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
+                source.add_metric([*key, "scrape"], 1.0)
                 v = st.scrapes[-1].values
-                put(running, name, v.get("num_requests_running"))
-                put(waiting, name, v.get("num_requests_waiting"))
-                put(kv, name, v.get("kv_cache_usage_perc"))
-        yield from (up, running, waiting, kv, step, steps, mirror, source, rows)
+                put(running, key, v.get("num_requests_running"))
+                put(waiting, key, v.get("num_requests_waiting"))
+                put(kv, key, v.get("kv_cache_usage_perc"))
+        yield from (up, running, waiting, kv, step, mirror, steps, rows, source)
 
-        figures = self.ctx.ingest_figures()
-        rec = figures["recorder"]
-        lost = CounterMetricFamily("flightrec_recorder_lost_bytes", "ring bytes the writers overwrote before they were read")
-        lost.add_metric([], rec.get("lost_bytes") or 0)
-        bad = CounterMetricFamily("flightrec_recorder_bad_records", "ring records set aside (bad CRC or body)")
-        bad.add_metric([], rec.get("bad_records") or 0)
-        lag = GaugeMetricFamily("flightrec_recorder_lag_seconds", "age of the newest record read, worst ring")
+    def _ingest(self, host: str) -> Iterable[Metric]:
+        figures_of = getattr(self.ctx, "ingest_figures", None)
+        if figures_of is None:
+            return
+        figures = figures_of()
+        rec = figures.get("recorder") or {}
+        h = [HOSTNAME]
+        lost = CounterMetricFamily("flightrec_recorder_lost_bytes", "ring bytes the writers overwrote before they were read", labels=h)
+        lost.add_metric([host], rec.get("lost_bytes") or 0)
+        bad = CounterMetricFamily("flightrec_recorder_bad_records", "ring records set aside (bad CRC or body)", labels=h)
+        bad.add_metric([host], rec.get("bad_records") or 0)
+        lag = GaugeMetricFamily("flightrec_recorder_lag_seconds", "age of the newest record read, worst ring", labels=h)
         if rec.get("lag_s") is not None:
-            lag.add_metric([], rec["lag_s"])
-        loop_lag = GaugeMetricFamily("flightrec_loop_lag_seconds", "how late the sidecar's own event loop ran")
-        loop_lag.add_metric([], figures["loop_lag_s"])
-        pending = GaugeMetricFamily("flightrec_write_pending_rows", "rows queued for the database")
-        pending.add_metric([], figures["rows_pending"])
-        backlog = GaugeMetricFamily("flightrec_snapshots_waiting", "snapshots captured, not committed yet")
-        backlog.add_metric([], figures["snapshot_backlog"])
+            lag.add_metric([host], rec["lag_s"])
+        loop_lag = GaugeMetricFamily("flightrec_loop_lag_seconds", "how late the sidecar's own event loop ran", labels=h)
+        if figures.get("loop_lag_s") is not None:
+            loop_lag.add_metric([host], figures["loop_lag_s"])
+        pending = GaugeMetricFamily("flightrec_write_pending_rows", "rows queued for the database", labels=h)
+        if figures.get("rows_pending") is not None:
+            pending.add_metric([host], figures["rows_pending"])
+        backlog = GaugeMetricFamily("flightrec_snapshots_waiting", "snapshots captured, not committed yet", labels=h)
+        if figures.get("snapshot_backlog") is not None:
+            backlog.add_metric([host], figures["snapshot_backlog"])
         yield from (lost, bad, lag, loop_lag, pending, backlog)
 
-        temp = GaugeMetricFamily("flightrec_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
-        power = GaugeMetricFamily("flightrec_gpu_power_watts", "GPU power draw", labels=["gpu"])
-        util = GaugeMetricFamily("flightrec_gpu_utilization_percent", "GPU utilisation", labels=["gpu"])
-        mem = GaugeMetricFamily("flightrec_gpu_memory_used_bytes", "GPU memory used", labels=["gpu"])
-        reasons = GaugeMetricFamily("flightrec_gpu_clock_event_reasons", "clock-event (throttle) reason mask", labels=["gpu"])
-        ecc = CounterMetricFamily("flightrec_gpu_ecc_volatile_uncorrected", "volatile uncorrected ECC errors", labels=["gpu"])
-        remap = CounterMetricFamily("flightrec_gpu_remapped_rows", "remapped rows", labels=["gpu", "kind"])
+    def _gpus(self, hub: Any, host: str) -> Iterable[Metric]:
+        labels = [HOSTNAME, *METRIC_GPU_LABELS]
+        meta = list(hub.gpu_meta.values())
+        temp = GaugeMetricFamily("flightrec_gpu_temperature_celsius", "GPU temperature", labels=labels)
+        power = GaugeMetricFamily("flightrec_gpu_power_watts", "GPU power draw", labels=labels)
+        util = GaugeMetricFamily("flightrec_gpu_utilization_ratio", "GPU utilisation (0-1) over NVML's last sample period", labels=labels)
+        mem = GaugeMetricFamily("flightrec_gpu_memory_used_bytes", "GPU memory used", labels=labels)
+        reasons = GaugeMetricFamily("flightrec_gpu_clock_event_reasons", "clock-event (throttle) reason bit mask", labels=labels)
+        ecc = CounterMetricFamily("flightrec_gpu_ecc_volatile_uncorrected", "volatile uncorrected ECC errors", labels=labels)
+        remap = CounterMetricFamily("flightrec_gpu_remapped_rows", "remapped rows", labels=[*labels, "kind"])
         for gpu, s in sorted(hub.gpu_meta.items()):
-            for fam, value in ((temp, s.temperature), (power, s.power_w), (util, s.utilization),
+            key = [host, *gpu_labels(gpu, meta).values()]
+            utilization = None if s.utilization is None else float(s.utilization) / 100.0
+            for fam, value in ((temp, s.temperature), (power, s.power_w), (util, utilization),
                                (mem, s.memory_used), (reasons, s.clock_event_reasons),
                                (ecc, s.ecc_volatile_uncorrected)):  # fmt: skip
                 if value is not None:
-                    fam.add_metric([gpu], float(value))
+                    fam.add_metric(key, float(value))
             if s.remapped_rows_correctable is not None:
-                remap.add_metric([gpu, "correctable"], s.remapped_rows_correctable)
+                remap.add_metric([*key, "correctable"], s.remapped_rows_correctable)
             if s.remapped_rows_uncorrectable is not None:
-                remap.add_metric([gpu, "uncorrectable"], s.remapped_rows_uncorrectable)
+                remap.add_metric([*key, "uncorrectable"], s.remapped_rows_uncorrectable)
         yield from (temp, power, util, mem, reasons, ecc, remap)
 
-        xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (merged across sources)", labels=["gpu", "xid"])
-        for (gpu, code), n in sorted(hub.xid_counts.items()):
-            xid.add_metric([gpu, str(code)], n)
+        # severity is the Xid catalog's, so the shipped rule pages each Xid as the sidecar does
+        xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (kernel log and NVML merged)",
+                                  labels=[*labels, "xid", "severity"])  # fmt: skip
+        for (gpu, code), n in sorted(hub.xid_counts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+            key = [host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values()]
+            xid.add_metric([*key, str(code), xid_lookup(code).severity.value], n)
         yield xid
 
-        snaps = CounterMetricFamily("flightrec_snapshots", "crash snapshots committed", labels=["engine", "trigger"])
+    def _sidecar(self, hub: Any, host: str) -> Iterable[Metric]:
+        snaps = CounterMetricFamily("flightrec_snapshots", "crash snapshots committed", labels=[HOSTNAME, ENGINE, "trigger"])
         for (engine, trig), n in sorted(self.ctx.snapshot_counts.items()):
-            snaps.add_metric([engine, trig], n)
+            snaps.add_metric([host, engine, trig], n)
         yield snaps
+        yield self.commit_latency.family("flightrec_snapshot_commit_duration_seconds",
+                                         "time from a fault's trigger to its snapshot's commit")  # fmt: skip
 
-        src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=["source"])
-        sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=["source"])
+        src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=[HOSTNAME, "source"])
+        sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=[HOSTNAME, "source"])
         for status in self.ctx.source_statuses():
-            src.add_metric([status.name], 1.0 if status.up else 0.0)
-            sup.add_metric([status.name], 1.0 if status.supported else 0.0)
+            src.add_metric([host, status.name], 1.0 if status.up else 0.0)
+            sup.add_metric([host, status.name], 1.0 if status.supported else 0.0)
         yield from (src, sup)
 
-        db = GaugeMetricFamily("flightrec_database_up", "1 if the last write succeeded")
-        db.add_metric([], 0.0 if self.ctx.writer.db_up is False else 1.0)
+        db = GaugeMetricFamily("flightrec_database_up", "1 unless the last database write failed", labels=[HOSTNAME])
+        db.add_metric([host], 0.0 if self.ctx.writer.db_up is False else 1.0)
         yield db
-        dropped = CounterMetricFamily("flightrec_write_dropped", "rows dropped while the database was down")
-        dropped.add_metric([], self.ctx.writer.dropped)
+        dropped = CounterMetricFamily("flightrec_write_dropped_rows", "rows dropped while the database was down", labels=[HOSTNAME])
+        writer_dropped = getattr(self.ctx.writer, "dropped", None)
+        dropped.add_metric([host], writer_dropped if writer_dropped is not None else getattr(getattr(hub, "pending", None), "dropped", 0))
         yield dropped
-        alerts = self.ctx.alert_stats()
-        for key, value in alerts.items():
-            fam = CounterMetricFamily(f"flightrec_alerts_{key}", f"alerts {key}")
-            fam.add_metric([], value)
-            yield fam
+        alerts = CounterMetricFamily("flightrec_alerts", "alerts sent to Alertmanager, by outcome", labels=[HOSTNAME, "outcome"])
+        for outcome, value in sorted(self.ctx.alert_stats().items()):
+            alerts.add_metric([host, outcome], value)
+        yield alerts

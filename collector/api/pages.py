@@ -17,6 +17,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Path
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from collector.storage.db import StorageError
+from collector.storage.repo import NotFound
+
 ASSETS = {
     "flightrec.js": "text/javascript; charset=utf-8",
     "snapshot.js": "text/javascript; charset=utf-8",
@@ -46,7 +49,17 @@ def add_pages(app: FastAPI, ctx: Any) -> None:
         return HTMLResponse(_asset("list.html"), headers=SECURITY_HEADERS)
 
     @app.get("/snapshots/{snapshot_id}", name="snapshot_page", include_in_schema=False, response_class=HTMLResponse)
-    def snapshot_page(snapshot_id: int = Path(ge=1)) -> HTMLResponse:
+    def snapshot_page(snapshot_id: int = Path(ge=1, le=2**62)) -> HTMLResponse:
+        # An unknown id is a 404 page (the shell would say "not found" with a 200). The row
+        # holds no secret, so the check needs no token; a database that is down still gets
+        # the shell, whose API calls then say why.
+        try:
+            ctx.repo.get_snapshot_blobs(snapshot_id, parts=())
+        except NotFound:
+            body = _asset("notfound.html").replace("{{SNAPSHOT_ID}}", html.escape(str(snapshot_id)))
+            return HTMLResponse(body, status_code=404, headers=SECURITY_HEADERS)
+        except StorageError:
+            pass
         page = _asset("snapshot.html").replace("{{SNAPSHOT_ID}}", html.escape(str(snapshot_id)))
         return HTMLResponse(page, headers=SECURITY_HEADERS)
 

@@ -1,4 +1,9 @@
-"""``flightrec inspect-log FILE [--json]``: an offline post-mortem of an engine log.
+"""``flightrec inspect-log FILE|- [--json]``: an offline post-mortem of an engine log.
+
+FILE may be ``-`` (stdin: ``kubectl logs POD -c vllm | flightrec inspect-log -``) and may be
+gzip-compressed (recognised by its magic bytes, whatever its name). A file that is not text
+(NUL bytes, or mostly bytes that are not UTF-8, in its first 8 KiB) is refused as "not a
+text log" with exit 2 rather than reported as a log without events.
 
 Runs the same parsers as the live engine-log source over a file written before the
 sidecar was there: events in log order (kind, time, process, message, traceback frames),
@@ -6,7 +11,8 @@ vLLM's crash dump parsed into stats and per-request rows, and the 10 s stat line
 series.
 
 The year missing from vLLM's timestamps is taken from the file's modification time (the
-log was last written then); a stamp more than a day after it belongs to the year before.
+log was last written then; for stdin, now); a stamp more than a day after it belongs to the
+year before.
 
 JSON output (``--json``), schema ``flightrec.inspect-log/1``::
 
@@ -23,13 +29,17 @@ JSON output (``--json``), schema ``flightrec.inspect-log/1``::
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import io
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from collector.model import Event, EventKind
 from collector.parsers.throughput_line import (
@@ -43,10 +53,66 @@ from collector.parsers.vllm_log import parse_line
 SCHEMA = "flightrec.inspect-log/1"
 EXIT_OK = 0
 EXIT_UNREADABLE = 2
+EXIT_BROKEN_PIPE = 141
+STDIN = "-"
+SNIFF_BYTES = 8192
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class InspectLogError(Exception):
-    """The log cannot be read (missing, a directory, no permission)."""
+    """The log cannot be read (missing, a directory, no permission, not text, bad gzip)."""
+
+
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inspect-log", parents=parents, help="offline post-mortem of an engine log",
+                       description="Parse an engine log written without the sidecar: events in log order, "
+                                   "tracebacks, vLLM's crash dump as rows, the 10 s stat lines. FILE may be "
+                                   "'-' (stdin) and may be gzip-compressed.")  # fmt: skip
+    p.add_argument("file", metavar="FILE", help="the engine's log, '-' for stdin, .gz read as gzip")
+    p.add_argument("--json", action="store_true", help=f"print one JSON document (schema {SCHEMA})")
+    p.set_defaults(func=lambda args: main(args.file, args.json))
+
+
+def looks_binary(head: bytes) -> bool:
+    """True for data that is not a text log: a NUL byte, or more than one byte in ten that
+    does not decode as UTF-8 (a torn multi-byte character at the cut is allowed)."""
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", "replace")
+    return text.count("\ufffd") * 10 > max(len(text), 1)
+
+
+def _open_log(path: str) -> tuple[IO[bytes], float, str]:
+    """(binary stream of the log's text, reference time, display name); gunzipped and
+    checked to be text."""
+    if path == STDIN:
+        raw: IO[bytes] = sys.stdin.buffer
+        ref, name = time.time(), "<stdin>"
+    else:
+        p = Path(path)
+        try:
+            if p.is_dir():
+                raise IsADirectoryError(f"{p} is a directory")
+            ref = os.stat(p).st_mtime
+            raw = open(p, "rb")  # noqa: SIM115 - the caller closes it
+        except OSError as exc:
+            raise InspectLogError(f"cannot read {p}: {exc.strerror or exc}") from exc
+        name = str(p)
+    buffered = io.BufferedReader(raw) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
+    stream: IO[bytes] = buffered
+    try:
+        if buffered.peek(2)[:2] == GZIP_MAGIC:
+            stream = gzip.GzipFile(fileobj=buffered)  # type: ignore[assignment]
+        head = stream.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(stream, "peek") else b""
+    except (OSError, EOFError) as exc:
+        stream.close()
+        raise InspectLogError(f"cannot read {name}: {exc}") from exc
+    if looks_binary(head):
+        stream.close()
+        raise InspectLogError(f"{name} is not a text log")
+    return stream, ref, name
 
 
 @dataclass(slots=True)
@@ -111,21 +177,16 @@ class Report:
 def inspect_log(
     path: str | Path, *, reference_ts: float | None = None, tz: tzinfo | None = None
 ) -> Report:
-    """Read the whole log and return what it says. Raises InspectLogError if unreadable."""
-    p = Path(path)
-    try:
-        if p.is_dir():
-            raise IsADirectoryError(f"{p} is a directory")
-        ref = os.stat(p).st_mtime if reference_ts is None else reference_ts
-        fh = open(p, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise InspectLogError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    """Read the whole log and return what it says. Raises InspectLogError if unreadable.
+    ``path`` may be ``-`` for stdin."""
+    fh, mtime, name = _open_log(str(path))
+    ref = mtime if reference_ts is None else reference_ts
     eventizer = LogEventizer(None, reference_clock=lambda: ref, tz=tz)
     events: list[Event] = []
     series: list[dict[str, Any]] = []
     count = 0
-    with fh:
-        for raw in fh:
+    try:
+        for raw in fh:  # streamed: a log may be larger than memory wants to hold
             count += 1
             line = parse_line(raw.decode("utf-8", "replace"))
             if is_throughput_line(line.message):
@@ -138,11 +199,15 @@ def inspect_log(
                     sample.update(values)
                     series.append(sample)
             events.extend(eventizer.feed_line(line, ref))
+    except (OSError, EOFError) as exc:  # a torn or corrupt gzip stream
+        raise InspectLogError(f"cannot read {name} past line {count}: {exc}") from exc
+    finally:
+        fh.close()
     events.extend(eventizer.flush())
     # Records close when the next line of their process arrives, so events come out of
     # order; the post-mortem reads in log order.
     events.sort(key=lambda e: (e.data.get("line", 0), e.ts))
-    return Report(path=str(p), lines=count, reference_ts=ref, events=events, throughput=series)
+    return Report(path=name, lines=count, reference_ts=ref, events=events, throughput=series)
 
 
 # -- human output ------------------------------------------------------------------------
@@ -310,8 +375,9 @@ def main(
             render_text(report, out)
         out.flush()
     except BrokenPipeError:
-        # The reader stopped early (``| head``): not an error. Point stdout at /dev/null so
-        # that the interpreter's own flush at exit does not complain again.
+        # The reader stopped early (``| head``): silent, exit 141 as a tool SIGPIPE killed.
+        # stdout now points at /dev/null so the interpreter's flush at exit stays quiet.
         if out is sys.stdout:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return EXIT_OK

@@ -14,6 +14,16 @@ from collector.sources.base import Sink, SourceUnsupported
 log = logging.getLogger(__name__)
 
 
+# What an operator loses when a source reports itself unsupported, for the warning.
+LOST_WHEN_UNSUPPORTED = {
+    "nvml": "GPU and Xid capture",
+    "kmsg": "kernel-log Xid capture",
+    "recorder": "per-step recording",
+    "engine_log": "engine-log capture",
+    "vllm_metrics": "metrics scraping",
+}
+
+
 class SupervisedSource:
     def __init__(self, source: Any, *, min_backoff: float = 0.5, max_backoff: float = 30.0) -> None:
         self.source = source
@@ -48,7 +58,9 @@ class SupervisedSource:
                 raise
             except SourceUnsupported as exc:
                 self.status.supported, self.status.up, self.status.reason = False, False, str(exc)
-                log.info("source %s unsupported here: %s", self.name, exc)
+                # A warning: what it would have captured is now missing from every snapshot.
+                lost = LOST_WHEN_UNSUPPORTED.get(self.name.split(":", 1)[0], "its records")
+                log.warning("%s unsupported: %s off (%s)", self.name, lost, exc)
                 return
             except Exception as exc:
                 self.status.up, self.status.reason = False, f"{type(exc).__name__}: {exc}"

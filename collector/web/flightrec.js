@@ -92,7 +92,8 @@ const FR = (() => {
       const a = Math.abs(v);
       return a !== 0 && (a < 0.01 || a >= 1e6) ? v.toExponential(2) : String(+v.toPrecision(4));
     }
-    if (typeof v === 'object') return JSON.stringify(v);
+    if (Array.isArray(v)) return v.map(fmt).join(', ');
+    if (typeof v === 'object') return Object.entries(v).map(([k, x]) => k + ': ' + (x !== null && typeof x === 'object' ? '(' + fmt(x) + ')' : fmt(x))).join(' · ');
     return String(v);
   }
 
@@ -109,7 +110,9 @@ const FR = (() => {
     return out;
   }
 
-  // series: [{name, xs, ys, color?}] ; opts: {marker: x of the fault, markerLabel, xLabel, yFmt, yMin}
+  // series: [{name, xs, ys, color?}] (xs ascending); opts: {marker: x of the fault, markerLabel,
+  // xLabel, yFmt, yMin, xRange: [lo, hi] shared by linked plots}. Keeps what the crosshair needs
+  // on the canvas: the scales, the series and the drawn image, so hovering repaints one line.
   function plot(canvas, series, opts) {
     opts = opts || {};
     const dpr = window.devicePixelRatio || 1;
@@ -117,28 +120,33 @@ const FR = (() => {
     canvas.width = Math.round(cssW * dpr);
     canvas.height = Math.round(cssH * dpr);
     const g = canvas.getContext('2d');
-    g.scale(dpr, dpr);
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.fillStyle = '#fff';
     g.fillRect(0, 0, cssW, cssH);
     const pad = { l: 56, r: 16, t: 18, b: 34 };
     const W = cssW - pad.l - pad.r, H = cssH - pad.t - pad.b;
-    let xlo = Infinity, xhi = -Infinity, ylo = opts.yMin !== undefined ? opts.yMin : Infinity, yhi = -Infinity;
-    let points = 0;
+    const range = opts.xRange && isFinite(opts.xRange[0]) && isFinite(opts.xRange[1]) ? opts.xRange : null;
+    const inRange = (x) => !range || (x >= range[0] && x <= range[1]);
+    let xlo = range ? range[0] : Infinity, xhi = range ? range[1] : -Infinity;
+    let ylo = opts.yMin !== undefined ? opts.yMin : Infinity, yhi = -Infinity;
+    let points = 0, seen = 0;
     for (const s of series) {
       for (let i = 0; i < s.xs.length; i++) {
         const x = s.xs[i], y = s.ys[i];
-        if (y === null || y === undefined || !isFinite(y) || !isFinite(x)) continue;
-        if (x < xlo) xlo = x; if (x > xhi) xhi = x;
+        if (y === null || y === undefined || !isFinite(y) || !isFinite(x) || !inRange(x)) continue;
+        seen++;
+        if (!range) { if (x < xlo) xlo = x; if (x > xhi) xhi = x; }
         if (y < ylo) ylo = y; if (y > yhi) yhi = y;
       }
     }
-    if (opts.marker !== undefined && opts.marker !== null && isFinite(opts.marker)) {
+    if (!range && opts.marker !== undefined && opts.marker !== null && isFinite(opts.marker)) {
       xlo = Math.min(xlo, opts.marker); xhi = Math.max(xhi, opts.marker);
     }
     g.font = '11px system-ui, sans-serif';
-    if (!isFinite(xlo) || !isFinite(ylo)) {
+    canvas._fr = null;
+    if (!seen || !isFinite(xlo) || !isFinite(ylo)) {
       g.fillStyle = '#b00';
-      g.fillText('no data recorded', pad.l + 10, pad.t + 20);
+      g.fillText(opts.empty || 'no data recorded', pad.l + 10, pad.t + 20);
       canvas.dataset.drawn = '0';
       return 0;
     }
@@ -147,7 +155,6 @@ const FR = (() => {
     yhi += (yhi - ylo) * 0.05;
     const X = (x) => pad.l + ((x - xlo) / (xhi - xlo)) * W;
     const Y = (y) => pad.t + H - ((y - ylo) / (yhi - ylo)) * H;
-    // grid and axes
     g.strokeStyle = '#e6e6e6'; g.lineWidth = 1; g.fillStyle = '#444';
     g.textAlign = 'right'; g.textBaseline = 'middle';
     const yf = opts.yFmt || fmt;
@@ -165,6 +172,8 @@ const FR = (() => {
     if (opts.xLabel) g.fillText(opts.xLabel, pad.l + W / 2, pad.t + H + 18);
     g.strokeStyle = '#888';
     g.strokeRect(pad.l + 0.5, pad.t + 0.5, W, H);
+    g.save();
+    g.beginPath(); g.rect(pad.l, pad.t, W, H); g.clip();
     // lines, thinned to about two points per pixel
     series.forEach((s, k) => {
       const n = s.xs.length;
@@ -178,15 +187,15 @@ const FR = (() => {
       if (n > 0 && idx[idx.length - 1] !== n - 1) idx.push(n - 1);
       for (const i of idx) {
         const y = s.ys[i];
-        if (y === null || y === undefined || !isFinite(y)) { pen = false; continue; }
+        if (y === null || y === undefined || !isFinite(y) || !inRange(s.xs[i])) { pen = false; continue; }
         const px = X(s.xs[i]), py = Y(y);
         if (pen) g.lineTo(px, py); else { g.moveTo(px, py); pen = true; }
         points++;
       }
-      if (n === 1) { g.fillStyle = g.strokeStyle; g.fillRect(X(s.xs[0]) - 2, Y(s.ys[0]) - 2, 4, 4); }
+      if (n === 1 && inRange(s.xs[0])) { g.fillStyle = g.strokeStyle; g.fillRect(X(s.xs[0]) - 2, Y(s.ys[0]) - 2, 4, 4); }
       g.stroke();
     });
-    // the fault
+    g.restore();
     if (opts.marker !== undefined && opts.marker !== null && isFinite(opts.marker)) {
       const x = Math.round(X(opts.marker)) + 0.5;
       g.strokeStyle = '#d00'; g.lineWidth = 2; g.setLineDash([5, 3]);
@@ -196,12 +205,77 @@ const FR = (() => {
       g.font = 'bold 11px system-ui, sans-serif';
       g.fillText(opts.markerLabel || 'fault', x + (g.textAlign === 'right' ? -4 : 4), 3);
     }
+    canvas._fr = { series, X, Y, xlo, xhi, pad, W, H, dpr, opts, base: g.getImageData(0, 0, canvas.width, canvas.height) };
     canvas.dataset.drawn = String(points);
     return points;
   }
 
-  function legend(series, limit) {
+  // The sample of a series nearest to x (xs ascending), or null when the nearest is farther
+  // than twice the series' mean spacing or `tol` (no value is invented inside a gap).
+  function nearest(s, x, tol) {
+    const xs = s.xs, n = xs.length;
+    if (!n) return null;
+    let lo = 0, hi = n - 1;
+    while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (xs[mid] < x) lo = mid; else hi = mid; }
+    const i = Math.abs(xs[lo] - x) <= Math.abs(xs[hi] - x) ? lo : hi;
+    const gap = n > 1 ? (xs[n - 1] - xs[0]) / (n - 1) : Infinity;
+    if (Math.abs(xs[i] - x) > Math.max(gap * 2, tol || 0, 1e-9)) return null;
+    const y = s.ys[i];
+    return y === null || y === undefined || !isFinite(y) ? null : { x: xs[i], y };
+  }
+
+  // Paint the shared crosshair at x on one plot, and say the values under it in `readout`.
+  function crosshair(canvas, x, readout) {
+    const st = canvas._fr;
+    if (!st) return;
+    const g = canvas.getContext('2d');
+    g.putImageData(st.base, 0, 0);
+    if (x === null || x < st.xlo || x > st.xhi) {
+      canvas.dataset.crosshair = '';
+      if (readout) readout.textContent = '';
+      return;
+    }
+    g.setTransform(st.dpr, 0, 0, st.dpr, 0, 0);
+    const px = Math.round(st.X(x)) + 0.5;
+    g.strokeStyle = '#333'; g.lineWidth = 1;
+    g.beginPath(); g.moveTo(px, st.pad.t); g.lineTo(px, st.pad.t + st.H); g.stroke();
+    const values = [];
+    st.series.forEach((s, k) => {
+      const hit = nearest(s, x, 0.02 * (st.xhi - st.xlo));  // within 2% of the axis: a gap reads "no sample"
+      if (!hit) return;
+      g.fillStyle = s.color || PALETTE[k % PALETTE.length];
+      g.beginPath(); g.arc(st.X(hit.x), st.Y(hit.y), 3, 0, 2 * Math.PI); g.fill();
+      values.push([s.name, hit.y]);
+    });
+    canvas.dataset.crosshair = String(x);
+    if (readout) {
+      const shown = values.slice(0, 6).map(([n, v]) => n + ' ' + (st.opts.yFmt || fmt)(v));
+      readout.textContent = (st.opts.xFmt || fmt)(x) + ': ' + (shown.join(' · ') || 'no sample here') +
+        (values.length > 6 ? ' · +' + (values.length - 6) + ' more' : '');
+    }
+  }
+
+  // One crosshair for a group of plots drawn on the same x axis: moving over any of them moves
+  // it on all, each with the values under it.
+  function linkPlots(boxes) {
+    const move = (x) => { for (const b of boxes) crosshair(b.canvas, x, b.readout); };
+    for (const b of boxes) {
+      b.canvas.addEventListener('mousemove', (ev) => {
+        const st = b.canvas._fr;
+        if (!st) return;
+        const r = b.canvas.getBoundingClientRect();
+        const px = ev.clientX - r.left;
+        if (px < st.pad.l || px > st.pad.l + st.W) { move(null); return; }
+        move(st.xlo + ((px - st.pad.l) / st.W) * (st.xhi - st.xlo));
+      });
+      b.canvas.addEventListener('mouseleave', () => move(null));
+    }
+    return move;
+  }
+
+  function legend(series, limit, title) {
     const box = el('div', { class: 'legend' });
+    if (title) box.appendChild(el('span', { class: 'legend-title' }, title));
     series.slice(0, limit || 12).forEach((s, k) => {
       const swatch = el('i');
       swatch.style.background = s.color || PALETTE[k % PALETTE.length];  // CSSOM: allowed by the page's CSP
@@ -211,5 +285,5 @@ const FR = (() => {
     return box;
   }
 
-  return { api, download, el, showError, isoTime, fmt, plot, legend, PALETTE, ApiError };
+  return { api, download, el, showError, isoTime, fmt, plot, legend, linkPlots, crosshair, nearest, PALETTE, ApiError };
 })();

@@ -4,7 +4,7 @@
 'use strict';
 
 (async function main() {
-  const { api, download, el, showError, isoTime, fmt, plot, legend } = FR;
+  const { api, download, el, showError, isoTime, fmt, plot, legend, linkPlots } = FR;
   const id = document.body.dataset.snapshotId;
   const status = document.getElementById('status');
   let doc, checklist;
@@ -53,71 +53,169 @@
   }
 
   // -- checklist ------------------------------------------------------------------------------
+  // ● means the snapshot holds the answer, not that the answer is healthy; judging it is the
+  // reader's job (the values are shown as they were recorded).
+  const clSection = document.getElementById('checklist').parentElement;
+  if (!steps.length || !Object.keys(doc.fingerprint || {}).length) {
+    const why = trig.kind === 'manual'
+      ? 'This manual snapshot of ' + doc.engine + ' holds no engine steps: no in-engine recorder wrote for this engine. '
+      : 'No in-engine recorder data for ' + doc.engine + ': ';
+    clSection.insertBefore(el('p', { class: 'note', id: 'no-recorder' }, why +
+      'The items marked ○ come from the recorder (its fingerprint and its steps). Check that this package is installed in vLLM\'s environment, ' +
+      'that vLLM runs with --scheduler-cls collector.vllm.RecordingScheduler, that FLIGHTREC_RECORDER_DIR is the same for vLLM and the sidecar, ' +
+      'and that FLIGHTREC_ENGINE_NAME=' + doc.engine + ' is set for vLLM.'), document.getElementById('checklist'));
+  }
+  clSection.insertBefore(el('p', { class: 'muted legend-line' }, '● recorded (the snapshot holds the value; not a verdict on it) · ○ not recorded'), document.getElementById('checklist'));
   const tbody = document.querySelector('#checklist tbody');
   for (const item of checklist.items) {
     const value = el('td', { class: item.recorded ? '' : 'missing', 'data-key': item.key }, item.text);
-    if (item.detail !== undefined && item.detail !== null) value.appendChild(el('div', { class: 'muted' }, fmt(item.detail)));
-    tbody.appendChild(el('tr', {}, el('td', { class: 'check ' + (item.recorded ? 'ok' : 'missing') }, item.recorded ? '✓' : '✗'), el('th', {}, item.label), value));
+    if (item.detail !== undefined && item.detail !== null) value.appendChild(detailOf(item.detail));
+    tbody.appendChild(el('tr', {}, el('td', { class: 'check ' + (item.recorded ? 'recorded' : 'missing'), title: item.recorded ? 'recorded' : 'not recorded' },
+      item.recorded ? '●' : '○'), el('th', {}, item.label), value));
+  }
+  // a detail is data: a small key/value list, never JSON text
+  function detailOf(d) {
+    if (d === null || typeof d !== 'object') return el('div', { class: 'muted' }, fmt(d));
+    const list = el('dl', { class: 'detail' });
+    for (const [k, v] of Array.isArray(d) ? d.entries() : Object.entries(d)) {
+      list.append(el('dt', {}, String(k)), el('dd', {}, v !== null && typeof v === 'object' ? fmt(v) : fmt(v)));
+    }
+    return list;
   }
 
-  // -- plots ----------------------------------------------------------------------------------
-  function addPlot(containerId, title, series, opts, legendLimit) {
-    const canvas = el('canvas', { 'data-plot': title });
-    const box = el('div', { class: 'plot' }, el('h3', {}, title), canvas);
-    if (series.length > 1) box.appendChild(legend(series, legendLimit));
-    document.getElementById(containerId).appendChild(box);
-    plot(canvas, series, opts);
-  }
-  const xs = steps.map((r) => r.step);
-  const col = (name) => steps.map((r) => (r[name] === undefined ? null : r[name]));
-  const stepOpts = { marker: faultStep, markerLabel: faultLabel, xLabel: 'engine step' };
-  document.getElementById('steps-note').textContent = steps.length ? steps.length + ' steps, ' + isoTime(steps[0].ts) + ' → ' + isoTime(steps[steps.length - 1].ts) : 'no steps recorded';
-  addPlot('step-plots', 'Running and waiting requests', [{ name: 'running', xs, ys: col('running') }, { name: 'waiting', xs, ys: col('waiting') }], { ...stepOpts, yMin: 0 });
-  addPlot('step-plots', 'kv_cache_usage', [{ name: 'kv_cache_usage', xs, ys: col('kv_cache_usage') }], { ...stepOpts, yMin: 0 });
-  addPlot('step-plots', 'Preemptions per step', [{ name: 'preemptions', xs, ys: col('preemptions') }], { ...stepOpts, yMin: 0 });
-  addPlot('step-plots', 'Host-mirror rows (all requests)', [{ name: 'mirror rows', xs, ys: col('mirror_rows') }], { ...stepOpts, yMin: 0 });
-
-  // per request: group the columns by request id
-  const byReq = new Map();
-  const rs = cols.step || [], rid = cols.request_id || [], ctx = cols.computed_tokens || [], mir = cols.mirror_rows || [];
-  for (let i = 0; i < rs.length; i++) {
-    let r = byReq.get(rid[i]);
-    if (!r) { r = { xs: [], ctx: [], mir: [] }; byReq.set(rid[i], r); }
-    r.xs.push(rs[i]); r.ctx.push(ctx[i]); r.mir.push(mir[i] ?? null);
-  }
-  const ctxSeries = [], mirSeries = [];
-  for (const [name, r] of byReq) {
-    ctxSeries.push({ name, xs: r.xs, ys: r.ctx });
-    mirSeries.push({ name, xs: r.xs, ys: r.mir });
-  }
-  addPlot('step-plots', 'Context length per request (computed tokens)', ctxSeries, stepOpts, 8);
-  addPlot('step-plots', 'Host-mirror rows per request', mirSeries, { ...stepOpts, yMin: 0 }, 8);
-
-  // GPUs: seconds relative to the fault
+  // -- plots: one time axis ------------------------------------------------------------------
+  // Every plot, step or GPU, is drawn over seconds from the fault (the steps by their own
+  // timestamps), on one shared range, with one crosshair: hovering any plot shows the values of
+  // all of them at that moment.
+  const rel = (ts) => ts - doc.fault_ts;
+  const stepTs = new Map(steps.map((r) => [r.step, r.ts]));
+  const linked = [];
   const gpus = new Map();
   for (const g of doc.gpu_samples || []) {
-    const key = g.gpu + (g.index !== undefined ? ' (GPU ' + g.index + ')' : '');
+    const key = 'GPU ' + (g.index ?? '?') + (g.name ? ' ' + g.name : '');
     if (!gpus.has(key)) gpus.set(key, []);
     gpus.get(key).push(g);
   }
-  document.getElementById('gpu-note').textContent = gpus.size ? (doc.gpu_samples.length + ' samples of ' + gpus.size + ' GPU(s), seconds relative to the fault') : 'no GPU samples recorded';
+  const stepSpan = steps.length ? [rel(steps[0].ts), rel(steps[steps.length - 1].ts)] : null;
+  const gpuTs = (doc.gpu_samples || []).map((g) => rel(g.ts));
+  const gpuSpan = gpuTs.length ? [Math.min(...gpuTs), Math.max(...gpuTs)] : null;
+  const around = (span) => {
+    const lo = Math.min(span[0], 0), hi = Math.max(span[1], 0);
+    const padS = Math.max((hi - lo) * 0.03, 0.05);
+    return [lo - padS, hi + padS];
+  };
+  const ranges = { steps: stepSpan ? around(stepSpan) : null, all: around([Math.min(stepSpan ? stepSpan[0] : 0, gpuSpan ? gpuSpan[0] : 0), Math.max(stepSpan ? stepSpan[1] : 0, gpuSpan ? gpuSpan[1] : 0)]) };
+  let rangeName = ranges.steps ? 'steps' : 'all';
+  const drawn = [];
+  function addPlot(containerId, title, series, opts, legendOpts) {
+    const canvas = el('canvas', { 'data-plot': title });
+    const readout = el('div', { class: 'readout muted', 'data-readout': title });
+    const box = el('div', { class: 'plot' }, el('h3', {}, title), canvas, readout);
+    if (legendOpts) box.appendChild(legend(legendOpts.series, legendOpts.limit, legendOpts.title));
+    else if (series.length > 1) box.appendChild(legend(series));
+    document.getElementById(containerId).appendChild(box);
+    drawn.push({ canvas, series, opts });
+    linked.push({ canvas, readout });
+  }
+  function drawAll() {
+    for (const d of drawn) plot(d.canvas, d.series, { ...d.opts, xRange: ranges[rangeName] });
+    document.body.dataset.range = rangeName;
+  }
+  const xs = steps.map((r) => rel(r.ts));
+  const col = (name) => steps.map((r) => (r[name] === undefined ? null : r[name]));
+  const common = { marker: 0, markerLabel: faultLabel, xLabel: 'seconds from the fault', xFmt: (x) => (x >= 0 ? '+' : '') + x.toFixed(3) + ' s' };
+  document.getElementById('steps-note').textContent = steps.length ? steps.length + ' steps, ' + isoTime(steps[0].ts) + ' → ' + isoTime(steps[steps.length - 1].ts) + '; every plot on one time axis (seconds from the fault)' : 'no steps recorded';
+  addPlot('step-plots', 'Running and waiting requests', [{ name: 'running', xs, ys: col('running') }, { name: 'waiting', xs, ys: col('waiting') }], { ...common, yMin: 0 });
+  addPlot('step-plots', 'kv_cache_usage', [{ name: 'kv_cache_usage', xs, ys: col('kv_cache_usage') }], { ...common, yMin: 0 });
+  addPlot('step-plots', 'Preemptions per step', [{ name: 'preemptions', xs, ys: col('preemptions') }], { ...common, yMin: 0 });
+  addPlot('step-plots', 'Host-mirror rows (all requests)', [{ name: 'mirror rows', xs, ys: col('mirror_rows') }], { ...common, yMin: 0 });
+
+  // per request: group the columns by request id; the legend names the requests running at
+  // the fault (the last step with rows at or before it), drawn in colour, the rest in grey
+  const byReq = new Map();
+  const rs = cols.step || [], rid = cols.request_id || [], ctx = cols.computed_tokens || [], mir = cols.mirror_rows || [];
+  let faultRowsStep = null;
+  for (let i = 0; i < rs.length; i++) {
+    const t = stepTs.get(rs[i]);
+    if (t !== undefined && t <= doc.fault_ts && (faultRowsStep === null || rs[i] > faultRowsStep)) faultRowsStep = rs[i];
+  }
+  if (faultRowsStep === null && rs.length) faultRowsStep = rs[rs.length - 1];
+  const atFault = new Set();
+  for (let i = 0; i < rs.length; i++) {
+    let r = byReq.get(rid[i]);
+    if (!r) { r = { xs: [], ctx: [], mir: [] }; byReq.set(rid[i], r); }
+    const t = stepTs.get(rs[i]);
+    r.xs.push(t === undefined ? NaN : rel(t)); r.ctx.push(ctx[i]); r.mir.push(mir[i] ?? null);
+    if (rs[i] === faultRowsStep) atFault.add(rid[i]);
+  }
+  const ctxSeries = [], mirSeries = [];
+  let k = 0;
+  const ordered = [...byReq].sort(([a], [b]) => (atFault.has(b) - atFault.has(a)));
+  for (const [name, r] of ordered) {
+    const color = atFault.has(name) ? FR.PALETTE[k++ % FR.PALETTE.length] : '#c8c8c8';
+    ctxSeries.push({ name, xs: r.xs, ys: r.ctx, color });
+    mirSeries.push({ name, xs: r.xs, ys: r.mir, color });
+  }
+  const faultLegend = (series) => ({ series: series.filter((x) => atFault.has(x.name)), limit: 16,
+    title: atFault.size ? 'running at the fault (step ' + faultRowsStep + ', ' + atFault.size + '): ' : 'no request rows at the fault' });
+  addPlot('step-plots', 'Context length per request (computed tokens)', ctxSeries, common, faultLegend(ctxSeries));
+  addPlot('step-plots', 'Host-mirror rows per request', mirSeries, { ...common, yMin: 0 }, faultLegend(mirSeries));
+
+  document.getElementById('gpu-note').textContent = gpus.size ? (doc.gpu_samples.length + ' samples of ' + gpus.size + ' GPU(s), on the same time axis') : 'no GPU samples recorded';
   const gpuSeries = (field, scale) => [...gpus].map(([name, samples]) => ({
-    name, xs: samples.map((g) => g.ts - doc.fault_ts), ys: samples.map((g) => (g[field] === null || g[field] === undefined ? null : g[field] * (scale || 1))),
+    name, xs: samples.map((g) => rel(g.ts)), ys: samples.map((g) => (g[field] === null || g[field] === undefined ? null : g[field] * (scale || 1))),
   }));
-  const gpuOpts = { marker: 0, markerLabel: 'fault', xLabel: 'seconds from the fault' };
-  addPlot('gpu-plots', 'GPU utilisation (%)', gpuSeries('utilization'), { ...gpuOpts, yMin: 0 });
-  addPlot('gpu-plots', 'GPU memory used (GiB)', gpuSeries('memory_used', 1 / 2 ** 30), { ...gpuOpts, yMin: 0 });
-  addPlot('gpu-plots', 'GPU temperature (°C)', gpuSeries('temperature'), gpuOpts);
-  addPlot('gpu-plots', 'GPU power (W)', gpuSeries('power_w'), { ...gpuOpts, yMin: 0 });
+  addPlot('gpu-plots', 'GPU utilisation (%)', gpuSeries('utilization'), { ...common, yMin: 0 });
+  addPlot('gpu-plots', 'GPU memory used (GiB)', gpuSeries('memory_used', 1 / 2 ** 30), { ...common, yMin: 0 });
+  addPlot('gpu-plots', 'GPU temperature (°C)', gpuSeries('temperature'), common);
+  addPlot('gpu-plots', 'GPU power (W)', gpuSeries('power_w'), { ...common, yMin: 0 });
+  const rangeBox = document.getElementById('range');
+  if (ranges.steps && gpuSpan) {
+    const button = el('button', { type: 'button', id: 'range-toggle' }, 'show the GPU samples\' whole range');
+    button.addEventListener('click', () => {
+      rangeName = rangeName === 'steps' ? 'all' : 'steps';
+      button.textContent = rangeName === 'steps' ? 'show the GPU samples\' whole range' : 'show the recorded steps\' range';
+      drawAll();
+    });
+    rangeBox.appendChild(button);
+  }
+  drawAll();
+  FR.moveCrosshair = linkPlots(linked);
+
+  // -- times: log lines have one-second stamps ------------------------------------------------
+  // vLLM's log stamps have no sub-second part, so an event seen only in a log happened within
+  // the second after its stamp: shown as such (±1 s), and ordered by its best witness: the
+  // recorder's step of the failing process when known, else the end of its second (a worker's
+  // CUDA error stamped 10:41:07 is not before an Xid at 10:41:07.027).
+  const isLogTime = (e) => (e.sources || [e.source]).every((x) => x === 'log');
+  function witness(e) {
+    if (!isLogTime(e)) return { key: e.ts, text: signed(rel(e.ts), 3) + ' s', by: e.source };
+    const f = e.process ? failed[e.process] : null;
+    const t = f && f.step !== null && f.step !== undefined ? stepTs.get(f.step) : undefined;
+    if (t !== undefined && t >= e.ts - 0.001 && t < e.ts + 1) return { key: t, text: signed(rel(t), 3) + ' s (step ' + f.step + ')', by: 'recorder step' };
+    return { key: e.ts + 0.999, text: signed(rel(e.ts), 0) + ' s ±1 s (log time)', by: 'log stamp', approx: true };
+  }
+  function signed(v, digits) { return (v >= 0 ? '+' : '') + v.toFixed(digits); }
+  const events = (doc.events || []).map((e) => ({ e, w: witness(e) })).sort((a, b) => a.w.key - b.w.key);
+
+  // The Xid catalog's entry (collector/xid/catalog.json), as the kernel-log source attached it
+  function xidInfo(e) {
+    const c = e && e.data && e.data.catalog;
+    if (!c) return null;
+    return el('p', { class: 'xid-info' }, el('b', {}, 'Xid ' + c.code + ' · ' + c.name + ' (' + c.severity + ', ' + c.category + '): '),
+      c.meaning + ' ', el('b', {}, 'Action: '), c.action + (c.known === false ? ' (not in the catalog)' : ''));
+  }
+  const faultXid = events.find(({ e }) => e.kind === 'xid' && e.data && e.data.catalog);
+  if (faultXid) fault.appendChild(xidInfo(faultXid.e));
 
   // -- tracebacks -----------------------------------------------------------------------------
   const tb = document.getElementById('tracebacks');
-  const events = doc.events || [];
-  const loud = events.filter((e) => (e.lines && e.lines.length > 1) || (e.frames && e.frames.length) || ['xid', 'cuda_error', 'nccl_error', 'engine_fatal', 'engine_dead', 'gpu_lost'].includes(e.kind));
+  const loud = events.filter(({ e }) => (e.lines && e.lines.length > 1) || (e.frames && e.frames.length) || ['xid', 'cuda_error', 'nccl_error', 'engine_fatal', 'engine_dead', 'gpu_lost'].includes(e.kind));
   if (!loud.length) tb.appendChild(el('p', { class: 'missing' }, 'no failure recorded in the engine log'));
-  for (const e of loud) {
-    const rel = (e.ts - doc.fault_ts).toFixed(3);
-    tb.appendChild(el('h3', {}, el('span', { class: 'fault-kind' }, e.kind), ' ', e.process ? e.process + (e.pid ? ' pid=' + e.pid : '') + ' · ' : '', (rel >= 0 ? '+' : '') + rel + ' s · ', e.message || ''));
+  for (const { e, w } of loud) {
+    tb.appendChild(el('h3', {}, el('span', { class: 'fault-kind' }, e.kind), ' ', e.process ? e.process + (e.pid ? ' pid=' + e.pid : '') + ' · ' : '',
+      el('span', { class: w.approx ? 'approx' : '', title: 'time by ' + w.by }, w.text), ' · ', e.message || ''));
+    if (e.kind === 'xid') { const info = xidInfo(e); if (info) tb.appendChild(info); }
     let text = (e.lines || []).join('\n');
     if (!text && e.frames && e.frames.length) text = e.frames.map((f) => '  File "' + f.file + '", line ' + f.line + ', in ' + f.function + (f.code ? '\n    ' + f.code : '')).join('\n');
     if (text) tb.appendChild(el('pre', { class: 'log tb' }, text));
@@ -138,9 +236,9 @@
   const ehead = ['time from fault', 'kind', 'sources', 'process', 'xid', 'message'];
   document.querySelector('#events thead').appendChild(el('tr', {}, ...ehead.map((h) => el('th', { class: 'l' }, h))));
   const ebody = document.querySelector('#events tbody');
-  for (const e of events) {
+  for (const { e, w } of events) {
     ebody.appendChild(el('tr', {},
-      el('td', { class: 'l' }, ((e.ts - doc.fault_ts) >= 0 ? '+' : '') + (e.ts - doc.fault_ts).toFixed(3) + ' s'),
+      el('td', { class: 'l' + (w.approx ? ' approx' : ''), title: 'time by ' + w.by }, w.text),
       el('td', { class: 'l' }, e.kind), el('td', { class: 'l' }, (e.sources || [e.source]).join(', ')),
       el('td', { class: 'l' }, e.process || ''), el('td', { class: 'l' }, fmt(e.xid)), el('td', { class: 'l' }, (e.message || '').slice(0, 300))));
   }

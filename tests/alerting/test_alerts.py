@@ -12,7 +12,8 @@ from collector.alerting.alerts import (
     rfc3339,
 )
 from collector.detectors.base import DetectorState, Level, Transition
-from collector.model import Event, EventKind, Severity
+from collector.model import Event, EventKind, GpuSample, Severity
+from collector.xid.catalog import lookup as xid_lookup
 
 # A real kernel-log Xid line (fixtures/kmsg-h200-xid.txt) and a real vLLM worker error line.
 XID_LINE = "NVRM: Xid (PCI:0000:00:06): 31, pid=444, name=python3, channel 0x0000000a, intr 00000000."
@@ -32,7 +33,7 @@ def test_crash_kinds_page_as_one_critical_alert_per_engine(kind: EventKind) -> N
     alert = alert_for_event(event, snapshot_id=42, **KW)
     assert alert is not None
     assert alert.label_set() == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0",
-                                 "host": "node-1"}
+                                 "Hostname": "node-1"}
     assert alert.generator_url == "http://flightrec.local:8080/snapshots/42"
     assert alert.annotations["runbook_url"] == "https://docs.example/alerting#vllmenginecrashed"
     assert "unspecified launch failure" in alert.annotations["summary"]
@@ -58,7 +59,8 @@ def test_xid_takes_the_catalog_severity_and_carries_gpu_and_xid(severity: Severi
     labels = alert.label_set()
     assert labels["alertname"] == "GpuXidError"
     assert labels["severity"] == severity.value
-    assert labels["gpu"] == "0000:00:06.0" and labels["xid"] == "31"
+    # no NVML sample names this GPU: the bus id is all that is known, in dcgm-exporter's form
+    assert labels["pci_bus_id"] == "00000000:00:06.0" and labels["xid"] == "31" and "gpu" not in labels
     assert "engine" not in labels  # unknown engine: no empty label
     assert alert.generator_url == "http://flightrec.local:8080/"
 
@@ -125,3 +127,44 @@ def test_transitions_fire_the_new_level_and_resolve_the_old_one() -> None:
 
 def test_rfc3339_is_utc_with_milliseconds() -> None:
     assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+
+
+H200 = GpuSample(gpu="GPU-5c1e0d2a-1111-2222-3333-444455556666", index=1, ts=0.0, bus_id="0000:00:06.0",
+                 name="NVIDIA H200")
+
+
+def test_gpu_alerts_carry_dcgm_labels_and_the_catalog_meaning() -> None:
+    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=Severity.WARNING,
+                  gpu="0000:00:06.0", xid=43, pid=444)
+    alert = alert_for_event(event, gpus=[H200], **KW)
+    assert alert is not None
+    assert alert.label_set() == {"alertname": "GpuXidError", "severity": "warning", "Hostname": "node-1", "gpu": "1",
+                                 "UUID": H200.gpu, "pci_bus_id": "00000000:00:06.0", "xid": "43"}
+    info = xid_lookup(43)
+    assert alert.annotations["action"] == info.action and info.meaning in alert.annotations["meaning"]
+    assert "NVIDIA H200" in alert.annotations["summary"]
+
+
+def test_a_gpu_detector_alert_names_the_gpu_as_the_xid_alert_does() -> None:
+    state = DetectorState("gpu_throttling", Level.CRITICAL, "HW slowdown", labels={"gpu": H200.gpu}, ts=1.0)
+    alert = alert_for_state(state, gpus=[H200], **KW)
+    labels = alert.label_set()
+    assert {k: labels[k] for k in ("gpu", "UUID", "pci_bus_id", "Hostname")} == {
+        "gpu": "1", "UUID": H200.gpu, "pci_bus_id": "00000000:00:06.0", "Hostname": "node-1"}
+
+
+def test_one_name_for_a_gone_scrape_target() -> None:
+    state = DetectorState("scrape_target_gone", Level.CRITICAL, "no /metrics for 30 s", labels={"engine": "decode-0"}, ts=1.0)
+    assert alert_for_state(state, **KW).name == "VllmScrapeTargetGone"
+
+
+def test_the_runbook_lists_the_catalog_as_it_is() -> None:
+    """docs/alerting.md's Xid table, which the rule's annotation points at, is the catalog's."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "alerting.md").read_text()
+    catalog = json.loads((root / "collector" / "xid" / "catalog.json").read_text())
+    for code, e in catalog["codes"].items():
+        assert f"| {code} | {e['name']} | {e['severity']} | {e['category']} | {e['meaning']} | {e['action']} |" in docs, code

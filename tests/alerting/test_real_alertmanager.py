@@ -76,8 +76,8 @@ def test_a_fault_becomes_an_alert_in_alertmanager(alertmanager: LocalAlertmanage
 
     run_client([alertmanager.url], scenario)
     (seen,) = alertmanager.alerts("GpuXidError")
-    assert seen["labels"] == {"alertname": "GpuXidError", "severity": "critical", "host": "node-1",
-                              "gpu": "0000:00:06.0", "xid": "43"}
+    assert seen["labels"] == {"alertname": "GpuXidError", "severity": "critical", "Hostname": "node-1",
+                              "pci_bus_id": "00000000:00:06.0", "xid": "43"}
     assert seen["generatorURL"] == "http://127.0.0.1:8080/snapshots/7"
     assert seen["annotations"]["runbook_url"] == "https://docs.example/alerting#gpuxiderror"
     assert seen["status"]["state"] == "active"

@@ -169,6 +169,6 @@ def test_an_xid_line_becomes_an_alert_whose_link_opens(alertmanager: LocalAlertm
         return found, doc["id"]
 
     alert, sid = asyncio.run(scenario())
-    assert alert["labels"]["xid"] == "43" and alert["labels"]["gpu"] == "0000:00:06.0"
+    assert alert["labels"]["xid"] == "43" and alert["labels"]["pci_bus_id"] == "00000000:00:06.0"
     assert alert["labels"]["severity"] == "warning"  # the catalog: Xid 43 is an application fault
     assert alert["generatorURL"].endswith(f"/snapshots/{sid}")

@@ -115,3 +115,97 @@ def test_a_token_in_the_address_is_kept_for_the_tab_and_sent_as_bearer(serve: An
         assert page.evaluate("document.body.dataset.ready") == "1"
         assert "token" not in page.evaluate("location.href")  # taken out of the address bar
         assert page.evaluate("sessionStorage.getItem('flightrec.token')") == "s3cret-token"
+
+
+SHARED_AXIS = """
+(() => { const cs = [...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr);
+  return cs.map(c => ({title: c.dataset.plot, lo: c._fr.xlo, hi: c._fr.xhi})); })()
+"""
+
+
+def test_one_time_axis_one_crosshair_and_the_fault_named(serve: Any, browser: Browser) -> None:
+    with serve() as srv:
+        page = _open(browser, f"{srv.url}/snapshots/1")
+        axes = page.evaluate(SHARED_AXIS)
+        titles = {a["title"] for a in axes}
+        assert "kv_cache_usage" in titles and "GPU power (W)" in titles  # step and GPU plots alike
+        assert len({(round(a["lo"], 6), round(a["hi"], 6)) for a in axes}) == 1, axes  # one range
+        assert axes[0]["lo"] < 0 <= axes[0]["hi"]  # seconds from the fault, the fault inside
+
+        # hover the first step plot: every plot shows the crosshair at the same time, with values
+        page.evaluate("""(() => { const c = document.querySelector('canvas[data-plot="kv_cache_usage"]');
+          const r = c.getBoundingClientRect();
+          c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + r.width * 0.8, clientY: r.top + r.height / 2, bubbles: true})); })()""")
+        marks = page.evaluate("[...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr).map(c => c.dataset.crosshair)")
+        assert len(set(marks)) == 1 and marks[0] not in ("", None), marks
+        readout = page.evaluate("document.querySelector('[data-readout=\"kv_cache_usage\"]').textContent")
+        assert readout.startswith(("-", "+")) and "kv_cache_usage" in readout, readout
+
+        text = page.evaluate("document.body.innerText")
+        # the per-request legend names the requests running at the fault
+        assert "running at the fault (step" in text
+        # log-derived times are marked, and the workers' errors come after the Xid
+        rows = page.evaluate("[...document.querySelectorAll('#events tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+        kinds = [r[1] for r in rows]
+        assert "xid" in kinds and "cuda_error" in kinds
+        assert kinds.index("xid") < kinds.index("cuda_error")
+        assert all("±1 s (log time)" in r[0] or "(step" in r[0] for r in rows if r[1] == "cuda_error"), rows
+        # the Xid catalog's meaning and action on the page
+        assert "Action:" in text and "Xid 43" in text
+        # ● is "recorded", and no cell shows raw JSON
+        cells = page.evaluate("[...document.querySelectorAll('#checklist td')].map(c => c.textContent)")
+        assert "●" in cells and not [c for c in cells if c.lstrip().startswith(("{", "["))]
+        assert "not a verdict" in text
+
+        # the same page with the GPU samples' whole range: still one range for all
+        page.evaluate("document.getElementById('range-toggle').click()")
+        wide = page.evaluate(SHARED_AXIS)
+        assert len({(round(a["lo"], 6), round(a["hi"], 6)) for a in wide}) == 1 and wide[0]["lo"] <= axes[0]["lo"]
+        page.evaluate("document.getElementById('range-toggle').click()")
+        assert page.console_errors() == []
+        DOCS_IMG.parent.mkdir(parents=True, exist_ok=True)
+        if os.environ.get("FLIGHTREC_SAVE_SCREENSHOT"):
+            page.evaluate("""(() => { const c = document.querySelector('canvas[data-plot="Running and waiting requests"]');
+              const r = c.getBoundingClientRect();
+              c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + r.width * 0.75, clientY: r.top + 40, bubbles: true})); })()""")
+            DOCS_IMG.write_bytes(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 2300, "scale": 0.8}))
+
+
+def test_an_unknown_snapshot_page_is_404_and_says_so(serve: Any, browser: Browser) -> None:
+    import urllib.error
+    import urllib.request
+
+    with serve() as srv:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{srv.url}/snapshots/99", timeout=10)
+        assert err.value.code == 404
+        page = browser.new_page()
+        page.navigate(f"{srv.url}/snapshots/99")
+        assert "No snapshot 99" in page.evaluate("document.body.innerText")
+
+
+def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Browser) -> None:
+    import time
+
+    from api_context import make_context
+    from conftest import ServerThread, free_port
+
+    from collector.api.app import create_app
+    from collector.model import Event, EventKind
+    from collector.snapshot.freeze import build_snapshot
+    from collector.storage.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'manual.db'}"
+    upgrade(url)
+    ctx = make_context(url, host_name="node-a")
+    now = time.time()
+    trigger = Event(kind=EventKind.MANUAL, ts=now, source="api", message="manual snapshot: drill", engine="decode-0")
+    doc = build_snapshot(host="node-a", engine="decode-0", trigger=trigger, steps=[], gpu_samples=[], events=[trigger],
+                         log_lines=[], fingerprint={}, created_at=now)  # fmt: skip
+    sid, _ = ctx.repo.store_snapshot(doc, incident_window_s=30, incident_key="k")
+    with ServerThread(create_app(ctx), free_port()) as srv:
+        page = _open(browser, f"{srv.url}/snapshots/{sid}")
+        note = page.evaluate("document.getElementById('no-recorder') && document.getElementById('no-recorder').textContent")
+        assert note and note.startswith("This manual snapshot of decode-0 holds no engine steps")
+        assert "--scheduler-cls collector.vllm.RecordingScheduler" in note and "FLIGHTREC_ENGINE_NAME=decode-0" in note
+        assert page.console_errors() == []

@@ -202,7 +202,11 @@ def test_amtool_check_config() -> None:
 def test_alertmanager_groups_by_labels_the_rules_set() -> None:
     cfg = load_yaml(DEPLOY / "alertmanager" / "alertmanager.yml")
     rules = load_yaml(ROOT / "rules" / "flightrec-alerts.yml")
+    from collector.alerting.alerts import DETECTOR_ALERTS
+
     alertnames = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    # and what only the sidecar sends (it sees a GPU fall off the bus; no series says so)
+    alertnames |= set(DETECTOR_ALERTS.values()) | {"GpuLost", "VllmNcclError"}
     for inhibit in cfg["inhibit_rules"]:
         for matcher in inhibit["source_matchers"] + inhibit["target_matchers"]:
             name, op, value = re.fullmatch(r'(\w+)(=~|=)"(.*)"', matcher).groups()  # type: ignore[union-attr]
@@ -269,3 +273,29 @@ def test_pages_proxy_is_read_only_and_adds_the_token() -> None:
     assert "FLIGHTREC_API_TOKEN" in env and env["FLIGHTREC_UPSTREAM"].endswith("flightrec:8787}")
     assert sidecar_config()["public_url"] == "http://localhost:8787"
     assert "127.0.0.1:8787:8787" in services()["flightrec-pages"]["ports"]
+
+
+# -- what issue reports asked of the compose file ---------------------------------------------
+def test_compose_says_it_needs_v2_and_the_sidecar_needs_no_grafana_password() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "Compose v2" in text
+    # a missing ${VAR:?} fails the whole file, whichever service is started
+    assert not re.search(r"\$\{GRAFANA_[A-Z_]*:\?", text)
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
+    assert required == {"FLIGHTREC_API_TOKEN"}
+
+
+def test_the_spool_is_a_volume_at_a_configurable_path() -> None:
+    side = services()["flightrec"]
+    spool_env = side["environment"]["FLIGHTREC_SPOOL_DIR"]
+    assert spool_env == "${FLIGHTREC_SPOOL_DIR:-/var/lib/flightrec/spool}"
+    assert f"spool:{spool_env}" in side["volumes"]
+    assert "spool" in load_yaml(ROOT / "docker-compose.yml")["volumes"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "mkdir -p /var/lib/flightrec/spool" in dockerfile  # a named volume copies the image's owner
+
+
+def test_the_image_health_check_reads_the_settings_not_a_fixed_port() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    [check] = [ln for ln in dockerfile.splitlines() if ln.strip().startswith("CMD [\"flightrec\", \"health\"")]
+    assert "8787" not in check and "/etc/flightrec/flightrec.yaml" in check

@@ -3,6 +3,10 @@
 # The sidecars' migrations create the tables later, as POSTGRES_USER, so the grant is a default
 # privilege on that user's future tables.
 set -eu
+if [ -z "${GRAFANA_PG_PASSWORD:-}" ]; then
+  echo "GRAFANA_PG_PASSWORD is not set: no grafana_reader role (the dashboard's SQL panels stay empty)"
+  exit 0
+fi
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
   -v reader_password="$GRAFANA_PG_PASSWORD" <<'SQL'
 CREATE ROLE grafana_reader LOGIN PASSWORD :'reader_password';

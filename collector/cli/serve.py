@@ -1,0 +1,211 @@
+"""``flightrec serve`` (the sidecar) and ``flightrec demo`` (the sidecar plus a simulated
+prefill/decode pair that crashes like the incident)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from collector.cli.common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    CliError,
+    add_settings_options,
+    require_writable_database,
+    settings_from,
+)
+from collector.settings import Settings, SettingsError
+
+DEMO_TIMEOUT_S = 120.0
+
+
+def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", parents=parents, help="run the sidecar",
+                           description="Run the sidecar: scrape the engines, follow the GPU and the logs, "
+                                       "keep the last steps and commit a snapshot at every fault.")  # fmt: skip
+    add_settings_options(serve)
+    serve.add_argument("--host", help="bind address; anything but loopback needs api_token (default: settings, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
+    serve.set_defaults(func=run_serve)
+
+    demo = sub.add_parser("demo", parents=parents, help="the sidecar plus a simulated P/D pair that crashes like the incident",
+                          description="Run the sidecar against a simulated prefill/decode pair that ramps "
+                                      "C1 -> C16 and dies with the incident's fault; prints each phase and the "
+                                      "snapshot's URL.")  # fmt: skip
+    add_settings_options(demo)
+    demo.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
+    demo.add_argument("--exit-after-snapshot", action="store_true", help="exit 0 once the crash snapshot is stored")
+    demo.add_argument("--speed", type=float, default=1500.0, help="simulated engine steps per second")
+    demo.add_argument("--serve-completions", action="store_true",
+                      help="no built-in load: the pair serves /v1/completions, for flightrec replay")
+    demo.add_argument("--workdir", default=None,
+                      help="folder for the simulated logs and rings, kept after exit "
+                           "(default: a temporary folder, removed at exit)")  # fmt: skip
+    demo.set_defaults(func=run_demo)
+
+
+def check_bind(settings: Settings) -> None:
+    token = settings.api_token.get_secret_value().strip() if settings.api_token is not None else ""
+    if not settings.loopback_only and not token:
+        raise SettingsError(f"host: binding {settings.host} needs api_token (reads then require the token)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in one line before any work when the port is taken (uvicorn would log a
+    traceback and exit 1 after the migrations ran)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(f"cannot serve on {host}:{port}: the port is in use (pick another with --port)") from exc
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES):
+                raise CliError(f"cannot serve on {host}:{port}: {exc.strerror}", EXIT_USAGE) from exc
+            raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _preflight(settings: Settings) -> None:
+    check_bind(settings)
+    require_writable_database(settings.database)
+    if settings.spool_dir is not None:
+        try:
+            Path(settings.spool_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"spool_dir: cannot create {settings.spool_dir}: {exc.strerror or exc}", EXIT_USAGE) from exc
+    check_port_free(settings.host, settings.port)
+
+
+async def _run_service(svc: Any) -> None:
+    try:
+        await svc.run()
+    except SystemExit as exc:  # the service's own "cannot serve" exit
+        if exc.code in (None, 0):
+            raise
+        raise CliError(str(exc.code) if isinstance(exc.code, str) else "the HTTP server did not start", EXIT_FAILURE) from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from collector.service import Service
+
+    settings = settings_from(args, host=args.host, port=args.port)
+    _preflight(settings)
+    asyncio.run(_run_service(Service(settings)))
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    base = settings_from(args, port=args.port)
+    _preflight(base)
+    if args.workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="flightrec-demo-"))
+        keep = False
+    else:
+        workdir = Path(args.workdir).resolve()
+        keep = True
+    recorder_dir = workdir / "recorder"
+    if recorder_dir.is_dir():  # rings of an earlier demo run are history, not this pair
+        for old in recorder_dir.glob("*.ring"):
+            old.unlink()
+    print(f"flightrec demo: simulated logs and rings in {workdir} "
+          f"({'kept' if keep else 'removed at exit; --workdir DIR keeps them'}); database {_safe(base.database)}",
+          flush=True)  # fmt: skip
+    try:
+        return asyncio.run(_demo(args, base, workdir, recorder_dir))
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _safe(url: str) -> str:
+    from collector.redact import redact_text
+
+    return redact_text(url)
+
+
+async def _phases(pair: Any) -> None:
+    """Print each phase of the ramp as it passes: the demo is otherwise silent for ~30 s."""
+    phases = pair.cfg.scenario.phases
+    seen: int | None = None
+    while pair.crashed_at is None:
+        st = pair.status()
+        idx = st.get("phase")
+        if idx is not None and idx != seen and idx < len(phases):
+            seen = idx
+            print(f"  phase C{phases[idx].concurrency} ({idx + 1}/{len(phases)}): {st.get('done', 0)} requests done, "
+                  f"decode step {st.get('decode_step')}", flush=True)  # fmt: skip
+        await asyncio.sleep(0.25)
+    print(f"  the decode engine died at step {pair.crash_step} (Xid, both TP workers' CUDA errors, crash dump)", flush=True)
+
+
+async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorder_dir: Path) -> int:
+    from collector.service import Service
+    from collector.sim.pair import PairConfig, SimPair
+    from collector.sources.nvml import NvmlSource
+
+    pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed,
+                              serve_completions=args.serve_completions))
+    await pair.start()
+    settings = base.model_copy(update={
+        "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
+        "nvml": "off", "scrape_interval": min(base.scrape_interval, 1.0),
+    })  # fmt: skip
+    svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)])
+    stored = asyncio.Event()
+
+    def url() -> str:
+        return f"http://{settings.host}:{svc.port}"
+
+    def on_snapshot(doc: Any, trigger: Any) -> None:
+        if doc.engine == "decode-0" and not stored.is_set():
+            print(f"crash snapshot {doc.id} of {doc.engine} (trigger {trigger.kind.value}: {trigger.message[:100]})")
+            print(f"  page:   {url()}/snapshots/{doc.id}")
+            print(f"  API:    {url()}/api/v1/snapshots/{doc.id}")
+            print(f"  export: {url()}/api/v1/snapshots/{doc.id}/export", flush=True)
+            if not args.exit_after_snapshot:
+                print("serving until Ctrl-C", flush=True)
+            stored.set()
+
+    svc.on_snapshot.append(on_snapshot)
+    service_task = asyncio.create_task(_run_service(svc))
+    started = asyncio.create_task(svc.started.wait())
+    await asyncio.wait({service_task, started}, return_when=asyncio.FIRST_COMPLETED)
+    if service_task.done():
+        started.cancel()
+        await pair.close()
+        service_task.result()  # raises the CliError
+        return EXIT_FAILURE
+    print(f"flightrec demo: API {url()}/api/v1  (snapshots page {url()}/snapshots)", flush=True)
+    print(f"simulated prefill-0 on :{pair.prefill.port}, decode-0 on :{pair.decode.port}; "
+          f"ramp C1->C16 with ISL {pair.cfg.scenario.isl}, OSL {pair.cfg.scenario.osl}", flush=True)  # fmt: skip
+    if pair.frontend is not None:
+        print(f"replay target: http://127.0.0.1:{pair.decode.port} (/v1/completions; no built-in load)", flush=True)
+    sim_task = asyncio.create_task(pair.run())
+    phase_task = asyncio.create_task(_phases(pair))
+    rc = 0
+    if args.exit_after_snapshot:
+        try:
+            await asyncio.wait_for(stored.wait(), timeout=DEMO_TIMEOUT_S)
+            await asyncio.sleep(settings.snapshot_settle_s + 0.5)  # let the late evidence amend it
+        except asyncio.TimeoutError:
+            print("flightrec: demo: no snapshot within 2 minutes", file=sys.stderr)
+            rc = EXIT_FAILURE
+        svc.request_stop()
+    try:
+        await service_task
+    finally:
+        for t in (sim_task, phase_task):
+            t.cancel()
+        await asyncio.gather(sim_task, phase_task, return_exceptions=True)
+        await pair.close()
+    return rc

@@ -1,0 +1,114 @@
+"""Conventions every endpoint keeps: one pagination name (`cursor`, the old `before_id` still
+accepted), times as unix seconds or RFC 3339, a wrong token refused even on loopback, 404 for a
+page of an unknown snapshot, an OpenAPI document with its security scheme and error responses,
+and /docs served without internet."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_context import make_context
+from collector.api.app import create_app
+from collector.api.params import parse_time
+from test_snapshots_api import make_doc, store
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("1757760067.5", 1757760067.5), ("2025-09-13T10:41:07Z", 1757760067.0),
+    ("2025-09-13T12:41:07.250+02:00", 1757760067.25), ("2025-09-13 10:41:07z", 1757760067.0),
+])  # fmt: skip
+def test_times_are_unix_seconds_or_rfc3339(text: str, seconds: float) -> None:
+    assert parse_time("since", text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["2025-09-13T10:41:07", "yesterday", "nan", "-1", "inf"])
+def test_a_time_without_offset_or_sense_is_422(client: TestClient, text: str) -> None:
+    r = client.get("/api/v1/events", params={"since": text})
+    assert r.status_code == 422 and "since" in r.json()["detail"]
+
+
+def add_events(ctx: Any, times: list[float]) -> None:
+    ctx.repo.write_batch([], [], [{"ts": ts, "kind": "xid", "source": "kmsg", "severity": "warning", "engine": None,
+                                   "gpu": "0000:00:06.0", "xid": 43, "pid": None, "process": None,
+                                   "message": "NVRM: Xid (PCI:0000:00:06): 43", "data": {}} for ts in times], {})  # fmt: skip
+
+
+def test_rfc3339_filters_the_same_rows_as_seconds(client: TestClient, ctx: Any) -> None:
+    t = time.time() - 100
+    store(ctx.repo, make_doc(ts=t))
+    new, _ = store(ctx.repo, make_doc(ts=t + 50), window=1)
+    add_events(ctx, [t, t + 50])
+    by_seconds = [s["id"] for s in client.get("/api/v1/snapshots", params={"since": t + 10}).json()["items"]]
+    by_rfc = [s["id"] for s in client.get("/api/v1/snapshots", params={"since": rfc3339(t + 10)}).json()["items"]]
+    assert by_seconds == by_rfc == [new]
+    events = client.get("/api/v1/events", params={"until": rfc3339(t + 10)}).json()
+    assert events and all(e["ts"] < t + 10 for e in events)
+
+
+def test_events_page_with_cursor_and_the_old_before_id(client: TestClient, ctx: Any) -> None:
+    add_events(ctx, [time.time() - 100 + i for i in range(5)])
+    everything = [e["id"] for e in client.get("/api/v1/events", params={"limit": 1000}).json()]
+    assert len(everything) >= 4
+    seen, cursor = [], None
+    while True:
+        r = client.get("/api/v1/events", params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        seen += [e["id"] for e in r.json()]
+        cursor = r.headers.get("x-next-cursor")
+        if cursor is None:
+            break
+    assert seen == everything  # no duplicate, no gap
+    old = client.get("/api/v1/events", params={"limit": 2, "before_id": everything[1]}).json()
+    new = client.get("/api/v1/events", params={"limit": 2, "cursor": str(everything[1])}).json()
+    assert old == new and old[0]["id"] == everything[2]
+    assert client.get("/api/v1/incidents", params={"cursor": "x!"}).status_code == 400
+
+
+def test_a_wrong_token_on_a_loopback_read_is_401(migrated_url: str) -> None:
+    with TestClient(create_app(make_context(migrated_url, api_token="tok-123"))) as c:
+        assert c.get("/api/v1/snapshots").status_code == 200  # no token: loopback reads are open
+        assert c.get("/api/v1/snapshots", headers={"Authorization": "Bearer tok-123"}).status_code == 200
+        r = c.get("/api/v1/snapshots", headers={"Authorization": "Bearer nope"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    with TestClient(create_app(make_context(migrated_url))) as c:  # no api_token at all
+        assert c.get("/api/v1/events", headers={"Authorization": "Bearer x"}).status_code == 401
+
+
+def test_the_page_of_an_unknown_snapshot_is_404(client: TestClient, ctx: Any) -> None:
+    sid, _ = store(ctx.repo, make_doc())
+    assert client.get(f"/snapshots/{sid}").status_code == 200
+    r = client.get(f"/snapshots/{sid + 98}")
+    assert r.status_code == 404 and f"No snapshot {sid + 98}" in r.text
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def test_openapi_has_the_bearer_scheme_and_the_error_responses(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer",
+        "description": "api_token; required for writes, and for reads when bound beyond loopback"}  # fmt: skip
+    snapshots = doc["paths"]["/api/v1/snapshots"]
+    assert snapshots["get"]["security"] == [{"bearer": []}]
+    assert {"401", "403", "503"} <= set(snapshots["get"]["responses"]) and "413" not in snapshots["get"]["responses"]
+    assert {"401", "403", "413", "503"} <= set(snapshots["post"]["responses"])
+    assert doc["paths"]["/healthz"]["get"]["security"] == []
+    params = {p["name"] for p in doc["paths"]["/api/v1/events"]["get"]["parameters"]}
+    assert {"cursor", "since", "until"} <= params
+
+
+def test_docs_are_served_from_local_assets(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "cdn" not in page.text.lower() and "//" not in page.text.split("<body>", 1)[-1].replace("://", "")
+    js = client.get("/docs/assets/swagger-ui-bundle.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript") and len(js.content) > 100_000
+    assert client.get("/docs/assets/swagger-ui.css").status_code == 200
+    assert client.get("/docs/assets/..%2Fsecret").status_code == 404

@@ -1,0 +1,92 @@
+"""The sidecar's /metrics: dcgm-exporter's GPU labels on every GPU series (the Xid counter
+included, so picking a GPU shows its Xids), base-unit names, the commit-latency histogram,
+process and build-info metrics, and `promtool check metrics` clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.api.metrics import LatencyHistogram, sidecar_registry
+from collector.model import Event, EventKind, GpuSample, Severity, StepRecord
+from tests.api.api_context import make_context
+
+UUID = "GPU-5c1e0d2a-1111-2222-3333-444455556666"
+
+
+def exposition(tmp_path, *, latency: LatencyHistogram | None = None) -> str:
+    ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
+    now = time.time()
+    ctx.hub.emit(StepRecord(engine="decode-0", ts=now, step=7, running=16, waiting=2, kv_cache_usage=0.032))
+    ctx.hub.emit(GpuSample(gpu=UUID, index=1, ts=now, bus_id="0000:00:06.0", name="NVIDIA H200", utilization=87.0,
+                           temperature=61.0, memory_used=2**30, power_w=450.0, clock_event_reasons=0))  # fmt: skip
+    # the kernel names the GPU by its PCI bus id, in its own short form
+    ctx.hub.emit(Event(kind=EventKind.XID, ts=now, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43,
+                       gpu="0000:00:06.0", severity=Severity.WARNING))  # fmt: skip
+    ctx.snapshot_counts[("decode-0", "xid")] = 1
+    hist = latency or LatencyHistogram()
+    return generate_latest(sidecar_registry(ctx, commit_latency=hist)).decode()
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_gpu_series_and_xid_counter_carry_the_same_dcgm_labels(tmp_path) -> None:
+    got = samples(exposition(tmp_path))
+    [(gauge, value)] = got["flightrec_gpu_utilization_ratio"]
+    assert value == pytest.approx(0.87)
+    assert gauge == {"Hostname": "node-a", "gpu": "1", "UUID": UUID, "pci_bus_id": "00000000:00:06.0",
+                     "modelName": "NVIDIA H200"}  # fmt: skip
+    [(xid, n)] = got["flightrec_xid_events_total"]
+    assert n == 1
+    assert {k: xid[k] for k in gauge} == gauge
+    assert xid["xid"] == "43" and xid["severity"] == "warning"  # the catalog's severity for 43
+
+
+def test_engine_series_are_named_alike_and_unknown_is_absent(tmp_path) -> None:
+    got = samples(exposition(tmp_path))
+    engine = {"Hostname": "node-a", "engine": "decode-0"}
+    assert got["flightrec_engine_running_requests"] == [(engine, 16.0)]
+    assert got["flightrec_engine_waiting_requests"] == [(engine, 2.0)]
+    assert got["flightrec_engine_kv_cache_usage_ratio"] == [(engine, pytest.approx(0.032))]
+    assert "flightrec_engine_mirror_rows" not in got  # never recorded: no sample, not 0
+    assert not [n for n in got if n.endswith("_percent")]
+
+
+def test_process_build_info_and_commit_histogram(tmp_path) -> None:
+    hist = LatencyHistogram()
+    for seconds in (0.02, 0.2, 0.2, 3.0):
+        hist.observe(seconds)
+    got = samples(exposition(tmp_path, latency=hist))
+    assert got["flightrec_build_info"][0][0]["version"]
+    assert "process_resident_memory_bytes" in got and "python_info" in got
+    buckets = {labels["le"]: v for labels, v in got["flightrec_snapshot_commit_duration_seconds_bucket"]}
+    assert buckets["0.025"] == 1 and buckets["0.25"] == 3 and buckets["2.5"] == 3 and buckets["+Inf"] == 4
+    assert got["flightrec_snapshot_commit_duration_seconds_count"][0][1] == 4
+    assert got["flightrec_snapshot_commit_duration_seconds_sum"][0][1] == pytest.approx(3.42)
+
+
+# dcgm-exporter's label names, kept on purpose so that our GPU series join theirs; promtool's
+# linter flags camelCase label names, and these three are the only ones we have.
+DCGM_CAMEL_CASE = {"UUID", "Hostname", "modelName"}
+CAMEL_LINT = "label names should be written in 'snake_case' not 'camelCase'"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_check_metrics_is_clean(tmp_path) -> None:
+    text = exposition(tmp_path)
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip() and not ln.endswith(CAMEL_LINT)]
+    assert problems == [], "\n".join(problems)
+    names = {k for fam in text_string_to_metric_families(text) for s in fam.samples for k in s.labels}
+    assert {n for n in names if n != n.lower()} == DCGM_CAMEL_CASE
