@@ -17,8 +17,8 @@ each (``ignore_eos``). Rounds alternate between the two engines in ABBA order, s
 drifts over the run (other work on the machine) falls on both alike; only one engine works at a
 time. It prints each round's tokens per second, the median of each side, and the median of the
 paired ratios (with / without), in wall time and in engine CPU time (this process and the
-engine core: on a shared machine, other work inflates wall time far more than CPU time). At the end it counts the records the recorder wrote, to show the
-``with`` figure did record every step. Nothing here asserts a time; figures go into
+engine core: on a shared machine, other work inflates wall time far more than CPU time). At the
+end it counts the records the recorder wrote, to show the ``with`` figure did record every step. Nothing here asserts a time; figures go into
 BENCHMARKS.md by hand, with the machine's load.
 """
 

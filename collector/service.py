@@ -143,8 +143,8 @@ class Service:
         if server_task.done():
             for t in tasks:
                 t.cancel()
-            exc = server_task.exception()
-            raise SystemExit(f"cannot serve on {settings.host}:{settings.port}: {exc or 'bind failed'}")
+            failure = server_task.exception()
+            raise SystemExit(f"cannot serve on {settings.host}:{settings.port}: {failure or 'bind failed'}")
         self.started.set()
         log.warning("flightrec serving on http://%s:%d (database %s)", settings.host, self.port, _safe_url(settings.database))
         await self.stop_event.wait()

@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-
-from collector.alerting.config import AlertingSettings
-from collector.detectors.config import DetectorThresholds
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -23,6 +20,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from collector.alerting.config import AlertingSettings
+from collector.detectors.config import DetectorThresholds
 
 RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
 ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"

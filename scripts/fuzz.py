@@ -34,12 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from datetime import UTC
+
 from collector.channel import codec  # noqa: E402
 from collector.channel.naming import parse_ring_file_name  # noqa: E402
 from collector.channel.ringfile import RingCorrupt, RingReader, RingWriter  # noqa: E402
 from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord  # noqa: E402
-from collector.redact import redact_text  # noqa: E402
 from collector.parsers import crash_dump, prom_text, throughput_line, tracebacks, vllm_log  # noqa: E402
+from collector.redact import redact_text  # noqa: E402
 from collector.sources.vllm_metrics import WANTED  # noqa: E402
 from collector.xid import parser as xid  # noqa: E402
 
@@ -148,9 +150,9 @@ def _eventize(text: str) -> object:
 
 
 def _timestamp(text: str) -> object:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return vllm_log.parse_timestamp(text, datetime(2026, 12, 1, tzinfo=timezone.utc))
+    return vllm_log.parse_timestamp(text, datetime(2026, 12, 1, tzinfo=UTC))
 
 
 def targets() -> list[Target]:

@@ -160,7 +160,7 @@ def test_empty_or_blank_api_token_is_refused_at_start(
 def test_blank_token_never_passes_the_bind_check() -> None:
     from pydantic import SecretStr
 
-    from collector.cli import _check_bind
+    from collector.cli.serve import check_bind as _check_bind
 
     s = load_settings().model_copy(update={"host": "0.0.0.0", "api_token": SecretStr("  ")})
     with pytest.raises(SettingsError, match="api_token"):

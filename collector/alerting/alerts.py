@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -79,7 +79,7 @@ class Alert:
 
 
 def rfc3339(ts: float) -> str:
-    stamp = datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
+    stamp = datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
 
 

@@ -5,7 +5,6 @@ FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import zlib
 from typing import Annotated, Any
@@ -15,18 +14,19 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector import __version__
-from collector.redact import redact
 from collector.api import schemas
 from collector.api.accept import accepts_gzip
 from collector.api.auth import require_read, require_write
 from collector.api.body_limit import MAX_BODY, BodyLimit
-from collector.api.headers import SecurityHeaders
-from collector.snapshot.checklist import checklist
 from collector.api.export_cache import ExportCache
+from collector.api.headers import SecurityHeaders
 from collector.api.metrics import sidecar_registry
 from collector.api.openapi import add_docs, install_openapi
 from collector.api.params import BeforeIdQuery, CursorQuery, TimeQuery, id_cursor, time_range
+from collector.context import AppContext
 from collector.model import EventKind
+from collector.redact import redact
+from collector.snapshot.checklist import checklist
 from collector.snapshot.document import export_gzip, unpack
 from collector.storage.db import StorageError
 from collector.storage.repo import BadCursor, NotFound, SnapshotFilter
@@ -71,7 +71,7 @@ def _json(obj: Any) -> Response:
     return Response(json.dumps(obj, separators=(",", ":"), default=str), media_type="application/json")
 
 
-def create_app(ctx: Any) -> FastAPI:
+def create_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(
         title="vLLM Flight Recorder",
         version=__version__,

@@ -55,6 +55,8 @@ from typing import Any
 
 from collector.channel import fields as f
 from collector.model import (
+    HALF_REQUESTS,
+    HALF_STATS,
     Event,
     EventKind,
     Fingerprint,
@@ -64,7 +66,6 @@ from collector.model import (
     StepRecord,
     WorkloadRecord,
 )
-from collector.model import HALF_REQUESTS, HALF_STATS
 
 TAG_JSON = b"J"
 TAG_STEP = b"S"
@@ -304,7 +305,11 @@ def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
         worker=worker,
         # a figure the record does not carry is unknown (None), never 0
         engine_index=f.integer(body, "engine_index", hi=0xFFFF, default=0),
-        **{k: f.optional_integer(body, k, hi=hi) for k, hi in _STEP_COUNTS.items() if k != "engine_index"},
+        running=f.optional_integer(body, "running"), waiting=f.optional_integer(body, "waiting"),
+        preemptions=f.optional_integer(body, "preemptions"), prompt_tokens=f.optional_integer(body, "prompt_tokens"),
+        generation_tokens=f.optional_integer(body, "generation_tokens"), finished=f.optional_integer(body, "finished"),
+        prefix_cache_queries=f.optional_integer(body, "prefix_cache_queries", hi=f.INT64_MAX),
+        prefix_cache_hits=f.optional_integer(body, "prefix_cache_hits", hi=f.INT64_MAX),
     )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from types import ModuleType
+from typing import Any
 
 from collector import __version__
 from collector.cli import db, health, inspect_log, serve, snapshots
@@ -32,7 +32,6 @@ from collector.cli.common import (
     HelpFormatter,
 )
 from collector.settings import SettingsError
-
 
 
 class _Replay:
@@ -66,7 +65,7 @@ class _Simulate:
 
 # Subcommand modules, in the order `flightrec --help` lists them. A new command is a module
 # with register(sub, parents) and one line here.
-COMMANDS: list[ModuleType | type] = [serve, db, snapshots, inspect_log, health, _Replay, _Simulate]
+COMMANDS: list[Any] = [serve, db, snapshots, inspect_log, health, _Replay, _Simulate]
 
 # Libraries whose INFO lines are noise to an operator (each migration step, each request).
 QUIET_LOGGERS = ("alembic", "uvicorn", "uvicorn.error", "httpx", "httpcore", "asyncio")

@@ -16,7 +16,6 @@ line on stderr and exits with ``code``. Nothing else reaches the user as a trace
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import IO, Any

@@ -100,7 +100,7 @@ def _open_log(path: str) -> tuple[IO[bytes], float, str]:
         except OSError as exc:
             raise InspectLogError(f"cannot read {p}: {exc.strerror or exc}") from exc
         name = str(p)
-    buffered = io.BufferedReader(raw) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
+    buffered = io.BufferedReader(raw) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[type-var]
     stream: IO[bytes] = buffered
     try:
         if buffered.peek(2)[:2] == GZIP_MAGIC:
@@ -229,7 +229,7 @@ def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
         return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() + "\n")
 
 
 def _fmt(value: Any) -> str:

@@ -197,7 +197,7 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
         try:
             await asyncio.wait_for(stored.wait(), timeout=DEMO_TIMEOUT_S)
             await asyncio.sleep(settings.snapshot_settle_s + 0.5)  # let the late evidence amend it
-        except asyncio.TimeoutError:
+        except TimeoutError:
             print("flightrec: demo: no snapshot within 2 minutes", file=sys.stderr)
             rc = EXIT_FAILURE
         svc.request_stop()

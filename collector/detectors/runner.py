@@ -16,13 +16,14 @@ from collector.detectors import series as S
 from collector.detectors.base import DetectorState, Hysteresis, Level, Transition, since
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.ecc import detect_memory_errors
+from collector.detectors.host_backlog import detect_host_backlog
 from collector.detectors.kv_jump import detect_kv_jump
 from collector.detectors.latency import detect_itl_regression
-from collector.detectors.host_backlog import detect_host_backlog
 from collector.detectors.preemption import detect_preemption_storm
 from collector.detectors.scrape_gone import detect_scrape_gone
 from collector.detectors.stall import detect_stall
-from collector.detectors.throttling import NAME as THROTTLING, detect_throttling
+from collector.detectors.throttling import NAME as THROTTLING
+from collector.detectors.throttling import detect_throttling
 from collector.detectors.throughput import detect_throughput_collapse
 from collector.model import HALF_STATS, GpuSample, MetricsScrape, StepRecord
 
@@ -112,7 +113,7 @@ class DetectorRunner:
             tokens = S.token_amounts(scrapes)
             kv = S.gauge(scrapes, S.KV_USAGE)
             preempt = S.deltas(S.counter(scrapes, S.PREEMPTIONS))
-            demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING))]
+            demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING), strict=False)]
         if t.stall.enabled:
             stall_waiting = sorted(waiting + S.gauge(scrapes, S.WAITING)) if steps else waiting
             stall_tokens = sorted(tokens + S.token_amounts(scrapes)) if steps else tokens
@@ -133,7 +134,7 @@ class DetectorRunner:
             # scrapes reach further back than a step ring at hundreds of steps a second
             long_tokens = S.token_amounts(scrapes) if len(scrapes) >= 2 else tokens
             long_demand = (
-                [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING))]
+                [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING), strict=False)]
                 if len(scrapes) >= 2
                 else demand
             )

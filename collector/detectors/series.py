@@ -48,7 +48,7 @@ def counter(scrapes: Sequence[MetricsScrape], names: Sequence[str]) -> list[Poin
 def deltas(cumulative: Sequence[Point]) -> list[Point]:
     """Per-interval amounts of a cumulative counter, stamped at the end of each interval."""
     out = []
-    for (_, v0), (t1, v1) in zip(cumulative, cumulative[1:]):
+    for (_, v0), (t1, v1) in zip(cumulative, cumulative[1:], strict=False):
         out.append((t1, v1 - v0 if v1 >= v0 else v1))
     return out
 

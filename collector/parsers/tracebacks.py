@@ -40,9 +40,9 @@ from typing import Any
 from collector.model import Event, EventKind, Severity
 from collector.parsers.crash_dump import (
     CrashDumpParseError,
-    scalar,
     parse_scheduler_output,
     parse_scheduler_stats,
+    scalar,
 )
 from collector.parsers.vllm_log import LogRecordLine, parse_line, parse_timestamp
 
@@ -485,11 +485,12 @@ class LogEventizer:
             self._dumps[key] = dump
             return events
         if msg.startswith(_DUMP_OUTPUT):
-            dump = self._dumps.get(key)
-            events: list[Event] = []
-            if dump is None or "requests" in dump.data:
+            held = self._dumps.get(key)
+            events = []
+            if held is None or "requests" in held.data:
                 events.extend(self._emit_dump(key))
-                dump = self._dumps[key] = _Dump(first=line, first_no=line_no)
+                held = self._dumps[key] = _Dump(first=line, first_no=line_no)
+            dump = held
             dump.last_seen = self._clock()
             dump.lines.append(line.text)
             try:
@@ -504,9 +505,10 @@ class LogEventizer:
                 dump.data["error"] = f"scheduler output: {exc}"
             return events
         if msg.startswith(_DUMP_STATS):
-            dump = self._dumps.get(key)
-            if dump is None:
-                dump = self._dumps[key] = _Dump(first=line, first_no=line_no)
+            held = self._dumps.get(key)
+            if held is None:
+                held = self._dumps[key] = _Dump(first=line, first_no=line_no)
+            dump = held
             dump.lines.append(line.text)
             try:
                 dump.data["stats"] = parse_scheduler_stats(msg[len(_DUMP_STATS) :])

@@ -84,7 +84,7 @@ class RequestRecorder(RecorderBase):
             payload = encode_request_columns(
                 step, self.clock() if ts is None else ts, n, _ids(ids), _col(prompt_len, "I"),
                 _col(computed, "I"), _col(output, "I"), _col(preemptions, "I"),
-                status if isinstance(status, bytes) else bytes(status),  # type: ignore[arg-type]
+                status if isinstance(status, bytes) else bytes(status),
                 None if mirror_rows is None else _col(mirror_rows, "i"),
                 None if host_blocks is None else _col(host_blocks, "i"),
             )  # fmt: skip

@@ -67,7 +67,7 @@ def compare(original: Plan, replay: Plan) -> Comparison:
     same_max = mt_a == mt_b
     if not same_max:
         notes.append(f"max tokens differ: original {sorted(set(mt_a))}, replay {sorted(set(mt_b))}")
-    off = [(i, x.level, y.level) for i, (x, y) in enumerate(zip(a, b)) if abs(x.level - y.level) > int(LEVEL_TOL * x.level)]
+    off = [(i, x.level, y.level) for i, (x, y) in enumerate(zip(a, b, strict=False)) if abs(x.level - y.level) > int(LEVEL_TOL * x.level)]
     crash = original.crash_phase
     if crash is None:
         same_conc = len(a) == len(b) and not off

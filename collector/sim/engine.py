@@ -18,13 +18,13 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.channel import RingWriter
-from collector.channel.naming import ring_file_name
 from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
+from collector.channel.naming import ring_file_name
 from collector.model import Fingerprint, RequestRow, StepRecord
-from collector.vllm.extract import connector_stats as connector_record  # the stat logger's reader
 from collector.sim import deployment, vllm_logs
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
+from collector.vllm.extract import connector_stats as connector_record  # the stat logger's reader
 
 VERSION = "0.11.1rc2.dev147+g3b5d6a1.sim"
 

@@ -235,17 +235,18 @@ class SnapshotCommitter:
         counts = sp.meta.get("counts") or {}
         first = o.snapshot_id is None
         try:
-            if first:
+            if o.snapshot_id is None:
                 sid, _ = await asyncio.to_thread(
                     self.repo.store_snapshot, doc, incident_window_s=self.window_s,
                     incident_key=str(sp.meta.get("incident_key")), blobs=sp.blobs, counts=counts,
                 )  # fmt: skip
                 o.snapshot_id = sid
             else:
-                await asyncio.to_thread(self.repo.amend_snapshot, o.snapshot_id, doc, blobs=sp.blobs, counts=counts)
+                sid = o.snapshot_id
+                await asyncio.to_thread(self.repo.amend_snapshot, sid, doc, blobs=sp.blobs, counts=counts)
             for ev in (o.trigger, *o.late):
-                ev.data["snapshot_id"] = o.snapshot_id
-                await asyncio.to_thread(self.repo.link_event, event_row(ev), o.snapshot_id)
+                ev.data["snapshot_id"] = sid
+                await asyncio.to_thread(self.repo.link_event, event_row(ev), sid)
         except StorageError as exc:
             o.error = str(exc)
             if exc.permanent:

@@ -53,7 +53,6 @@ NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder
 HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
                  "summary", "fingerprint")  # fmt: skip
 ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
-from collector.ingest.requests import COLUMNS as REQUEST_COLUMNS  # noqa: E402 - one list, where rows are decoded
 
 
 class RequestTable(Sequence[dict[str, Any]]):

@@ -37,10 +37,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from collector.model import Event, EventKind, Severity
-from collector.xid.parser import GpuUuidRecord, XidParseError, XidRecord, parse_line
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.follow import FileTail
 from collector.xid.catalog import XidCatalog, default_catalog
+from collector.xid.parser import GpuUuidRecord, XidParseError, XidRecord, parse_line
 
 DEV_KMSG = "/dev/kmsg"
 _READ_SIZE = 8192  # a kmsg record is at most about 1 KiB; one read returns one record

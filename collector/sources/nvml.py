@@ -30,7 +30,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from collector.model import Event, EventKind, GpuSample, Observation, Severity
-from collector.xid.parser import XidParseError, normalize_bus_id
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.nvml_backend import (
     XID_EVENT_TYPE,
@@ -42,6 +41,7 @@ from collector.sources.nvml_backend import (
     PynvmlBackend,
 )
 from collector.xid.catalog import XidCatalog, default_catalog
+from collector.xid.parser import XidParseError, normalize_bus_id
 
 log = logging.getLogger(__name__)
 

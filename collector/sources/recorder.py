@@ -20,10 +20,10 @@ from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import CodecError, decode
-from collector.channel.secure import ensure_private_dir
 from collector.channel.naming import parse_ring_file_name
+from collector.channel.secure import ensure_private_dir
 from collector.ingest.join import EngineJoin, Joined
-from collector.model import Event, EventKind, Observation, Severity, SourceStatus, StepRecord
+from collector.model import Event, EventKind, GpuSample, Observation, Severity, SourceStatus, StepRecord
 from collector.sources.base import Sink
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,8 @@ class RecorderSource:
             engine = tail.engine or "unknown"
             run = tail.run or info.pid
             for obs in out:
-                obs.engine = engine
+                if not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
+                    obs.engine = engine
                 if isinstance(obs, StepRecord):
                     obs.run = run
                 ts = getattr(obs, "ts", 0.0)

@@ -50,14 +50,15 @@ def _engine_logs(settings: Settings) -> list[Any]:
 
     from collector.sources.engine_log import EngineLogSource
 
-    out = []
-    opts = {"from_start": settings.log_from_start, "poll_interval": settings.log_poll_interval,
-            "idle_flush": settings.log_idle_flush, "keep": settings.log_keep}
+    out: list[Any] = []
+    s = settings
     for eng in settings.engines:
         if eng.log == "-":
-            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer, **opts))
+            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer, from_start=s.log_from_start,
+                                       poll_interval=s.log_poll_interval, idle_flush=s.log_idle_flush, keep=s.log_keep))
         elif eng.log:
-            out.append(EngineLogSource(eng.name, Path(eng.log), **opts))
+            out.append(EngineLogSource(eng.name, Path(eng.log), from_start=s.log_from_start,
+                                       poll_interval=s.log_poll_interval, idle_flush=s.log_idle_flush, keep=s.log_keep))
     return out
 
 

@@ -185,13 +185,14 @@
   // -- times: log lines have one-second stamps ------------------------------------------------
   // vLLM's log stamps have no sub-second part, so an event seen only in a log happened within
   // the second after its stamp: shown as such (±1 s), and ordered by its best witness: the
-  // recorder's step of the failing process when known, else the end of its second (a worker's
-  // CUDA error stamped 10:41:07 is not before an Xid at 10:41:07.027).
+  // recorder's step of the failing process when known (a step's error surfaces when the step
+  // ends, so its witness is the next step's start), else the end of its second (a worker's CUDA
+  // error stamped 10:41:07 is not before an Xid at 10:41:07.027).
   const isLogTime = (e) => (e.sources || [e.source]).every((x) => x === 'log');
   function witness(e) {
     if (!isLogTime(e)) return { key: e.ts, text: signed(rel(e.ts), 3) + ' s', by: e.source };
     const f = e.process ? failed[e.process] : null;
-    const t = f && f.step !== null && f.step !== undefined ? stepTs.get(f.step) : undefined;
+    const t = f && f.step !== null && f.step !== undefined ? stepTs.get(f.step + 1) : undefined;
     if (t !== undefined && t >= e.ts - 0.001 && t < e.ts + 1) return { key: t, text: signed(rel(t), 3) + ' s (step ' + f.step + ')', by: 'recorder step' };
     return { key: e.ts + 0.999, text: signed(rel(e.ts), 0) + ' s ±1 s (log time)', by: 'log stamp', approx: true };
   }

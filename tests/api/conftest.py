@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from api_context import ApiContext, make_context
 from fastapi.testclient import TestClient
 
-from api_context import ApiContext, make_context
 from collector.api.app import create_app
 
 

@@ -6,20 +6,20 @@ and /docs served without internet."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-
 from api_context import make_context
+from fastapi.testclient import TestClient
+from test_snapshots_api import make_doc, store
+
 from collector.api.app import create_app
 from collector.api.params import parse_time
-from test_snapshots_api import make_doc, store
 
 
 def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from api_context import make_context
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from test_snapshots_api import make_doc, store
 
-from api_context import make_context
 from collector.api.accept import accepts_gzip
 from collector.api.app import create_app
-from test_snapshots_api import make_doc, store
 
 HUGE = [str(2**63), str(2**64 + 5), "9" * 30]
 

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 import pytest
+from api_context import make_context
 from fastapi.testclient import TestClient
 
-from api_context import make_context
 from collector.api.app import create_app
 from collector.api.schemas import SnapshotDocOut
 from collector.model import Event, EventKind, GpuSample, LogLine, RequestRow, Severity, StepRecord

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cdp import Browser, find_chromium
 from png import decode
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from collector.channel.codec import (
-    decode_request_rows,
     STATUSES,
     CodecError,
     decode,
+    decode_request_rows,
     encode,
     encode_event,
     encode_fingerprint,

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import gzip
-import re
 import json
+import re
 import time
 from pathlib import Path
 

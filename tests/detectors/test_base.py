@@ -32,7 +32,7 @@ def test_sequences(raw: list[Level], expected: list[Level]) -> None:
 def test_published_changes_are_never_more_than_streaks_allow(raw: list[Level], enter: int, leave: int) -> None:
     gate = Hysteresis(enter_after=enter, exit_after=leave)
     out = [gate.update(level) for level in raw]
-    changes = sum(1 for a, b in zip([OK] + out, out) if a is not b)
+    changes = sum(1 for a, b in zip([OK] + out, out, strict=False) if a is not b)
     assert changes <= len(raw) // min(enter, leave)
     for i, level in enumerate(out):
         if level is not OK:
@@ -45,5 +45,5 @@ def test_random_noise_around_a_threshold_flaps_rarely() -> None:
     gate = Hysteresis(enter_after=3, exit_after=5)
     raw = [W if rng.random() < 0.2 else OK for _ in range(1000)]
     out = [gate.update(level) for level in raw]
-    changes = sum(1 for a, b in zip(out, out[1:]) if a is not b)
+    changes = sum(1 for a, b in zip(out, out[1:], strict=False) if a is not b)
     assert changes <= 20

@@ -30,6 +30,7 @@ from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
 from collector.model import StepRecord
 from collector.snapshot.document import RequestTable
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from vllm_server import (  # noqa: E402
     default_vllm_python,

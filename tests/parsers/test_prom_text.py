@@ -95,7 +95,7 @@ def test_synthetic_lines_agree_with_prometheus_client(text: str, expected: list)
     wanted = Wanted(["m"])
     got = [(s.name, s.labels, s.value) for s in parse(text, wanted).samples]
     assert len(got) == len(expected)
-    for (name, labels, value), (ename, elabels, evalue) in zip(got, expected):
+    for (name, labels, value), (ename, elabels, evalue) in zip(got, expected, strict=False):
         assert (name, labels) == (ename, elabels)
         assert value == evalue or (math.isnan(value) and math.isnan(evalue))
     assert same(ours(text, wanted), reference(text, wanted))
@@ -159,7 +159,7 @@ def test_arbitrary_text_raises_only_our_error(text: str) -> None:
 @given(st.lists(st.sampled_from(sorted(KEPT_SAMPLES) + list(KEPT_PREFIXES) + ["# TYPE vllm:num_requests_running "]),
                 min_size=1, max_size=4), st.lists(st.text(LINE_ALPHABET, max_size=30), min_size=1, max_size=4))
 def test_lines_that_look_like_kept_samples_raise_only_our_error(names: list[str], tails: list[str]) -> None:
-    text = "".join(n + t + "\n" for n, t in zip(names, tails))
+    text = "".join(n + t + "\n" for n, t in zip(names, tails, strict=False))
     try:
         parse(text, WANTED)
     except MetricsParseError:

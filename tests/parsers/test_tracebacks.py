@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from collector.model import Event, EventKind, Severity
 from collector.parsers.tracebacks import LogEventizer, classify, parse_frames
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-logs"
-UTC = timezone.utc
+UTC = UTC
 # Fixture logs were written in November 2026 (their files' year); the incident in September.
 REF = datetime(2026, 12, 1, tzinfo=UTC).timestamp()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -84,7 +84,7 @@ def test_header_without_process_prefix_and_logging_prefix():
     assert quoted.process is None and quoted.message == "see (EngineCore pid=7) above"
 
 
-UTC = timezone.utc
+UTC = UTC
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from collector.model import Event, EventKind, LogLine, MetricsScrape
+from collector.parsers.vllm_log import parse_line
 from collector.sources.base import SourceError
 from collector.sources.engine_log import EngineLogSource, keep_line
-from collector.parsers.vllm_log import parse_line
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-logs"
 FAST = {"poll_interval": 0.02, "idle_flush": 0.1}

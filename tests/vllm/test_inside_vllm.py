@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from vllm_env import run_inside  # tests/vllm is on sys.path (pytest prepend import mode)
 
 pytestmark = pytest.mark.vllm
