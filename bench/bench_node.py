@@ -488,37 +488,37 @@ def table(fig: dict[str, Any]) -> str:
     f2s = fig.get("fault_to_snapshot_ms") or {}
     raw = fig.get("raw_driver_rows_per_s") or {}
     rows = [
-        ("load", f"{fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s, "
-                 f"{fig['duration_s']:g} s, {fig['db']}"),
+        ("load", (f"{fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s, "
+                 f"{fig['duration_s']:g} s, {fig['db']}")),
         ("driver", fig["driver"]),
-        ("load achieved", f"{fmt(load.get('steps_per_s'))} steps/s, {fmt(load.get('rows_per_s'), digits=0)} request rows/s, "
-                          f"simulator CPU {fmt(load.get('cpu_share'), '%', 100)}"),
+        ("load achieved", (f"{fmt(load.get('steps_per_s'))} steps/s, {fmt(load.get('rows_per_s'), digits=0)} request rows/s, "
+                          f"simulator CPU {fmt(load.get('cpu_share'), '%', 100)}")),
         ("machine load (uptime)", f"{fig.get('load_start')} -> {fig.get('load_end')}"),
-        ("sidecar CPU, share of one core", f"{fmt(fig.get('sidecar_cpu_share'), '%', 100)} (steady "
+        ("sidecar CPU, share of one core", (f"{fmt(fig.get('sidecar_cpu_share'), '%', 100)} (steady "
                                            f"{fmt(fig.get('sidecar_cpu_share_steady'), '%', 100)}, with faults "
-                                           f"{fmt(fig.get('sidecar_cpu_share_faults'), '%', 100)})"),
+                                           f"{fmt(fig.get('sidecar_cpu_share_faults'), '%', 100)})")),
         ("sidecar peak RSS (VmHWM)", fmt(fig.get("sidecar_rss_peak_mib"), " MiB")),
-        ("step records received / written", f"{fmt(fig.get('step_records_received'), digits=0)} / "
-                                            f"{fmt(fig.get('step_records_written'), digits=0)}"),
-        ("request rows received / written", f"{fmt(fig.get('request_rows_received'), digits=0)} / "
-                                            f"{fmt(fig.get('written_request_rows'), digits=0)}"),
-        ("engine_steps rows (distinct) / steps written", f"{fmt(fig.get('db_step_rows'), digits=0)} "
+        ("step records received / written", (f"{fmt(fig.get('step_records_received'), digits=0)} / "
+                                            f"{fmt(fig.get('step_records_written'), digits=0)}")),
+        ("request rows received / written", (f"{fmt(fig.get('request_rows_received'), digits=0)} / "
+                                            f"{fmt(fig.get('written_request_rows'), digits=0)}")),
+        ("engine_steps rows (distinct) / steps written", (f"{fmt(fig.get('db_step_rows'), digits=0)} "
                                                          f"({fmt(fig.get('db_distinct_steps'), digits=0)}) / "
-                                                         f"{fmt(fig.get('written_steps'), digits=0)}"),
-        ("recorder lag / loop lag / lost ring bytes", f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
+                                                         f"{fmt(fig.get('written_steps'), digits=0)}")),
+        ("recorder lag / loop lag / lost ring bytes", (f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
                                                       f"{fmt((fig.get('sidecar') or {}).get('loop_lag_s'), ' s', digits=2)} / "
-                                                      f"{fmt((fig.get('sidecar') or {}).get('lost_bytes'), digits=0)}"),
-        ("at the window's end: recorder lag / loop lag", f"{fmt((fig.get('at_window_end') or {}).get('lag_s'), ' s', digits=2)} / "
-                                                         f"{fmt((fig.get('at_window_end') or {}).get('loop_lag_s'), ' s', digits=2)}"),
+                                                      f"{fmt((fig.get('sidecar') or {}).get('lost_bytes'), digits=0)}")),
+        ("at the window's end: recorder lag / loop lag", (f"{fmt((fig.get('at_window_end') or {}).get('lag_s'), ' s', digits=2)} / "
+                                                         f"{fmt((fig.get('at_window_end') or {}).get('loop_lag_s'), ' s', digits=2)}")),
         ("caught up after the load stopped", fmt(fig.get("caught_up_after_load_end_s"), " s")),
-        ("fault -> durable snapshot", f"p50 {fmt(f2s.get('p50'), ' ms')}, p99 {fmt(f2s.get('p99'), ' ms')}, "
+        ("fault -> durable snapshot", (f"p50 {fmt(f2s.get('p50'), ' ms')}, p99 {fmt(f2s.get('p99'), ' ms')}, "
                                       f"max {fmt(f2s.get('max'), ' ms')} over {fig.get('faults', 0)} faults "
-                                      f"({fig.get('faults_without_snapshot', 0)} without a snapshot)"),
+                                      f"({fig.get('faults_without_snapshot', 0)} without a snapshot)")),
         ("snapshots by trigger", json.dumps(fig.get("snapshots_by_trigger") or {})),
-        ("ingest step rows/s: sidecar / offered", f"{fmt(fig.get('ingest_step_rows_per_s'))} / "
-                                                  f"{fmt(fig.get('offered_step_rows_per_s'))}"),
-        ("raw driver best rows/s (executemany / COPY)", f"{fmt(raw.get('executemany'), digits=0)} / "
-                                                        f"{fmt(raw.get('copy'), digits=0)}"),
+        ("ingest step rows/s: sidecar / offered", (f"{fmt(fig.get('ingest_step_rows_per_s'))} / "
+                                                  f"{fmt(fig.get('offered_step_rows_per_s'))}")),
+        ("raw driver best rows/s (executemany / COPY)", (f"{fmt(raw.get('executemany'), digits=0)} / "
+                                                        f"{fmt(raw.get('copy'), digits=0)}")),
     ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -591,9 +591,9 @@ def plot(figs: list[dict[str, Any]], path: Path, title: str) -> bool:
 
 
 def config(args: argparse.Namespace, **over: Any) -> RunConfig:
-    base = dict(tree=Path(args.tree).resolve(), engines=args.engines, running=args.running,
-                steps_per_second=args.steps_per_second, duration=args.duration, warmup=args.warmup, db=args.db,
-                faults=args.faults, fault_interval=args.fault_interval, pg_admin=args.pg_admin, keep=args.keep)  # fmt: skip
+    base = {"tree": Path(args.tree).resolve(), "engines": args.engines, "running": args.running,
+                "steps_per_second": args.steps_per_second, "duration": args.duration, "warmup": args.warmup, "db": args.db,
+                "faults": args.faults, "fault_interval": args.fault_interval, "pg_admin": args.pg_admin, "keep": args.keep}  # fmt: skip
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
 

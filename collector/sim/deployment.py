@@ -53,10 +53,13 @@ def kv_transfer_config(kv_role: str, host_pool_gib: float, engine_id: str) -> di
         "kv_connector_extra_config": {
             "connectors": [
                 {"kv_connector": "NixlConnector", "kv_role": kv_role},
-                {"kv_connector": "HiSparseConnector", "kv_role": kv_role,
-                 "kv_connector_extra_config": {"host_pool_gib": host_pool_gib}},
+                {
+                    "kv_connector": "HiSparseConnector",
+                    "kv_role": kv_role,
+                    "kv_connector_extra_config": {"host_pool_gib": host_pool_gib},
+                },
             ]
-        },  # fmt: skip
+        },
         "kv_connector_module_path": None,
         "enable_permute_local_kv": False,
         "kv_load_failure_policy": "fail",

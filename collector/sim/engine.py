@@ -311,7 +311,8 @@ class SimEngine:
             RequestRow(request_id=r.request_id, prompt_len=r.prompt_len,
                        computed_tokens=r.context_len - 1 if self.role == "decode" else r.computed,
                        output_tokens=r.output, preemptions=r.preemptions, status=r.status,
-                       mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())))
+                       mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())),
+                       host_blocks=self.host_blocks(r))
             for r in self.running
         ]  # fmt: skip
         self.last_connector_stats = kvc = self.connector_stats(landed)

@@ -292,10 +292,10 @@ class RunReport:
 
     def lines(self) -> list[str]:
         return [
-            f"wall {self.wall_s:.1f} s, {self.steps} steps ({self.steps_per_s:.1f}/s of {self.target_steps_per_s:g} "
-            f"target), {self.request_rows} request rows ({self.rows_per_s:.0f}/s), {self.finished} requests finished",
-            f"simulator CPU {self.cpu_s:.2f} s = {100 * self.cpu_share:.1f}% of one core; "
-            f"late steps {self.late_steps} (> 1 period), max lag {1000 * self.max_lag_s:.1f} ms",
+            (f"wall {self.wall_s:.1f} s, {self.steps} steps ({self.steps_per_s:.1f}/s of {self.target_steps_per_s:g} "
+             f"target), {self.request_rows} request rows ({self.rows_per_s:.0f}/s), {self.finished} requests finished"),
+            (f"simulator CPU {self.cpu_s:.2f} s = {100 * self.cpu_share:.1f}% of one core; "
+             f"late steps {self.late_steps} (> 1 period), max lag {1000 * self.max_lag_s:.1f} ms"),
         ]  # fmt: skip
 
 
@@ -320,8 +320,7 @@ class Pacer:
             self.sleep(due - now)
             now = self.clock()
         lag = now - due
-        if lag > self.max_lag:
-            self.max_lag = lag
+        self.max_lag = max(self.max_lag, lag)
         if lag > self.period:
             self.late += 1
         slot = self.slot

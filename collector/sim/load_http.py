@@ -24,7 +24,7 @@ class EngineMetrics:
 
     def __init__(self, engine: EngineLoad) -> None:
         self.engine = engine
-        self.metrics = VllmMetrics(engine_index=0, model_name=engine.cfg.model)
+        self.metrics = VllmMetrics(engine_index=0, model_name=engine.cfg.model, connectors=False)  # a plain deployment
         self._seen = Counters()
         self._lock = threading.Lock()
 
@@ -49,7 +49,7 @@ class EngineMetrics:
 
 def _handler(slot: list[EngineMetrics]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             if self.path == "/metrics" and slot:
                 body = slot[0].page()
                 self.send_response(200)
@@ -64,7 +64,7 @@ def _handler(slot: list[EngineMetrics]) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     return Handler

@@ -18,7 +18,9 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 
 class VllmMetrics:
-    def __init__(self, *, engine_index: int, model_name: str, kv_consumer: bool = False) -> None:
+    def __init__(self, *, engine_index: int, model_name: str, kv_consumer: bool = False, connectors: bool = True) -> None:
+        """``connectors``: the deployment has NIXL and HiSparse under MultiConnector, whose
+        families vLLM registers only then; ``kv_consumer``: it is the decode side of a P/D pair."""
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model_name", "engine"]
         lv = (model_name, str(engine_index))
@@ -39,6 +41,9 @@ class VllmMetrics:
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r).labels(*lv)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0), registry=r).labels(*lv)
         self.iteration_tokens = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", labels, buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), registry=r).labels(*lv)
+        self.kv_fetch_in_progress: Gauge | None = None
+        if not connectors:
+            return
         # HiSparse (vllm/distributed/kv_transfer/kv_connector/v1/hisparse/stats.py)
         self.hisparse_hits = Counter("vllm:hisparse_cache_hits", "Number of HiSparse device hot-buffer hits.", labels, registry=r).labels(*lv)
         self.hisparse_misses = Counter("vllm:hisparse_cache_misses", "Number of HiSparse device hot-buffer misses.", labels, registry=r).labels(*lv)
@@ -55,7 +60,6 @@ class VllmMetrics:
         self.nixl_expired = Counter("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.", labels, registry=r).labels(*lv)
         self.nixl_after_expiry = Counter("vllm:nixl_num_notifications_after_expiry", "Number of completion notifications for requests that were no longer tracked, usually because their KV lease expired. The KV blocks may have been reused before the transfer finished. Counted per notification (one per remote rank), not per request.", labels, registry=r).labels(*lv)
         # a KV consumer's waiting requests by fetch stage (vllm/v1/metrics/loggers.py)
-        self.kv_fetch_in_progress = None
         if kv_consumer:
             fetch = Gauge("vllm:num_requests_kv_fetch_by_stage", "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an async KV load that has not started; 'in_progress' = load started and not yet reported finished; 'completed_waiting' = load finished, request not running yet.", labels + ["stage"], registry=r)
             for stage in KV_FETCH_STAGES:

@@ -75,7 +75,7 @@ class Obj:
     """A vLLM object as its crash dump walks it: the class name and its ``__dict__`` in order,
     or the text of its ``anon_repr()`` where vLLM's class has one."""
 
-    __slots__ = ("name", "fields", "anon")
+    __slots__ = ("anon", "fields", "name")
 
     def __init__(self, name: str, fields: Sequence[tuple[str, Any]] = (), anon: str | None = None) -> None:
         self.name, self.fields, self.anon = name, list(fields), anon

@@ -62,4 +62,4 @@ def build(step: dict) -> tuple[SchedulerOutput, SchedulerStats]:
 
 if __name__ == "__main__":
     out, stats = build(json.load(sys.stdin))
-    json.dump({"scheduler_output": prepare_object_to_dump(out), "scheduler_stats": "%s" % (stats,)}, sys.stdout)
+    json.dump({"scheduler_output": prepare_object_to_dump(out), "scheduler_stats": str(stats)}, sys.stdout)

@@ -105,6 +105,7 @@ def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> Non
     last = decode_columns([reqs[-1].request_block])
     assert last["prompt_len"][0] == 1000 and last["output_tokens"][0] == 5
     assert last["mirror_rows"][0] == 1  # one decode row mirrored this step
+    assert last["host_blocks"][0] == -(-(1000 + 5 - 1) // 64)  # host pages of its whole context
     assert any(k.startswith("HiSparseConnector.host_cache_usage_perc") for k in steps[-1].connector)
     (fp,) = [o for o in got if isinstance(o, Fingerprint)]
     assert fp.facts["block_size"] == 64 and fp.facts["env"]["NCCL_NET_PLUGIN"] == "none"

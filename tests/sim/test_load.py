@@ -137,6 +137,7 @@ def test_simulate_writes_a_config_the_sidecar_loads_and_serves_vllm_metrics(tmp_
     assert len(pages) == 2
     names = {f.name for f in text_string_to_metric_families(pages[0])}
     assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:generation_tokens"} <= names
+    assert not any(n.startswith(("vllm:hisparse", "vllm:nixl")) for n in names)  # no KV connector configured
     import json
 
     figures = json.loads(summary.read_text())
@@ -147,10 +148,10 @@ def test_simulate_writes_a_config_the_sidecar_loads_and_serves_vllm_metrics(tmp_
 
 def test_without_metrics_the_config_names_no_engine_but_loads(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"
-    args = argparse.Namespace(**{**vars(build_parser().parse_args([
+    args = argparse.Namespace(**vars(build_parser().parse_args([
         "simulate", "--recorder-dir", str(tmp_path / "rec"), "--write-config", str(config), "--duration", "0.2",
         "--running", "4", "--progress-every", "0",
-    ]))})  # fmt: skip
+    ])))  # fmt: skip
     assert simulate_main(args) == 0
     settings = load_settings(str(config))
     assert settings.engines == [] and settings.recorder_dir == (tmp_path / "rec").resolve()
