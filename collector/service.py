@@ -169,11 +169,20 @@ class Service:
                 loop.remove_signal_handler(sig)
 
     async def _heartbeat(self, ctx: AppContext, every: float = 0.25) -> None:
-        """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz)."""
+        """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz); and
+        says once, in the log, when a configured engine serves /metrics but has no recorder."""
+        told: set[str] = set()
+        n = 0
         while True:
             t0 = time.monotonic()
             await asyncio.sleep(every)
             ctx.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)
+            n += 1
+            if n % 20 == 0:
+                for name, fix in ctx.recorder_missing().items():
+                    if name not in told:
+                        told.add(name)
+                        log.warning("engine %s answers /metrics but no recorder writes its steps: %s", name, fix)
 
     @property
     def port(self) -> int:
