@@ -50,7 +50,8 @@ class DetectorTask:
             self.skipped += 1
             return []
         hub = self.hub
-        names = hub.engine_names()
+        # an engine that is down (its /metrics gone, or dead) has no live series to judge
+        names = [n for n in hub.engine_names() if hub.engines[n].up is not False]
         steps = {name: hub.recent_steps(name, HISTORY_STEPS) for name in names}
         scrapes = {name: list(hub.engines[name].scrapes) for name in names}
         samples = {gpu: ring.since(0.0) for gpu, ring in list(hub.gpus.items())}

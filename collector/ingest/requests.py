@@ -12,6 +12,8 @@ running set is stable for many steps), which halves what a ring of blocks holds.
 
 from __future__ import annotations
 
+import struct
+import zlib
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -148,43 +150,47 @@ def decode_columns(blocks: Sequence[RequestBlock]) -> dict[str, list[Any]]:
 
 
 # -- the snapshot part: the blocks as the recorder wrote them -----------------------------------
+# Stored uncompressed by default: zlib at its fastest level took 270 ms for a full 8 MiB of
+# blocks at 256 running requests (vLLM's request ids are random hex and barely compress: 8.4 ->
+# 3.0 MB), more than half of the 500 ms fault-to-durable-snapshot budget, and a node's faults
+# come in bursts (bench/bench_freeze.py, bench/bench_node.py). A stored part is therefore at
+# most ``ring_request_bytes`` (8 MiB by default) per engine snapshot.
 BLOB_MAGIC = b"FLRB1\n"  # then zlib( u32 length | R payload, ... )
+RAW_MAGIC = b"FLRB0\n"  # then u32 length | R payload, ...
+_U32 = struct.Struct("<I")
 
 
-def pack_blocks(blocks: Sequence[RequestBlock], level: int = 1) -> bytes:
-    """The ``requests`` part of a snapshot as stored: the recorder's own bytes, compressed once.
-    Decoded to columns when read (``unpack_blocks`` + ``decode_columns``)."""
-    import struct
-    import zlib
-
-    c = zlib.compressobj(level)
-    out = [BLOB_MAGIC]
-    u32 = struct.Struct("<I").pack
+def pack_blocks(blocks: Sequence[RequestBlock], level: int = 0) -> bytes:
+    """The ``requests`` part of a snapshot as stored: the recorder's own bytes (``level`` 0:
+    as they are; 1-9: zlib). Decoded to columns when read (``unpack_blocks`` + ``decode_columns``)."""
+    pieces: list[bytes] = []
     for b in blocks:
         p = b.payload()
-        out.append(c.compress(u32(len(p))))
-        out.append(c.compress(p))
-    out.append(c.flush())
-    return b"".join(out)
+        pieces.append(_U32.pack(len(p)))
+        pieces.append(p)
+    raw = b"".join(pieces)
+    if level <= 0:
+        return RAW_MAGIC + raw
+    return BLOB_MAGIC + zlib.compress(raw, level)
 
 
 def unpack_blocks(blob: bytes, *, max_bytes: int = 1 << 31) -> list[RequestBlock]:
-    import struct
-    import zlib
-
-    if not blob.startswith(BLOB_MAGIC):
+    if blob.startswith(RAW_MAGIC):
+        raw = blob[len(RAW_MAGIC) :]
+    elif blob.startswith(BLOB_MAGIC):
+        d = zlib.decompressobj()
+        raw = d.decompress(blob[len(BLOB_MAGIC) :], max_bytes)
+        if d.unconsumed_tail:
+            raise CodecError("request-block blob is larger than allowed")
+    else:
         raise CodecError("not a request-block blob")
-    d = zlib.decompressobj()
-    raw = d.decompress(blob[len(BLOB_MAGIC) :], max_bytes)
-    if d.unconsumed_tail:
-        raise CodecError("request-block blob is larger than allowed")
     out: list[RequestBlock] = []
     pos = 0
     prev: RequestBlock | None = None
     while pos < len(raw):
         if pos + 4 > len(raw):
             raise CodecError("request-block blob is truncated")
-        (length,) = struct.unpack_from("<I", raw, pos)
+        (length,) = _U32.unpack_from(raw, pos)
         pos += 4
         if pos + length > len(raw):
             raise CodecError("request-block blob is truncated")
@@ -195,4 +201,4 @@ def unpack_blocks(blob: bytes, *, max_bytes: int = 1 << 31) -> list[RequestBlock
 
 
 def is_block_blob(blob: bytes) -> bool:
-    return blob.startswith(BLOB_MAGIC)
+    return blob.startswith((RAW_MAGIC, BLOB_MAGIC))

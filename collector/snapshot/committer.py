@@ -35,7 +35,7 @@ from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity
 from collector.snapshot import spool
 from collector.snapshot.document import SnapshotDoc
-from collector.snapshot.freeze import Capture, capture, is_trigger
+from collector.snapshot.freeze import CRASH_KINDS, Capture, capture, is_trigger
 from collector.storage.db import StorageError
 from collector.storage.repo import Repository, pack_parts
 from collector.storage.writer import event_row
@@ -155,7 +155,9 @@ class SnapshotCommitter:
         if not cur.amended or ev.kind not in DISTINCT_KINDS:
             return False
         if ev.kind is EventKind.ANOMALY:
-            return ev.severity is Severity.CRITICAL
+            # a dead engine's series look stalled: an anomaly after its death is a consequence
+            dead = cur.trigger.kind in CRASH_KINDS or cur.trigger.kind is EventKind.ENGINE_DOWN
+            return ev.severity is Severity.CRITICAL and not dead
         return ev.xid is None or ev.xid not in cur.xids()
 
     def _capture(self, engine: str, trigger: Event) -> Capture:
