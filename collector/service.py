@@ -98,6 +98,7 @@ class Service:
             alerter = ctx.alerter = Alerter(
                 settings, host=hub.host, snapshots_for=committer.snapshots_for,
                 engine_up=lambda n: hub.engines[n].up if n in hub.engines else None, port=lambda: self.port,
+                gpus=lambda: list(hub.gpu_meta.values()),
             )  # fmt: skip
             hub.consumers.append(alerter.on_event)
             detectors.consumers.append(alerter.on_transition)
@@ -146,7 +147,7 @@ class Service:
             failure = server_task.exception()
             raise SystemExit(f"cannot serve on {settings.host}:{settings.port}: {failure or 'bind failed'}")
         self.started.set()
-        log.warning("flightrec serving on http://%s:%d (database %s)", settings.host, self.port, _safe_url(settings.database))
+        log.info("flightrec serving on http://%s:%d (database %s)", settings.host, self.port, _safe_url(settings.database))
         await self.stop_event.wait()
 
         log.warning("stopping: flushing what is held")
@@ -194,6 +195,9 @@ class Service:
 
     def _committed(self, doc: SnapshotDoc, trigger: Event) -> None:
         assert self.ctx is not None
+        from collector.api.metrics import observe_commit_latency
+
+        observe_commit_latency(max(time.time() - trigger.ts, 0.0))
         key = (doc.engine, trigger.kind.value)
         self.ctx.snapshot_counts[key] = self.ctx.snapshot_counts.get(key, 0) + 1
         if self.ctx.alerter is not None:
