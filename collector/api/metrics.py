@@ -122,9 +122,11 @@ class SidecarCollector(Collector):
             last = st.ring.last()
             if last is not None:
                 source.add_metric([*key, "recorder"], 1.0)
-                for fam, value in ((running, last.running), (waiting, last.waiting), (kv, last.kv_cache_usage),
-                                   (step, last.step), (mirror, last.mirror_rows)):  # fmt: skip
-                    put(fam, key, value)
+                put(step, key, last.step)
+                for fam, name in ((running, "running"), (waiting, "waiting"), (kv, "kv_cache_usage"),
+                                  (mirror, "mirror_rows")):  # the last value a step carried
+                    rec = st.ring.last_known(name)
+                    put(fam, key, None if rec is None else getattr(rec, name))
             elif getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
                 source.add_metric([*key, "scrape"], 1.0)
                 v = st.scrapes[-1].values

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import islice
 
 from collector.model import HALF_REQUESTS, HALF_STATS, STAT_FIELDS, GpuSample, LogLine, StepRecord
 
@@ -111,6 +112,15 @@ class EngineRing:
 
     def last(self) -> StepRecord | None:
         return self._last
+
+    def last_known(self, name: str, *, within: int = 64) -> StepRecord | None:
+        """The newest of the last ``within`` steps that carries ``name`` (a step's stats half
+        lands milliseconds after its requests half: the live gauges must not flap to absent)."""
+        for run, step in islice(reversed(self._order), within):
+            rec = self._steps.get(step)
+            if rec is not None and rec.run == run and getattr(rec, name) is not None:
+                return rec
+        return None
 
     def get(self, step: int) -> StepRecord | None:
         return self._steps.get(step)
