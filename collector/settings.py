@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from collector.alerting.config import AlertingSettings
 from collector.detectors.config import DetectorThresholds
+from collector.errors import FlightrecError
 
 RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
 ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
@@ -48,7 +49,7 @@ def engine_name_from_env(environ: dict[str, str] | None = None) -> str | None:
     return env.get(ENGINE_NAME_ENV) or None
 
 
-class SettingsError(Exception):
+class SettingsError(FlightrecError):
     """Invalid settings. ``str()`` is one line per problem, each naming the key."""
 
 

@@ -20,10 +20,12 @@ from typing import Any
 
 import httpx
 
+from collector.errors import FlightrecError
+
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
-class LocalAlertmanagerError(Exception):
+class LocalAlertmanagerError(FlightrecError):
     """The binary is missing or did not become ready."""
 
 

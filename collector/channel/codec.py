@@ -54,6 +54,7 @@ from array import array
 from typing import Any
 
 from collector.channel import fields as f
+from collector.errors import InputError
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
@@ -95,7 +96,7 @@ _STEP_COUNTS = {
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
-class CodecError(ValueError):
+class CodecError(InputError):
     """A payload that is not one of ours (unknown tag, bad JSON, missing fields)."""
 
 

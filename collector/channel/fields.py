@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from collector.errors import InputError
+
 INT32_MAX = 2**31 - 1  # Integer columns (running, waiting, xid, pid, ...)
 INT64_MAX = 2**63 - 1  # BigInteger columns (step) and JSON numbers SQLite can hold
 NAME_MAX = 128  # String(128) columns: engine, gpu, process
 
 
-class FieldError(ValueError):
+class FieldError(InputError):
     """A field of a JSON record has the wrong type or is out of range."""
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collector.channel.secure import FILE_MODE, open_private_file
+from collector.errors import FlightrecError
 
 MAGIC = b"FLRING01"
 VERSION = 1
@@ -64,7 +65,7 @@ _U64 = struct.Struct("<Q")
 _CHUNK = 1 << 20  # most bytes one pread copies; a longer stretch takes several
 
 
-class RingCorrupt(Exception):
+class RingCorrupt(FlightrecError):
     """The file is not a ring file of a version we read."""
 
 

@@ -22,12 +22,14 @@ import os
 import stat
 from pathlib import Path
 
+from collector.errors import FlightrecError
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 _ROOT = 0
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(FlightrecError, OSError):
     """The recorder folder or a file in it is not ours to trust."""
 
 

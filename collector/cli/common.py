@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from collector.errors import FlightrecError
 from collector.settings import Settings, load_settings
 from collector.storage.db import is_sqlite
 
@@ -30,7 +31,7 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 
-class CliError(Exception):
+class CliError(FlightrecError):
     """A failure the user can act on: one line, one exit code."""
 
     def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:

@@ -41,6 +41,7 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from collector.errors import FlightrecError
 from collector.model import Event, EventKind
 from collector.parsers.throughput_line import (
     ThroughputLineError,
@@ -59,7 +60,7 @@ SNIFF_BYTES = 8192
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class InspectLogError(Exception):
+class InspectLogError(FlightrecError):
     """The log cannot be read (missing, a directory, no permission, not text, bad gzip)."""
 
 

@@ -32,10 +32,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from collector.errors import InputError
+
 MAX_DEPTH = 100  # deeper nesting is not a vLLM repr; refuse it instead of recursing on
 
 
-class CrashDumpParseError(ValueError):
+class CrashDumpParseError(InputError):
     """The text is not a SchedulerOutput/SchedulerStats repr we can read."""
 
 

@@ -28,10 +28,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from collector.errors import InputError
+
 __all__ = ["MetricsParseError", "Sample", "ParsedPage", "Wanted", "parse"]
 
 
-class MetricsParseError(ValueError):
+class MetricsParseError(InputError):
     """The page (or one kept line of it) is not valid exposition text. Carries the line number."""
 
     def __init__(self, message: str, *, line: int | None = None) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from collector.errors import InputError
+
 _ENGINE = re.compile(r"Engine (\d{1,6}): Avg prompt throughput: ")
 _NUM = r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf)"
 
@@ -55,7 +57,7 @@ _KV_FETCH = re.compile(
 _DEVICE = re.compile(r"\b([A-Z]+) KV cache usage: ")
 
 
-class ThroughputLineError(ValueError):
+class ThroughputLineError(InputError):
     """The text is not vLLM's periodic stat line."""
 
 

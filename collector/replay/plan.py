@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from collector.errors import InputError
 
-class PlanError(ValueError):
+
+class PlanError(InputError):
     """A snapshot whose workload cannot be replayed (none recorded, nothing in it)."""
 
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 
+from collector.errors import FlightrecError
 from collector.storage.db import StorageError
 
 
-class SourceError(RuntimeError):
+class SourceError(FlightrecError, RuntimeError):
     """The snapshot (or the sidecar) could not be read."""
 
 

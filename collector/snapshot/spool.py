@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collector.errors import FlightrecError
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"FLSPOOL2\n"
@@ -27,7 +29,7 @@ END = b"END\n"
 MAX_PART = 1 << 31
 
 
-class SpoolError(Exception):
+class SpoolError(FlightrecError):
     """A spool file that is not whole or not ours."""
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from collector.errors import FlightrecError
 from collector.model import Observation
 
 
-class SourceError(Exception):
+class SourceError(FlightrecError):
     """A source failed this round (scrape error, parse error...). It will be retried."""
 
 

@@ -112,7 +112,7 @@ class EngineTarget(Protocol):
     def url(self) -> str: ...
 
 
-class ScrapeError(Exception):
+class ScrapeError(SourceError):
     """One scrape of one engine failed (HTTP error, non-200 answer, unparsable page)."""
 
 

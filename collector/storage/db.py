@@ -12,8 +12,10 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from collector.errors import FlightrecError
 
-class StorageError(Exception):
+
+class StorageError(FlightrecError):
     """The database is unreachable, hung, or refused a statement.
 
     ``permanent`` is True when the database refused the statement for its content (a value it

@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import Any
 
 from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS
+from collector.errors import FlightrecError
 
 FINISHED_FIELDS = (
     "request_id", "e2e_latency", "num_prompt_tokens", "num_generation_tokens", "num_preemptions",
@@ -145,7 +146,7 @@ def step_extras(s: Any, finished: Sequence[Any], *, connector: str | None = None
     return extras or None
 
 
-class RecorderError(RuntimeError):
+class RecorderError(FlightrecError, RuntimeError):
     """vLLM's objects lack a field the recorder cannot do without: it stops, rather than write
     made-up values."""
 

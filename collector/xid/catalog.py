@@ -13,13 +13,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from collector.errors import InputError
 from collector.model import Severity
 
 PACKAGED = Path(__file__).parent / "catalog.json"
 CATEGORIES = frozenset({"application", "driver", "hardware", "nvlink", "memory", "thermal"})
 
 
-class XidCatalogError(ValueError):
+class XidCatalogError(InputError):
     """The catalog file is missing a field or has a value outside its vocabulary."""
 
 

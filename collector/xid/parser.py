@@ -24,8 +24,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from collector.errors import InputError
 
-class XidParseError(ValueError):
+
+class XidParseError(InputError):
     """A line that names an Xid could not be read (truncated, garbled)."""
 
 
