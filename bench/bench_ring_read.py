@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collector.channel import ringfile  # noqa: E402
-from collector.channel.codec import encode_requests, encode_step_fields  # noqa: E402
-from collector.model import RequestRow  # noqa: E402
+from collector.channel import ringfile
+from collector.channel.codec import encode_requests, encode_step_fields
+from collector.model import RequestRow
 
 CAPACITY = 16 << 20
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
-from pydantic import SecretStr  # noqa: E402
-from schemathesis import GenerationMode, checks  # noqa: E402
+from api_context import make_context
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from pydantic import SecretStr
+from schemathesis import GenerationMode, checks
+from test_snapshots_api import make_doc, store
 
-from api_context import make_context  # noqa: E402
-from collector.api.app import create_app  # noqa: E402
-from test_snapshots_api import make_doc, store  # noqa: E402
+from collector.api.app import create_app
 
 TOKEN = "schemathesis-t0ken"
 OPEN = {"/healthz"}

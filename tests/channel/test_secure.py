@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.channel.secure import UnsafePathError, check_private_file, ensure_private_dir, open_private_file
+from collector.channel.secure import (
+    UnsafePathError,
+    check_private_file,
+    ensure_private_dir,
+    open_private_file,
+)
 
 OTHER_UID = 54321
 

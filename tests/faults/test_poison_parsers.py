@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 from cost import US_PER_BYTE_BUDGET, us_per_byte
 
-from collector.parsers.crash_dump import CrashDumpParseError, parse_repr, parse_scheduler_output
+from collector.parsers.crash_dump import (
+    CrashDumpParseError,
+    parse_repr,
+    parse_scheduler_output,
+)
 from collector.xid.parser import XidParseError, XidRecord, parse_line
 
 # Unterminated strings made of escaped quotes: each quote used to rescan the rest of the line.
