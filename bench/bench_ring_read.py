@@ -1,8 +1,8 @@
 """Cost of reading a ring file: the sidecar's side of the recorder channel.
 
-    python bench/bench_ring_read.py [--repeat 30]
+    python bench/bench_ring_read.py [--repeat 30] [--baseline OLD_RINGFILE.py]
 
-Two cases, each printed as the median and p90 of ``--repeat`` runs:
+Cases, each printed as the median and p90 of its runs:
 
 - ``catch_up``: a fresh reader reads a full 16 MiB ring of typical records (one step record of
   ~80 bytes, then one request record of 256 rows, ~5.6 KB, per engine step): what a sidecar
@@ -10,23 +10,30 @@ Two cases, each printed as the median and p90 of ``--repeat`` runs:
 - ``poll``: the writer appends one step's two records (or ten steps'), the reader reads them:
   the steady-state cost of one poll.
 
+``--baseline`` names another version of ``collector/channel/ringfile.py`` (e.g. ``git show
+COMMIT:collector/channel/ringfile.py > /tmp/old.py``): its reader runs on the same ring in the
+same process, alternating with the current one, so machine load weighs on both alike.
+
 Figures go into BENCHMARKS.md by hand; nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collector.channel.codec import encode_requests, encode_step_fields  # noqa: E402
-from collector.channel.ringfile import RingReader, RingWriter  # noqa: E402
-from collector.model import RequestRow  # noqa: E402
+from collector.channel import ringfile
+from collector.channel.codec import encode_requests, encode_step_fields
+from collector.model import RequestRow
 
 CAPACITY = 16 << 20
 
@@ -42,45 +49,62 @@ def _stats(samples: list[float]) -> str:
     return f"median {statistics.median(samples):9.1f} us   p90 {samples[int(len(samples) * 0.9)]:9.1f} us"
 
 
+def _load(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("baseline_ringfile", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--baseline", help="another ringfile.py whose reader to measure alongside")
     args = ap.parse_args()
+    impls: dict[str, Any] = {"current": ringfile}
+    if args.baseline:
+        impls["baseline"] = _load(args.baseline)
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in impls}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.ring"
-        writer = RingWriter(path, capacity=CAPACITY)
+        writer = ringfile.RingWriter(path, capacity=CAPACITY)
         step = 0
         while writer.head < 2 * CAPACITY:  # wrapped: the ring is full
             for payload in _records(step):
                 writer.append(payload)
             step += 1
-        catch_up, records = [], 0
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            reader = RingReader(path)
-            got = reader.read(max_records=1_000_000)
-            catch_up.append((time.perf_counter() - start) * 1e6)
-            records = len(got)
-            reader.close()
-        polls: dict[int, list[float]] = {}
+        records = 0
+        for i in range(args.repeat):
+            for name, impl in (list(impls.items()) if i % 2 else list(reversed(impls.items()))):
+                start = time.perf_counter()
+                reader = impl.RingReader(path)
+                records = len(reader.read(max_records=1_000_000))
+                results[name].setdefault(f"catch_up ({records} records, 16 MiB)", []).append(
+                    (time.perf_counter() - start) * 1e6)
+                reader.close()
         for steps in (1, 10):  # a poll per step, or per ten steps (50 ms at 200 steps/s)
-            reader = RingReader(path)
-            reader.read(max_records=1_000_000)
-            polls[steps] = []
-            for _ in range(args.repeat * 100 // steps):
+            readers = {name: impl.RingReader(path) for name, impl in impls.items()}
+            for reader in readers.values():
+                reader.read(max_records=1_000_000)
+            for i in range(args.repeat * 100 // steps):
                 for _ in range(steps):
                     for payload in _records(step):
                         writer.append(payload)
                     step += 1
-                start = time.perf_counter()
-                got = reader.read()
-                polls[steps].append((time.perf_counter() - start) * 1e6)
-                assert len(got) == 2 * steps
-        reader.close()
+                for name, reader in (list(readers.items()) if i % 2 else list(reversed(readers.items()))):
+                    start = time.perf_counter()
+                    got = reader.read()
+                    results[name].setdefault(f"poll ({2 * steps} records, ~{5.7 * steps:.0f} KB)", []).append(
+                        (time.perf_counter() - start) * 1e6)
+                    assert len(got) == 2 * steps
+            for reader in readers.values():
+                reader.close()
         writer.close()
-    print(f"catch_up ({records} records, 16 MiB): {_stats(catch_up)}")
-    for steps, samples in polls.items():
-        print(f"poll ({2 * steps} records, ~{5.7 * steps:.0f} KB):{' ' * (15 - len(str(steps)) * 2)}{_stats(samples)}")
+    for name, cases in results.items():
+        for case, samples in cases.items():
+            print(f"{name:<9} {case:<34} {_stats(samples)}")
 
 
 if __name__ == "__main__":

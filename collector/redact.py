@@ -37,17 +37,17 @@ _WORDS = (
     r"|secret[_-]?(?:access[_-]?)?key|private[_-]?key|session[_-]?key|credentials?|auth|authorization)"
 )
 _NAME = r"(?:[A-Za-z0-9]+[_-])*" + _WORDS
-_SECRET_NAME = re.compile(_NAME, re.I)
-_FLAG = re.compile(r"--?" + _NAME, re.I)
+_SECRET_NAME = re.compile(_NAME, re.IGNORECASE)
+_FLAG = re.compile(r"--?" + _NAME, re.IGNORECASE)
 
 # key = value, key: value; the key bare or quoted ('api_key': ..., "token": ...).
 _KEY_VALUE = re.compile(
     r"(?<![\w-])(?P<key>(?P<q>['\"]?)" + _NAME + r"(?P=q)[ \t]*[:=][ \t]*)"
     r"(?P<value>\[[^\]\n]*\]?|'(?:[^'\\\n]|\\.)*'?|\"(?:[^\"\\\n]|\\.)*\"?|[^\s,;{}()\[\]'\"]+)",
-    re.I,
+    re.IGNORECASE,
 )
 # --api-key x, --hf-token=x (a value that is itself a flag is left alone)
-_FLAG_VALUE = re.compile(r"(?<![\w-])(?P<flag>--?" + _NAME + r")(?P<sep>=|[ \t]+)(?P<value>(?!-)[^\s,;'\"]+)", re.I)
+_FLAG_VALUE = re.compile(r"(?<![\w-])(?P<flag>--?" + _NAME + r")(?P<sep>=|[ \t]+)(?P<value>(?!-)[^\s,;'\"]+)", re.IGNORECASE)
 _URL_CREDS = re.compile(r"(?<![\w+.-])(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^/\s]*)@")
 _AUTH_HEADER = re.compile(r"(?i)(?<![\w-])(?P<head>authorization[\"']?[ \t]*[:=][ \t]*[\"']?)(?P<scheme>[A-Za-z]+ )?[^\s\"',;}]+")
 _BEARER = re.compile(r"(?i)(?<![\w-])(?P<head>bearer[ \t]+)[A-Za-z0-9._~+/=-]+")

@@ -233,7 +233,7 @@ def _cost(run: Callable[[str], object], text: str, allowed: tuple[type[BaseExcep
         run(text)
     except allowed:
         pass
-    except Exception as exc:  # what the fuzzer exists to find
+    except Exception as exc:  # noqa: BLE001 - what the fuzzer exists to find
         return (time.process_time() - start) * 1e6, f"{type(exc).__name__}: {str(exc)[:120]}"
     return (time.process_time() - start) * 1e6, ""
 
@@ -270,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], help="target name (repeatable)")
     ap.add_argument("--out", type=Path, default=None, help="folder for failing inputs")
     args = ap.parse_args(argv)
-    chosen = [t for t in targets() if not args.only or t.name in args.only]
+    by_name = {t.name: t for t in targets()}
+    unknown = [name for name in args.only if name not in by_name]
+    if unknown:
+        ap.error(f"no target named {', '.join(unknown)}; targets: {', '.join(by_name)}")
+    chosen = [by_name[name] for name in args.only] if args.only else list(by_name.values())  # in --only's order
     print(f"{'target':<36} {'inputs':>8} {'largest':>8} {'max us/B':>9} {'failures':>8}  seconds", flush=True)
     failed = 0
     for target in chosen:

@@ -44,6 +44,10 @@ null, never as 0.
                                                                      the workload, for replay
     {"t": "step", ...StepRecord fields}  and  {"t": "req", "cols": [...], "rows": [[...]]}
     (the JSON forms of the two binary records, still read)
+
+Every field of a JSON record is checked against the column it ends in (``channel.fields``): a
+wrong type, a number out of range or a NaN is a ``CodecError``, so the reader sets the record
+aside and counts it instead of handing the writer a value the database refuses.
 """
 
 from __future__ import annotations

@@ -61,13 +61,14 @@ def ensure_private_dir(path: str | os.PathLike[str], *, owner: int | None = None
             f"recorder folder {folder} is owned by uid {st.st_uid}, not by us: another user created it first; "
             "remove it or set FLIGHTREC_RECORDER_DIR to a folder of ours"
         )
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        if st.st_uid != os.geteuid():
-            raise UnsafePathError(
-                f"recorder folder {folder} is open to other users (mode {stat.S_IMODE(st.st_mode):o}); "
-                "make it 0700 or choose another folder"
-            )
-        os.chmod(folder, DIR_MODE)  # ours, made before this version or under another umask
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == os.geteuid():
+        if mode != DIR_MODE:
+            os.chmod(folder, DIR_MODE)  # ours, made before this version or under another umask
+    elif mode & 0o077:
+        raise UnsafePathError(
+            f"recorder folder {folder} is open to other users (mode {mode:o}); make it 0700 or choose another folder"
+        )
     return folder
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.channel.secure import UnsafePathError, check_private_file, ensure_private_dir, open_private_file
+from collector.channel.secure import (
+    UnsafePathError,
+    check_private_file,
+    ensure_private_dir,
+    open_private_file,
+)
 
 OTHER_UID = 54321
 
@@ -26,8 +31,10 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def test_creates_the_folder_owner_only(tmp_path: Path) -> None:
-    old = os.umask(0)  # even with a permissive umask
+@pytest.mark.parametrize("umask", [0, 0o022, 0o777])
+def test_creates_the_folder_owner_only(tmp_path: Path, umask: int) -> None:
+    (tmp_path / "a").mkdir()  # the parent as usual: a 0o777 umask would lock a non-root run out
+    old = os.umask(umask)  # whatever the umask: permissive, usual, or one that leaves no bit
     try:
         folder = ensure_private_dir(tmp_path / "a" / "flightrec")
     finally:

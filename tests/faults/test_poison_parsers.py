@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 from cost import US_PER_BYTE_BUDGET, us_per_byte
 
-from collector.parsers.crash_dump import CrashDumpParseError, parse_repr, parse_scheduler_output
+from collector.parsers.crash_dump import (
+    CrashDumpParseError,
+    parse_repr,
+    parse_scheduler_output,
+)
 from collector.xid.parser import XidParseError, XidRecord, parse_line
 
 # Unterminated strings made of escaped quotes: each quote used to rescan the rest of the line.
@@ -77,3 +81,42 @@ def test_ring_file_names_with_bad_pids_are_not_ours(name: str) -> None:
     from collector.channel.naming import parse_ring_file_name
 
     assert parse_ring_file_name(name) is None
+
+
+def _fuzz_targets() -> list:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("flightrec_fuzz_poison", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.targets()
+
+
+TARGETS = _fuzz_targets()
+MEGABYTE = 1 << 20
+
+
+def _megabyte_inputs(target) -> dict[str, str]:
+    import random
+
+    rng = random.Random(12)
+    seed = max(target.seeds, key=len)
+    return {
+        "binary": "".join(chr(rng.randrange(256)) for _ in range(MEGABYTE)),
+        "seed+NUL": ((seed + "\x00") * (MEGABYTE // (len(seed) + 1) + 1))[:MEGABYTE],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+def test_megabyte_lines_of_binary_and_nul(target) -> None:
+    # one megabyte in one line (a log shipper's worst), random bytes or a real line with NULs:
+    # only the parser's own error, and no more CPU per byte than the fuzzer allows
+    for kind, text in _megabyte_inputs(target).items():
+        cost = us_per_byte(target.run, text, swallow=target.allowed)
+        assert cost < US_PER_BYTE_BUDGET, f"{kind}: {cost:.1f} us/byte"
