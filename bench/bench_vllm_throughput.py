@@ -13,7 +13,8 @@ runs one (``AsyncLLM``: the stat loggers in this process, the engine core in a c
 
 Both get the same tiny Llama (random weights, nothing downloaded) and the same workload per
 round: ``--concurrency`` requests at once, ``--prompt`` random prompt tokens, ``--output`` tokens
-each (``ignore_eos``). Rounds alternate between the two engines in ABBA order, so a load that
+each (``ignore_eos``). ``--calibrate`` runs both sides without the recorder, to show what ratio the
+setup itself gives on the machine at hand. Rounds alternate between the two engines in ABBA order, so a load that
 drifts over the run (other work on the machine) falls on both alike; only one engine works at a
 time. It prints each round's tokens per second, the median of each side, and the median of the
 paired ratios (with / without), in wall time and in engine CPU time (this process and the
@@ -151,6 +152,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (faster start, same for both)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="both engines without the recorder: the ratio the setup itself gives (ideally 1)")
     ap.add_argument("--worker", choices=("with", "without"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -163,7 +166,9 @@ def main() -> None:
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     recdir = work / "rec"
-    procs = {m: _start(m, args, model, recdir, work / f"{m}.log") for m in ("with", "without")}
+    # "with" and "without" name the two sides; under --calibrate both run without the recorder
+    procs = {m: _start("without" if args.calibrate else m, args, model, recdir, work / f"{m}.log")
+             for m in ("with", "without")}  # fmt: skip
     try:
         for m, p in procs.items():
             _reply(p)
@@ -195,6 +200,7 @@ def main() -> None:
             "cpu_median_paired_ratio": round(statistics.median(cpu_pairs), 4),
             "cpu_paired_ratio_range": [round(min(cpu_pairs), 4), round(max(cpu_pairs), 4)], "rounds": args.rounds,
             "concurrency": args.concurrency, "prompt": args.prompt, "output": args.output, "eager": args.eager,
+            "calibrate": args.calibrate,
         }, indent=1))  # fmt: skip
     finally:
         for p in procs.values():
