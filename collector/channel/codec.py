@@ -107,7 +107,7 @@ def _u32(v: int) -> int:
     return v if 0 <= v <= _U32_MAX else (0 if v < 0 else _U32_MAX)
 
 
-_STEP_SLOTS = (  # the S record's fixed fields, in order, as a writer may leave them unknown
+_NULLABLE_STEP_FIELDS = (
     "running", "waiting", "deferred", "kv_cache_usage", "preemptions", "prompt_tokens",
     "generation_tokens", "finished", "prefix_cache_queries", "prefix_cache_hits",
 )  # fmt: skip
@@ -139,7 +139,7 @@ def encode_step_fields(
         finished, prefix_cache_queries, prefix_cache_hits,
     )  # fmt: skip
     if None in values:
-        nulls = [name for name, v in zip(_STEP_SLOTS, values, strict=True) if v is None]
+        nulls = [name for name, v in zip(_NULLABLE_STEP_FIELDS, values, strict=True) if v is None]
         extras = dict(extras or {})
         extras["null"] = sorted({*extras.get("null", ()), *nulls})
     head = STEP_HEAD.pack(
