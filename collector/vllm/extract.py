@@ -137,8 +137,9 @@ def step_extras(s: Any, finished: Sequence[Any], *, connector: str | None = None
     if fetch and any(fetch.values()):
         extras["waiting_by_reason"] = {f"kv_fetch_{k}": v for k, v in fetch.items()}
     ext = getattr(s, "connector_prefix_cache_stats", None)  # prefixes offered by the KV connector
-    if ext is not None and getattr(ext, "queries", 0):
-        extras["external_prefix_cache"] = {"queries": ext.queries, "hits": getattr(ext, "hits", None)}
+    queries: Any = getattr(ext, "queries", None)
+    if queries:  # only steps that asked the connector
+        extras["external_prefix_cache"] = {"queries": queries, "hits": getattr(ext, "hits", None)}
     details = getattr(s, "iteration_details", None)  # --enable-logging-iteration-details
     if details is not None:
         extras["iteration"] = _plain(details)
