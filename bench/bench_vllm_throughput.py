@@ -4,16 +4,23 @@ Run with the vLLM virtualenv's python, from the repository root (it imports vLLM
 
     PYTHONPATH=$PWD $FLIGHTREC_VLLM_PYTHON bench/bench_vllm_throughput.py [--rounds 8]
 
-It starts two engines side by side, each in its own worker process, the way vLLM's API server
-runs one (``AsyncLLM``: the stat loggers in this process, the engine core in a child):
+It starts two engines side by side, each in its own worker process:
 
-- ``with``: the stat-logger plugin loaded from its entry point (``VLLM_PLUGINS=flightrec``) and
+- ``with``: the stat logger (``FlightRecorderStatLogger``) and
   ``scheduler_cls=collector.vllm.RecordingScheduler``;
-- ``without``: no plugin at all (``VLLM_PLUGINS`` empty) and vLLM's own scheduler.
+- ``without``: no recorder and vLLM's own scheduler.
+
+``--engine inprocess`` (the default) runs vLLM's ``LLMEngine`` with the engine core inside the
+worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the stat logger passed as ``stat_loggers``: one
+process, so its CPU time is the engine's, exactly, which other work on a shared machine barely
+moves. ``--engine async`` runs ``AsyncLLM`` as vLLM's API server does (stat loggers in the
+worker, loaded from the entry point with ``VLLM_PLUGINS=flightrec``, the engine core in a child
+process); on a busy 2-core machine its rounds vary ten-fold.
 
 Both get the same tiny Llama (random weights, nothing downloaded) and the same workload per
 round: ``--concurrency`` requests at once, ``--prompt`` random prompt tokens, ``--output`` tokens
-each (``ignore_eos``). Rounds alternate between the two engines in ABBA order, so a load that
+each (``ignore_eos``). ``--calibrate`` runs both sides without the recorder, to show what ratio the
+setup itself gives on the machine at hand. Rounds alternate between the two engines in ABBA order, so a load that
 drifts over the run (other work on the machine) falls on both alike; only one engine works at a
 time. It prints each round's tokens per second, the median of each side, and the median of the
 paired ratios (with / without), in wall time and in engine CPU time (this process and the
@@ -83,6 +90,46 @@ def _tree_cpu() -> float:
     return total
 
 
+def _serve_inprocess(args: argparse.Namespace) -> None:
+    """The engine core in this very process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, vLLM's
+    ``LLMEngine``): one process, so its CPU time is exactly the engine's."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    extra: dict[str, Any] = {}
+    loggers: list[Any] = []
+    if args.worker == "with":
+        from collector.vllm.plugin import FlightRecorderStatLogger  # what the entry point loads
+
+        extra["scheduler_cls"] = "collector.vllm.RecordingScheduler"
+        loggers.append(FlightRecorderStatLogger)
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=args.model, load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
+                   dtype="bfloat16", enforce_eager=args.eager, disable_log_stats=False, **extra),
+        stat_loggers=loggers,
+    )  # fmt: skip
+    sp = SamplingParams(max_tokens=args.output, ignore_eos=True, temperature=0.0)
+
+    def one_round(round_no: int) -> dict[str, float]:
+        rng = random.Random(round_no)
+        for i in range(args.concurrency):
+            engine.add_request(f"r{round_no}-{i}", {"prompt_token_ids": [rng.randrange(3, 1000) for _ in range(args.prompt)]}, sp)
+        cpu0, t0, tokens = time.process_time(), time.perf_counter(), 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    tokens += len(out.outputs[0].token_ids)
+        return {"tokens": tokens, "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0}
+
+    one_round(-1)  # warm-up, not reported
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+        print(MARK + json.dumps(one_round(int(line))), flush=True)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -122,10 +169,12 @@ def _start(mode: str, args: argparse.Namespace, model: Path, recdir: Path, log: 
     # differ ten-fold in wall and CPU time alike.
     env.update({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if args.engine == "inprocess" else "1",
                 "VLLM_PLUGINS": "flightrec" if mode == "with" else "", "FLIGHTREC_RECORDER_DIR": str(recdir)})  # fmt: skip
     env.pop("FLIGHTREC_ENGINE_NAME", None)
     cmd = [sys.executable, __file__, "--worker", mode, "--model", str(model), "--concurrency", str(args.concurrency),
-           "--prompt", str(args.prompt), "--output", str(args.output)] + (["--eager"] if args.eager else [])  # fmt: skip
+           "--prompt", str(args.prompt), "--output", str(args.output), "--engine", args.engine,
+           ] + (["--eager"] if args.eager else [])  # fmt: skip
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env,
                             start_new_session=True)  # its own group: the engine core goes with it
 
@@ -151,11 +200,19 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (faster start, same for both)")
+    ap.add_argument("--engine", choices=("inprocess", "async"), default="inprocess",
+                    help="inprocess: LLMEngine with the engine core in the worker (exact CPU time); "
+                         "async: AsyncLLM with the engine core in a child process, as vLLM's server runs it")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="both engines without the recorder: the ratio the setup itself gives (ideally 1)")
     ap.add_argument("--worker", choices=("with", "without"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        asyncio.run(_serve(args))
+        if args.engine == "inprocess":
+            _serve_inprocess(args)
+        else:
+            asyncio.run(_serve(args))
         return
 
     work = Path(tempfile.mkdtemp(prefix="flightrec-tput-"))
@@ -163,7 +220,9 @@ def main() -> None:
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     recdir = work / "rec"
-    procs = {m: _start(m, args, model, recdir, work / f"{m}.log") for m in ("with", "without")}
+    # "with" and "without" name the two sides; under --calibrate both run without the recorder
+    procs = {m: _start("without" if args.calibrate else m, args, model, recdir, work / f"{m}.log")
+             for m in ("with", "without")}  # fmt: skip
     try:
         for m, p in procs.items():
             _reply(p)
@@ -195,6 +254,7 @@ def main() -> None:
             "cpu_median_paired_ratio": round(statistics.median(cpu_pairs), 4),
             "cpu_paired_ratio_range": [round(min(cpu_pairs), 4), round(max(cpu_pairs), 4)], "rounds": args.rounds,
             "concurrency": args.concurrency, "prompt": args.prompt, "output": args.output, "eager": args.eager,
+            "calibrate": args.calibrate, "engine": args.engine,
         }, indent=1))  # fmt: skip
     finally:
         for p in procs.values():

@@ -8,7 +8,7 @@ cannot do without stops the recorder (``RecorderError``). What is read, as of vL
 
 - ``SchedulerStats``: num_running_reqs, num_waiting_reqs, num_skipped_waiting_reqs (deferred),
   num_kv_fetch_reqs_by_stage, step_counter, kv_cache_usage, prefix_cache_stats.{queries,hits},
-  kv_connector_stats (``connector_stats``), iteration_details
+  kv_connector_stats (``connector_stats``), connector_prefix_cache_stats, iteration_details
   (``--enable-logging-iteration-details``), cudagraph_stats (``--cudagraph-metrics``).
 - ``IterationStats``: num_prompt_tokens, num_generation_tokens, num_preempted_reqs,
   finished_requests (``FinishedRequestStats``).
@@ -137,6 +137,10 @@ def step_extras(s: Any, finished: Sequence[Any], *, connector: str | None = None
     fetch = getattr(s, "num_kv_fetch_reqs_by_stage", None)
     if fetch and any(fetch.values()):
         extras["waiting_by_reason"] = {f"kv_fetch_{k}": v for k, v in fetch.items()}
+    ext = getattr(s, "connector_prefix_cache_stats", None)  # prefixes offered by the KV connector
+    queries: Any = getattr(ext, "queries", None)
+    if queries:  # only steps that asked the connector
+        extras["external_prefix_cache"] = {"queries": queries, "hits": getattr(ext, "hits", None)}
     details = getattr(s, "iteration_details", None)  # --enable-logging-iteration-details
     if details is not None:
         extras["iteration"] = _plain(details)

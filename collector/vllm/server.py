@@ -11,6 +11,8 @@ vLLM 0.32's process tree (``vllm/entrypoints/cli/serve.py``):
   starts the engine cores and the N API-server processes; each API server's stat logger then
   takes its parent, the supervisor, as the server (``parallel_config._api_process_count > 1``),
   which is also the engine cores' parent;
+- an engine core run inside its client's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as the
+  offline ``LLMEngine`` can) is not a child vLLM started for it: its own pid is the server's;
 - ``--headless`` engine cores (multi-node DP) have no API server on their node: they are named
   after their launcher and join nothing without ``FLIGHTREC_ENGINE_NAME``.
 
@@ -21,6 +23,7 @@ every interface). A ``--config`` file or a Unix socket (``--uds``) leaves the po
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,12 +34,23 @@ from collector.recorder.identity import EngineIdentity
 VLLM_DEFAULT_PORT = 8000
 
 
-def server_pid(vllm_config: Any, *, in_engine_core: bool, pid: int | None = None, ppid: int | None = None) -> int:
-    """The pid of the process that owns the engine's API server (see the module docstring)."""
+def server_pid(
+    vllm_config: Any,
+    *,
+    in_engine_core: bool,
+    pid: int | None = None,
+    ppid: int | None = None,
+    started_by_parent: bool | None = None,
+) -> int:
+    """The pid of the process that owns the engine's API server (see the module docstring).
+    ``started_by_parent``: whether this process is a multiprocessing child (vLLM starts engine
+    cores and extra API servers that way); found out when None."""
     own = os.getpid() if pid is None else pid
     parent = os.getppid() if ppid is None else ppid
+    if started_by_parent is None:
+        started_by_parent = multiprocessing.parent_process() is not None
     if in_engine_core:
-        return parent
+        return parent if started_by_parent else own
     parallel = getattr(vllm_config, "parallel_config", None)
     count = getattr(parallel, "_api_process_count", 1)
     return parent if isinstance(count, int) and count > 1 else own
@@ -87,8 +101,9 @@ def server_identity(
     in_engine_core: bool,
     environ: Mapping[str, str] | None = None,
     proc: Path = Path("/proc"),
+    started_by_parent: bool | None = None,
 ) -> EngineIdentity:
-    pid = server_pid(vllm_config, in_engine_core=in_engine_core)
+    pid = server_pid(vllm_config, in_engine_core=in_engine_core, started_by_parent=started_by_parent)
     host, port = parse_server_args(read_cmdline(pid, proc=proc))
     return EngineIdentity.from_env(
         server_pid=pid, engine_index=engine_index, server_host=host, server_port=port,

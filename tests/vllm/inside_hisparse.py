@@ -114,6 +114,8 @@ so.kv_connector_metadata = MultiKVConnectorMetadata(metadata=(KVConnectorMetadat
 rec.scheduled(reqs, so)
 rec.scheduled(reqs, SchedulerOutput.make_empty())  # a step whose metadata we cannot read
 result["req_to_blocks_untouched"] = sorted(host.req_to_blocks)  # .get never inserts
+host.allocate_new_blocks(reqs[2].request_id, 20, 20)  # the third request gets its first host block
+rec.scheduled(reqs, so)
 
 
 def sched_payloads() -> list[bytes]:

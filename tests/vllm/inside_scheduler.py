@@ -26,7 +26,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from collector.channel.codec import decode  # noqa: E402
+from collector.channel.codec import decode, decode_request_rows  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord, WorkloadRecord  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
@@ -67,7 +67,10 @@ def output_for(so: Any, token: int) -> ModelRunnerOutput:
 def ring(tag: str, role: str) -> list[Any]:
     out = []
     for path in sorted((work / "rec").glob(f"{tag}.{role}.*.ring")):
-        out.extend(o for _, o in (decode(p, engine=tag) for p in RingReader(path).read()) if o is not None)
+        for p in RingReader(path).read():  # R records as row objects (decode keeps their bytes)
+            o = decode_request_rows(tag, p) if p[:1] == b"R" else decode(p, engine=tag)[1]
+            if o is not None:
+                out.append(o)
     return out
 
 

@@ -23,7 +23,7 @@ from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from collector.channel.codec import decode  # noqa: E402
+from collector.channel.codec import decode, decode_request_rows  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
@@ -50,7 +50,9 @@ cfg.kv_transfer_config = kvt  # set after validation: its connectors need a GPU 
 def ring_records(role: str) -> list[object]:
     out = []
     for path in (work / "rec").glob(f"*.{role}.*.ring"):
-        out.extend(decode(p, engine="inside") for p in RingReader(path).read())
+        # R records as row objects (decode keeps them as the recorder's bytes, for ingest)
+        out.extend((None, decode_request_rows("inside", p)) if p[:1] == b"R" else decode(p, engine="inside")
+                   for p in RingReader(path).read())  # fmt: skip
     return out
 
 

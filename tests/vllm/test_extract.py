@@ -132,8 +132,10 @@ def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
         runtime_mode: str = "FULL"
 
     s = SimpleNamespace(iteration_details=Details(), cudagraph_stats=Graph(), kv_connector_stats=None,
-                        num_kv_fetch_reqs_by_stage={"in_progress": 0})  # fmt: skip
+                        num_kv_fetch_reqs_by_stage={"in_progress": 0},
+                        connector_prefix_cache_stats=SimpleNamespace(queries=640, hits=600))  # fmt: skip
     assert step_extras(s, []) == {
+        "external_prefix_cache": {"queries": 640, "hits": 600},
         "iteration": {"iteration_index": 9, "num_ctx_requests": 1, "num_generation_tokens": 15, "elapsed_ms": 24.5},
         "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
     }  # fmt: skip

@@ -18,7 +18,7 @@ def report() -> dict[str, Any]:
 
 def test_mirror_rows_per_request_from_the_steps_connector_metadata(report: dict[str, Any]) -> None:
     assert report["found"] == "HiSparseConnector"  # found among MultiConnector's sub-connectors
-    first, second = report["steps"]
+    first, second, _ = report["steps"]
     assert first["flags"] == report["flags"]["mirror"] | report["flags"]["host_blocks"]
     # 3 + 2 rows for the first request, 1 for the second, 0 for the one not scheduled this step
     assert first["mirror_rows"] == [5, 1, 0]
@@ -26,8 +26,9 @@ def test_mirror_rows_per_request_from_the_steps_connector_metadata(report: dict[
 
 
 def test_host_blocks_per_request_from_the_coordinator(report: dict[str, Any]) -> None:
-    first, second = report["steps"]
+    first, second, third = report["steps"]
     assert first["host_blocks"] == [5, 3, 0] and second["host_blocks"] == [5, 3, 0]
+    assert third["host_blocks"] == [5, 3, 1]  # a list that grew is counted again
     assert report["req_to_blocks_untouched"] == ["cmpl-h0-0-abcdef12", "cmpl-h1-0-abcdef12"]  # never indexed
 
 
