@@ -95,12 +95,19 @@ def test_ctrl_c_stops_cleanly_with_the_table_so_far(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "collector.cli", "replay", "--from-file", str(path),
                                  "--target", url, "--model", "m"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        time.sleep(4.0)  # a few requests done, the replay well under way
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # plain progress lines (stdout is not a terminal), until under way
+            seen.append(line)
+            if "phase 1/2 C1  done" in line:
+                break
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        rest, _ = proc.communicate(timeout=30)
+        out = "".join(seen) + rest
     assert proc.returncode == 130, out
-    assert "phase 1/2 C1  done" in out  # plain progress lines: stdout is not a terminal
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("1 ", "2 "))]
-    assert rows[0][:3] == ["1", "C1", "4"] and int(rows[0][3]) >= 1
+    assert rows[0][:3] == ["1", "C1", "4"] and rows[1][:3] == ["2", "C2", "6"]
+    planned, done, failed, not_sent = (int(x) for x in rows[1][2:6])
+    assert not_sent >= 1 and done + failed + not_sent == planned  # stopped before the end, all counted
     assert "replay interrupted: the table shows the load so far" in out
     assert "Traceback" not in out
