@@ -19,9 +19,15 @@ is never dropped for its age: a long request that is running at the fault is par
 that broke the engine. Both kinds of drop are counted and exported, so a plan can say that it
 does not start at the beginning of the load.
 
-``export`` is pure over the log's state (no clock): the requests in flight at some time in
+``export`` reads the log's state (no clock): the requests in flight at some time in
 ``[fault_ts - max_age_s, fault_ts]``, columnar, with times as offsets from the first kept
 arrival, each request's outcome at the fault, and the concurrency over time.
+
+An engine that died ends its requests without end records. An export with ``crashed`` therefore
+closes the requests still open at the fault (they failed by the crash), and a later export
+starts after that death: a restarted engine under the same name is a fresh process, and the
+previous one's load is not the load before its fault. Exporting the same fault twice (the
+snapshot and its amendment) gives the same workload.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ SCHEMA = "flightrec.workload/v1"
 DEFAULT_MAX_REQUESTS = 10_000
 DEFAULT_MAX_AGE_S = 3600.0
 MAX_EARLY_ENDS = 1024  # ends held for an arrival not yet read (the two records may cross)
+MAX_DEATHS = 64  # engine deaths remembered (each starts the log afresh)
+CRASH_FINISH = "\0engine_died"  # the end a crash gives open requests (no recorder writes it)
 
 # vLLM's finish reasons (FinishReason / RequestStatus, lower-cased by the recorder) and what
 # each means for replay. Anything else is reported as it came, outcome "finished".
@@ -84,6 +92,7 @@ class WorkloadLog:
         self._early_ends: OrderedDict[tuple[str, str], WorkloadRecord] = OrderedDict()
         self._seq = 0
         self._newest = float("-inf")
+        self._deaths: list[float] = []
         self.dropped_by_count = 0
         self.dropped_by_age = 0
         self.ends_without_arrival = 0
@@ -156,18 +165,21 @@ class WorkloadLog:
         recorded after ``fault_ts`` is ignored for the same reason: at the fault it had not
         ended."""
         start = fault_ts - self.max_age_s
+        died_before = max((d for d in self._deaths if d < fault_ts), default=None)
         kept = [
             r for r in self._requests.values()
             if (engine is None or r.engine == engine) and r.arrival <= fault_ts
-            and (r.end is None or r.end >= start)
+            and (r.end is None or r.end >= start) and (died_before is None or r.arrival > died_before)
         ]  # fmt: skip
         after_fault = sum(1 for r in self._requests.values()
                           if (engine is None or r.engine == engine) and r.arrival > fault_ts)  # fmt: skip
+        if crashed:
+            self._died(fault_ts, kept)
         t0 = min((r.arrival for r in kept), default=fault_ts)
         cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         counts = dict.fromkeys(OUTCOMES, 0)
         for r in kept:
-            ended = r.end is not None and r.end <= fault_ts
+            ended = r.end is not None and r.end <= fault_ts and r.finish != CRASH_FINISH
             outcome = _outcome(r.finish) if ended else ("failed_by_crash" if crashed else "in_flight")
             counts[outcome] += 1
             row = {
@@ -185,7 +197,8 @@ class WorkloadLog:
             "crashed": crashed,
             "t0": t0,
             "window": {"start": max(start, t0) if kept else start, "end": fault_ts,
-                       "max_age_s": self.max_age_s, "max_requests": self.max_requests},  # fmt: skip
+                       "max_age_s": self.max_age_s, "max_requests": self.max_requests,
+                       "after_death_at": died_before},  # fmt: skip
             "truncated": {
                 "any": bool(self.dropped_by_count or self.dropped_by_age or self.ends_without_arrival),
                 "dropped_by_count": self.dropped_by_count, "dropped_by_age": self.dropped_by_age,
@@ -196,6 +209,16 @@ class WorkloadLog:
             "requests": {"columns": cols},
             "concurrency": concurrency_series(cols["arrival_offset"], cols["end_offset"], round(fault_ts - t0, 6)),
         }
+
+
+    def _died(self, ts: float, kept: list[_Request]) -> None:
+        """The engine died at ``ts``: what was open there ends there, failed by the crash."""
+        for r in kept:
+            if r.end is None:
+                r.end, r.finish = ts, CRASH_FINISH
+                self._open.pop((r.engine, r.id), None)
+        if ts not in self._deaths:
+            self._deaths = sorted([*self._deaths, ts])[-MAX_DEATHS:]
 
 
 def _outcome(finish: str | None) -> str:
