@@ -158,3 +158,17 @@ def test_a_crash_closes_what_was_open_and_a_restarted_engine_starts_afresh() -> 
     # an end that comes after the crash closed its request is not matched to anything
     log.add(end("b", 6.0))
     assert [r["id"] for r in rows(log.export(110.0, crashed=True))] == ["x", "y"]
+
+
+def test_records_just_after_a_fault_time_to_the_second_are_before_the_death() -> None:
+    """vLLM's log gives the fault to the second: the engine's records a moment later (it was
+    still running) belong to the load before the death, even when read after the capture."""
+    log = WorkloadLog()
+    log.add(arrive("a", 10.2))
+    log.add(arrive("b", 10.3))
+    first = log.export(10.0, crashed=True)  # the CUDA error's log line says 10 s
+    assert [r["outcome"] for r in rows(first)] == ["failed_by_crash", "failed_by_crash"]
+    log.add(end("a", 10.6))  # read after the first capture
+    amended = log.export(10.0, crashed=True)
+    assert [(r["id"], r["outcome"]) for r in rows(amended)] == [("a", "finished"), ("b", "failed_by_crash")]
+    assert max(level for _, level in amended["concurrency"]) == 2
