@@ -19,9 +19,21 @@ is never dropped for its age: a long request that is running at the fault is par
 that broke the engine. Both kinds of drop are counted and exported, so a plan can say that it
 does not start at the beginning of the load.
 
-``export`` is pure over the log's state (no clock): the requests in flight at some time in
+``export`` reads the log's state (no clock): the requests in flight at some time in
 ``[fault_ts - max_age_s, fault_ts]``, columnar, with times as offsets from the first kept
 arrival, each request's outcome at the fault, and the concurrency over time.
+
+An engine that died ends its requests without end records. An export with ``crashed`` therefore
+closes the requests still open at the fault (they failed by the crash), and a later export
+starts after that death: a restarted engine under the same name is a fresh process, and the
+previous one's load is not the load before its fault. Exporting the same fault again (the
+snapshot's amendment) gives the same workload, completed with the records read since.
+
+A fault's time is when the first source saw it: an Xid ~0.4 s before the workers' errors, a
+vLLM log line to the second. The engine's own records cannot postdate its death, so for a
+crash everything it recorded up to ``DEATH_GRACE_S`` after the fault time counts as before the
+death (an end that arrives after the first capture still replaces the crash's close), and a
+restarted engine, which takes longer than that to serve again, starts after it.
 """
 
 from __future__ import annotations
@@ -36,6 +48,9 @@ SCHEMA = "flightrec.workload/v1"
 DEFAULT_MAX_REQUESTS = 10_000
 DEFAULT_MAX_AGE_S = 3600.0
 MAX_EARLY_ENDS = 1024  # ends held for an arrival not yet read (the two records may cross)
+MAX_DEATHS = 64  # engine deaths remembered (each starts the log afresh)
+DEATH_GRACE_S = 5.0
+CRASH_FINISH = "\0engine_died"  # the end a crash gives open requests (no recorder writes it)
 
 # vLLM's finish reasons (FinishReason / RequestStatus, lower-cased by the recorder) and what
 # each means for replay. Anything else is reported as it came, outcome "finished".
@@ -84,6 +99,7 @@ class WorkloadLog:
         self._early_ends: OrderedDict[tuple[str, str], WorkloadRecord] = OrderedDict()
         self._seq = 0
         self._newest = float("-inf")
+        self._deaths: list[float] = []
         self.dropped_by_count = 0
         self.dropped_by_age = 0
         self.ends_without_arrival = 0
@@ -146,6 +162,8 @@ class WorkloadLog:
             if old.end is None or old.end >= horizon:
                 break
             del self._requests[seq]
+            if self._open.get((old.engine, old.id)) == seq:  # closed by a crash, never by its end
+                del self._open[(old.engine, old.id)]
             self.dropped_by_age += 1
 
     def export(self, fault_ts: float, *, crashed: bool, engine: str | None = None) -> dict[str, Any]:
@@ -156,18 +174,25 @@ class WorkloadLog:
         recorded after ``fault_ts`` is ignored for the same reason: at the fault it had not
         ended."""
         start = fault_ts - self.max_age_s
+        cutoff = fault_ts + DEATH_GRACE_S if crashed else fault_ts
+        died_before = max((d for d in self._deaths if d < fault_ts), default=None)
+        after = died_before + DEATH_GRACE_S if died_before is not None else None
         kept = [
             r for r in self._requests.values()
-            if (engine is None or r.engine == engine) and r.arrival <= fault_ts
-            and (r.end is None or r.end >= start)
+            if (engine is None or r.engine == engine) and r.arrival <= cutoff
+            and (r.end is None or r.end >= start) and (after is None or r.arrival > after)
         ]  # fmt: skip
         after_fault = sum(1 for r in self._requests.values()
-                          if (engine is None or r.engine == engine) and r.arrival > fault_ts)  # fmt: skip
+                          if (engine is None or r.engine == engine) and r.arrival > cutoff)  # fmt: skip
+        if crashed:
+            self._died(fault_ts, kept)
         t0 = min((r.arrival for r in kept), default=fault_ts)
+        last = max([fault_ts] + [r.end for r in kept if r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH]
+                   + [r.arrival for r in kept])  # fmt: skip
         cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         counts = dict.fromkeys(OUTCOMES, 0)
         for r in kept:
-            ended = r.end is not None and r.end <= fault_ts
+            ended = r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH
             outcome = _outcome(r.finish) if ended else ("failed_by_crash" if crashed else "in_flight")
             counts[outcome] += 1
             row = {
@@ -185,7 +210,8 @@ class WorkloadLog:
             "crashed": crashed,
             "t0": t0,
             "window": {"start": max(start, t0) if kept else start, "end": fault_ts,
-                       "max_age_s": self.max_age_s, "max_requests": self.max_requests},  # fmt: skip
+                       "max_age_s": self.max_age_s, "max_requests": self.max_requests,
+                       "after_death_at": died_before},  # fmt: skip
             "truncated": {
                 "any": bool(self.dropped_by_count or self.dropped_by_age or self.ends_without_arrival),
                 "dropped_by_count": self.dropped_by_count, "dropped_by_age": self.dropped_by_age,
@@ -194,8 +220,17 @@ class WorkloadLog:
             },  # fmt: skip
             "counts": {"requests": len(kept), **counts},
             "requests": {"columns": cols},
-            "concurrency": concurrency_series(cols["arrival_offset"], cols["end_offset"], round(fault_ts - t0, 6)),
+            "concurrency": concurrency_series(cols["arrival_offset"], cols["end_offset"], round(last - t0, 6)),
         }
+
+
+    def _died(self, ts: float, kept: list[_Request]) -> None:
+        """The engine died at ``ts``: what was open there ends there, failed by the crash."""
+        for r in kept:
+            if r.end is None:  # stays open: its own end, read late, replaces this one
+                r.end, r.finish = ts + DEATH_GRACE_S, CRASH_FINISH
+        if ts not in self._deaths:
+            self._deaths = sorted([*self._deaths, ts])[-MAX_DEATHS:]
 
 
 def _outcome(finish: str | None) -> str:

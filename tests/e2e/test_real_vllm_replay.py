@@ -30,6 +30,8 @@ import pytest
 from collector.cli import main
 from collector.replay.compare import compare
 from collector.replay.plan import build_plan
+from collector.storage.db import make_engine
+from collector.storage.repo import Repository
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -88,12 +90,13 @@ def ramp(base: str, model: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def wait_snapshot(side: str, *, after_id: int = 0, timeout: float = 120.0) -> dict[str, Any] | None:
-    """The first snapshot with an id above ``after_id``, once amended (its workload complete)."""
+def wait_snapshot(side: str, *, snap_id: int | None = None, timeout: float = 120.0) -> dict[str, Any] | None:
+    """The first snapshot (or ``snap_id``), once amended (its workload complete)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            items = [i for i in get_json(f"{side}/api/v1/snapshots?engine={ENGINE}")["items"] if i["id"] > after_id]
+            items = [i for i in get_json(f"{side}/api/v1/snapshots?engine={ENGINE}")["items"]
+                     if snap_id is None or i["id"] == snap_id]  # fmt: skip
             if items:
                 doc = get_json(f"{side}/api/v1/snapshots/{min(i['id'] for i in items)}", timeout=30)
                 if doc.get("summary", {}).get("amended_at") and doc.get("workload"):
@@ -122,7 +125,7 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
     db = f"sqlite:///{tmp_path / 'fr.db'}"
     (tmp_path / "flightrec.yaml").write_text(
         f"engines:\n  - name: {ENGINE}\n    url: {base}\n    log: {tmp_path / 'vllm.log'}\n"
-        "scrape_interval: 0.5\nnvml: off\nkmsg: off\nsnapshot_settle_s: 2.0\nincident_window_s: 5\n"
+        "scrape_interval: 0.5\nnvml: off\nkmsg: off\nsnapshot_settle_s: 2.0\n"
     )
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -150,8 +153,10 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
             rc = main(["replay", str(original["id"]), "--target", base, "--sidecar", side, "--db", db,
                        "--model", str(model), "--json"])  # fmt: skip
         result = json.loads(out.getvalue())
-        replayed = wait_snapshot(side, after_id=original["id"]) if result.get("new_snapshot") else None
-        linked = get_json(f"{side}/api/v1/snapshots/{original['id']}")["summary"].get("replays")
+        named = (result.get("new_snapshot") or {}).get("id")
+        replayed = wait_snapshot(side, snap_id=named) if named else None
+        # the link is in the store (the sidecar's export cache serves the settled document)
+        linked = Repository(make_engine(db), host="x").get_snapshot(original["id"], parts=()).summary.get("replays")
     finally:
         for proc in reversed(procs):
             stop_group(proc)
@@ -164,9 +169,11 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
     # the replay: the engine died again, in the same phase, and its snapshot is linked
     assert rc == 0 and result["died"] is True, result
     assert result["died_phase"] == result["original_crash_phase"] == plan.crash_phase.number, result
-    assert replayed is not None and result["new_snapshot"]["id"] == replayed["id"]
+    assert replayed is not None and replayed["id"] != original["id"]
+    assert replayed["trigger"]["kind"] in ("cuda_error", "engine_fatal", "engine_dead", "engine_down"), replayed["trigger"]
     assert linked and linked[-1]["snapshot_id"] == replayed["id"]
     # the two workloads, as the engines recorded them, within the stated tolerances
     cmp = compare(plan, build_plan(replayed["workload"]))
     assert cmp.same_prompts and cmp.same_max_tokens and cmp.same_concurrency, cmp.notes
     assert cmp.same_fault_point is True, cmp.notes
+    assert result["comparison"]["same"] is True, result["comparison"]  # what the command itself printed

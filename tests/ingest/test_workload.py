@@ -88,7 +88,7 @@ def test_bounded_by_age_but_a_long_request_still_running_is_kept() -> None:
     log.add(arrive("old", 1.0))
     log.add(end("old", 2.0))
     log.add(arrive("new", 150.0))
-    out = log.export(160.0, crashed=True)
+    out = log.export(160.0, crashed=False)  # a manual snapshot: the engine lives on
     assert [r["id"] for r in rows(out)] == ["long", "new"]  # "old" ended before the window
     assert out["window"]["max_age_s"] == 100 and out["window"]["end"] == 160.0
     # pruning while adding: once "long" ends, the old ended requests go
@@ -138,3 +138,37 @@ def test_zero_requests_turns_the_log_off() -> None:
 
 def test_concurrency_series_closes_at_until() -> None:
     assert concurrency_series([0.0], [None], 3.0) == [[0.0, 1], [3.0, 1]]
+
+
+def test_a_crash_closes_what_was_open_and_a_restarted_engine_starts_afresh() -> None:
+    log = WorkloadLog()
+    for rec in (arrive("a", 1.0), end("a", 2.0), arrive("b", 3.0), arrive("c", 3.5)):
+        log.add(rec)
+    first = log.export(5.0, crashed=True)
+    assert first == log.export(5.0, crashed=True)  # the snapshot and its amendment agree
+    assert [r["outcome"] for r in rows(first)] == ["finished", "failed_by_crash", "failed_by_crash"]
+    # the engine restarts under the same name; its requests are a new load
+    for rec in (arrive("x", 100.0), end("x", 101.0), arrive("y", 102.0)):
+        log.add(rec)
+    second = log.export(110.0, crashed=True)
+    assert [(r["id"], r["outcome"]) for r in rows(second)] == [("x", "finished"), ("y", "failed_by_crash")]
+    assert second["window"]["after_death_at"] == 5.0 and second["t0"] == 100.0
+    # b and c are no longer in flight: the concurrency after the restart is the new engine's own
+    assert max(level for _, level in second["concurrency"]) == 1
+    # an end that comes after the crash closed its request is not matched to anything
+    log.add(end("b", 6.0))
+    assert [r["id"] for r in rows(log.export(110.0, crashed=True))] == ["x", "y"]
+
+
+def test_records_just_after_a_fault_time_to_the_second_are_before_the_death() -> None:
+    """vLLM's log gives the fault to the second: the engine's records a moment later (it was
+    still running) belong to the load before the death, even when read after the capture."""
+    log = WorkloadLog()
+    log.add(arrive("a", 10.2))
+    log.add(arrive("b", 10.3))
+    first = log.export(10.0, crashed=True)  # the CUDA error's log line says 10 s
+    assert [r["outcome"] for r in rows(first)] == ["failed_by_crash", "failed_by_crash"]
+    log.add(end("a", 10.6))  # read after the first capture
+    amended = log.export(10.0, crashed=True)
+    assert [(r["id"], r["outcome"]) for r in rows(amended)] == [("a", "finished"), ("b", "failed_by_crash")]
+    assert max(level for _, level in amended["concurrency"]) == 2

@@ -13,7 +13,7 @@ from replay_helpers import ramp_workload
 
 from collector.replay.driver import Driver, target_model
 from collector.replay.plan import build_plan
-from collector.replay.report import LineProgress, result_table, verdict_text
+from collector.replay.report import LineProgress, TtyProgress, result_table, verdict_text
 
 
 @dataclass
@@ -142,8 +142,18 @@ def test_progress_lines_name_the_phase_and_counts() -> None:
     driver = driver_for(engine, plan, speed=1000.0)
     result = run(driver)
     out = io.StringIO()
-    LineProgress(out).update(result, 2.0)
+    lines = LineProgress(out)
+    lines.update(result, 2.0)
     assert out.getvalue() == "phase 2/2 C2  done 3  failed 0  in flight 0  elapsed 0:00:02  rate 1.50 req/s\n"
+    lines.update(result, 3.0)  # same phase, within 10 s of the last line: silent
+    assert out.getvalue().count("\n") == 1
+    tty = io.StringIO()
+    bar = TtyProgress(tty)
+    bar.update(result, 2.0)
+    bar.update(result, 3.0)
+    bar.close()
+    # one line rewritten in place, erased at the end for the table
+    assert tty.getvalue().count("\r\x1b[K") == 3 and "\n" not in tty.getvalue() and "elapsed 0:00:03" in tty.getvalue()
 
 
 def test_the_target_names_its_model() -> None:
