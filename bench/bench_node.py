@@ -262,7 +262,7 @@ def scrape_sidecar(base: str) -> dict[str, Any]:
                 continue
             sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
     out["families"] = {k: v for k, v in sums.items() if any(w in k for w in ("received", "lost", "lag", "behind", "dropped"))}
-    out["steps_received"] = sums.get("flightrec_steps_received_total", sums.get("flightrec_steps_received"))
+    out["steps_received"] = sums.get("flightrec_engine_steps_received_total", sums.get("flightrec_steps_received_total"))
     rows = [v for k, v in sums.items() if "request_rows" in k and "received" in k]
     out["request_rows_received"] = rows[0] if rows else None
     out["lost_bytes"] = sums.get("flightrec_recorder_lost_bytes_total", sums.get("flightrec_recorder_lost_bytes"))

@@ -280,7 +280,8 @@ class Hub:
         return st.ring.steps() if st is not None else []
 
     def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
-        return self.steps(engine)[-n:]
+        st = self.engines.get(engine)
+        return st.ring.recent(n) if st is not None else []
 
     def gpu_samples(self, *, since: float, gpus: set[int] | None = None) -> list[GpuSample]:
         out: list[GpuSample] = []

@@ -36,6 +36,7 @@ class EngineRing:
         self._with_blocks: deque[tuple[int, int]] = deque()  # (run, step) holding a block, oldest first
         self._block_bytes = 0
         self._last: StepRecord | None = None
+        self._out_of_order = False  # a step arrived below the newest: steps() must sort
         self.received = 0
         self.evicted = 0
         self.blocks_evicted = 0  # blocks dropped for the byte bound (their steps kept)
@@ -66,6 +67,8 @@ class EngineRing:
                     self.evicted += 1
             if self._last is None or rec.step >= self._last.step or rec.run != self._last.run:
                 self._last = rec
+            else:
+                self._out_of_order = True
             return rec
         if rec.halves & HALF_STATS:
             for name in STAT_FIELDS:
@@ -103,9 +106,19 @@ class EngineRing:
             old.request_block = None
 
     def steps(self) -> list[StepRecord]:
-        """The held steps in step order (a copy), an earlier run's first."""
-        run = self._run()
-        return sorted(list(self._steps.values()), key=lambda r: (r.run == run, r.step))
+        """The held steps in step order (a copy), an earlier run's first. Arrival order is step
+        order per writer and a merge never moves a step, so it sorts only after a step arrived
+        out of order (a sort of the whole ring per engine per second cost the detector task)."""
+        if self._out_of_order:
+            run = self._run()
+            return sorted(list(self._steps.values()), key=lambda r: (r.run == run, r.step))
+        return list(self._steps.values())
+
+    def recent(self, n: int) -> list[StepRecord]:
+        """The last ``n`` steps, oldest first, without copying the whole ring."""
+        out = [self._steps[step] for _, step in islice(reversed(self._order), n) if step in self._steps]
+        out.reverse()
+        return out
 
     def _run(self) -> int:
         return self._last.run if self._last is not None else 0
