@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any
@@ -44,59 +44,13 @@ from collector.parsers.crash_dump import (
     parse_scheduler_stats,
     scalar,
 )
+from collector.parsers.log_classify import classify
+from collector.parsers.traceback_grammar import _CHAIN, _EXC_TAIL, _TB_START, parse_frames
 from collector.parsers.vllm_log import LogRecordLine, parse_line, parse_timestamp
 
 MAX_RECORD_LINES = 400  # a record longer than this is closed and a new one started
 MAX_LINE_CHARS = 4000  # raw lines kept in an event are cut to this (crash dumps are long)
 
-# (kind, pattern) in priority order; each regex carries a real line it matches.
-_CLASSIFIERS: tuple[tuple[EventKind, re.Pattern[str]], ...] = (
-    # torch.AcceleratorError: CUDA error: unspecified launch failure
-    # RuntimeError: CUDA error: an illegal memory access was encountered
-    # torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB ...
-    # CUDA error: device-side assert triggered / cudaErrorLaunchFailure / CUDA driver error
-    (
-        EventKind.CUDA_ERROR,
-        re.compile(
-            r"CUDA error: |\bcudaError\w*|torch\.AcceleratorError|device-side assert triggered"
-            r"|an illegal memory access was encountered|unspecified launch failure"
-            r"|CUDA out of memory|CUDA driver error|CUBLAS_STATUS_(?!SUCCESS)\w+"
-            r"|CUDNN_STATUS_(?!SUCCESS)\w+|misaligned address"
-        ),
-    ),
-    # torch.distributed.DistBackendError: NCCL error in: .../ProcessGroupNCCL.cpp:1970,
-    #   unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5
-    # ncclUnhandledCudaError: Call to CUDA function failed.
-    # [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, ...)
-    # node:3107:3107 [0] NCCL WARN Cuda failure 'unspecified launch failure'
-    (
-        EventKind.NCCL_ERROR,
-        re.compile(
-            r"NCCL error|\bnccl(?:UnhandledCuda|System|Internal|InvalidUsage|InvalidArgument"
-            r"|Remote)Error\b|NCCL WARN|DistBackendError|Watchdog caught collective operation"
-            r" timeout|ProcessGroupNCCL.{0,80}(?:[Tt]imeout|[Ee]rror|abort)"
-        ),
-    ),
-    # (EngineCore pid=14159) ERROR 11-30 14:46:02 [core.py:1512] EngineCore encountered a
-    #   fatal error.
-    (EventKind.ENGINE_FATAL, re.compile(r"EngineCore encountered a fatal error")),
-    # vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack
-    #   trace (above) for the root cause.
-    # Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down executor.
-    # RuntimeError: Engine core process EngineCore_DP0 died unexpectedly.
-    # [shutdown] MPClient: engine core exited unexpectedly; starting cleanup
-    # EngineCore failed to start. / WorkerProc failed to start.
-    # RuntimeError: Engine core initialization failed. See root cause above.
-    # RuntimeError: Process EngineCore_DP0 (PID: 77) died with exit code -9
-    (
-        EventKind.ENGINE_DEAD,
-        re.compile(
-            r"EngineDeadError|died unexpectedly|exited unexpectedly|EngineCore failed to start"
-            r"|WorkerProc failed to start|Engine core initialization failed"
-            r"|\(PID: \d+\) died with exit code"
-        ),
-    ),
-)
 _CRITICAL_KINDS = {
     EventKind.CUDA_ERROR,
     EventKind.NCCL_ERROR,
@@ -119,21 +73,6 @@ _SHUTDOWN_REQUESTED = re.compile(
 )
 # (APIServer pid=13692) INFO 11-30 14:43:59 [api_server.py:...] vLLM API server version 0.32.0
 _STARTING = re.compile(r"vLLM API server version|Initializing a V1 LLM engine")
-
-_TB_START = "Traceback (most recent call last):"
-_CHAIN = (
-    "During handling of the above exception, another exception occurred:",
-    "The above exception was the direct cause of the following exception:",
-)
-# At most 9 digits in a number we int(): a longer run is not a line number or exit code, and
-# int() of a 5,000-digit one raises ValueError (found by scripts/fuzz.py).
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d{1,9})(?:, in (?P<func>.+))?$')
-# Lines torch appends to a CUDA error message (they follow the exception line).
-_EXC_TAIL = re.compile(
-    r"^(?:CUDA kernel errors might be|For debugging consider passing|Compile with "
-    r"`TORCH_USE_CUDA_DSA`|Search for `cudaError|Exception raised from |frame #\d+:|"
-    r"\[Previous line repeated)"
-)
 
 _DUMP_INPUT = "Dumping input data for V1 LLM engine"
 _DUMP_OUTPUT = "Dumping scheduler output for model execution: "
@@ -159,82 +98,6 @@ _CONFIG_VALUE = {
     key: re.compile(r"\b" + key + r"=('[^']*'|[^,\s]+)") for key in _CONFIG_KEYS
 }
 _CUDAGRAPH_MODE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
-
-
-def classify(text: str) -> list[EventKind]:
-    """Every kind whose pattern occurs in ``text``, most specific first."""
-    return [kind for kind, pattern in _CLASSIFIERS if pattern.search(text)]
-
-
-def parse_frames(messages: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Traceback lines (header removed) -> (frames, exception texts of the chain).
-
-    Each frame is ``{"file", "line", "func", "code", "chain"}``; ``chain`` numbers the
-    sections of a chained traceback (0 for the first of a ``During handling ...`` chain).
-    vLLM 0.32's ``WorkerProc hit an exception.`` record prints the same traceback twice in a
-    row: a section identical to the one before it is dropped.
-    """
-    sections: list[tuple[list[dict[str, Any]], list[str]]] = []
-    frames: list[dict[str, Any]] = []
-    exc: list[str] = []
-    in_frames = False
-
-    def close() -> None:
-        nonlocal frames, exc
-        if frames or exc:
-            sections.append((frames, exc))
-        frames, exc = [], []
-
-    for raw in messages:
-        msg = raw.rstrip()
-        stripped = msg.strip()
-        if stripped == _TB_START:
-            close()
-            in_frames = True
-            continue
-        if stripped in _CHAIN:
-            close()
-            in_frames = False
-            continue
-        m = _FRAME.match(msg)
-        if m is not None:
-            frames.append(
-                {
-                    "file": m.group("file"),
-                    "line": int(m.group("line")),
-                    "func": m.group("func"),
-                    "code": None,
-                }
-            )
-            in_frames = True
-            continue
-        if not stripped:
-            continue
-        if in_frames and msg[:1].isspace():
-            # Code under a frame; skip the ^^^^ / ~~~~ markers of Python 3.11.
-            if frames and frames[-1]["code"] is None and set(stripped) - set("^~ "):
-                frames[-1]["code"] = stripped
-            continue
-        if in_frames or not exc:
-            exc.append(stripped)  # the exception line
-            in_frames = False
-        else:
-            exc[-1] = exc[-1] + "\n" + stripped  # torch's multi-line messages
-    close()
-
-    out_frames: list[dict[str, Any]] = []
-    exceptions: list[str] = []
-    previous: tuple[list[dict[str, Any]], list[str]] | None = None
-    chain = 0
-    for section in sections:
-        if section == previous:
-            continue
-        previous = section
-        for frame in section[0]:
-            out_frames.append({**frame, "chain": chain})
-        exceptions.extend(section[1][:1])
-        chain += 1
-    return out_frames, exceptions
 
 
 @dataclass(slots=True)

@@ -40,12 +40,13 @@ from typing import IO, Literal
 from pydantic import BaseModel, Field
 
 from collector.model import LogLine, MetricsScrape
+from collector.parsers.log_classify import classify
 from collector.parsers.throughput_line import (
     ThroughputLineError,
     is_throughput_line,
     parse_throughput_line,
 )
-from collector.parsers.tracebacks import LogEventizer, classify
+from collector.parsers.tracebacks import LogEventizer
 from collector.parsers.vllm_log import LogRecordLine, parse_line
 from collector.sources.base import Sink
 from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter

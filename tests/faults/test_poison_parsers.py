@@ -58,7 +58,8 @@ def test_huge_pid_is_not_read_and_raises_nothing_else() -> None:
 
 def test_huge_numbers_in_engine_log_lines_raise_nothing() -> None:
     # found by scripts/fuzz.py: int() of a 5,000-digit line number or exit code raised ValueError
-    from collector.parsers.tracebacks import LogEventizer, parse_frames
+    from collector.parsers.traceback_grammar import parse_frames
+    from collector.parsers.tracebacks import LogEventizer
 
     digits = "9" * 5000
     lines = [

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.model import Event, EventKind, Severity
-from collector.parsers.tracebacks import LogEventizer, classify, parse_frames
+from collector.parsers.log_classify import classify
+from collector.parsers.traceback_grammar import parse_frames
+from collector.parsers.tracebacks import LogEventizer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-logs"
 UTC = UTC
