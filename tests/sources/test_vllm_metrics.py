@@ -272,12 +272,13 @@ def test_a_slow_engine_does_not_delay_another_and_its_scrapes_never_overlap() ->
     fast, slow = len(sink.scrapes("fast")), len(sink.scrapes("slow"))
     # 0.6 s at 0.02 s: the fast engine keeps its pace (30 ticks; loosely, on 2 shared cores)
     # while the slow one, at 0.25 s a scrape, gets at most 3, one at a time, missed ticks skipped.
-    # Had the slow engine held the fast one up, both would have the same 1 to 3 scrapes.
-    assert fast >= 10
+    # Had the slow engine held the fast one up, both would have the same 1 to 3 scrapes: twice
+    # that is the line (a busy CI machine gave 9 of the 30 ticks once).
+    assert fast >= 6
     assert 1 <= slow <= 3
     assert in_flight["max_slow"] == 1
     by_name = {s.name: s for s in source.status()}
-    assert by_name["vllm_metrics:slow"].details["skipped_ticks"] >= 10
+    assert by_name["vllm_metrics:slow"].details["skipped_ticks"] >= 5
     assert by_name["vllm_metrics:fast"].up
 
 
