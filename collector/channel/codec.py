@@ -9,7 +9,9 @@ per-step path and must cost microseconds; the rare records are JSON.
                     preemptions, prompt_tokens, generation_tokens, finished,
                     prefix_cache_queries, prefix_cache_hits
     [JSON object]   only when there is more: {"connector": {...}, "finished_requests": [...],
-                    "waiting_by_reason": {...}, "worker": ...}
+                    "waiting_by_reason": {...}, "worker": ..., "null": [...],
+                    "iteration": {...}, "cudagraph": {...}, "external_prefix_cache": {...}}
+                    (the last three as docs/recorder.md describes them)
 
 ``waiting`` counts every waiting request; ``waiting_by_reason`` is rebuilt from ``waiting -
 deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` uses.
