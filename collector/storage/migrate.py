@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from sqlalchemy.exc import SQLAlchemyError
 
-from alembic import command
 from collector.storage.db import StorageError
 
 
