@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity
@@ -209,8 +208,7 @@ class SnapshotCommitter:
         assert job.capture is not None
         doc, blobs = await asyncio.to_thread(_build, job.capture)
         meta = {"incident_key": f"{o.trigger.kind.value}:{int(o.trigger.ts)}", "trigger_uid": o.trigger.uid,
-                "snapshot_id": o.snapshot_id, "amend": job.amend, "counts": _counts(doc),
-                "late_uids": sorted(o.uids())}  # fmt: skip
+                "snapshot_id": o.snapshot_id, "amend": job.amend, "counts": doc.counts()}  # fmt: skip
         name = f"snapshot-{job.capture.trigger.ts:.6f}-{_safe(o.engine)}-{o.trigger.uid[:12]}.spool"
         try:
             if o.spool_path is not None and o.spool_path.name != name:
@@ -340,12 +338,6 @@ class SnapshotCommitter:
 def _build(cap: Capture) -> tuple[SnapshotDoc, dict[str, bytes]]:
     doc = cap.build()
     return doc, pack_parts(doc)
-
-
-def _counts(doc: SnapshotDoc) -> dict[str, Any]:
-    return {"step_count": len(doc.steps), "request_rows": len(doc.requests),
-            "first_step": doc.steps[0]["step"] if doc.steps else None,
-            "last_step": doc.steps[-1]["step"] if doc.steps else None}  # fmt: skip
 
 
 def _safe(name: str) -> str:

@@ -209,6 +209,12 @@ class SnapshotDoc:
             return
         setattr(self, name, RequestTable.coerce(value) if name == "requests" else (value or []))
 
+    def counts(self) -> dict[str, Any]:
+        """What the ``snapshots`` row keeps of the parts (lists show it without reading them)."""
+        return {"step_count": len(self.steps), "request_rows": len(self.requests),
+                "first_step": self.steps[0]["step"] if self.steps else None,
+                "last_step": self.steps[-1]["step"] if self.steps else None}  # fmt: skip
+
     def header(self) -> dict[str, Any]:
         """The export's fields other than the parts."""
         return {

@@ -165,15 +165,17 @@ class RecorderSource:
         self._status.up, self._status.reason, self._status.last_ok = True, "", self.clock()
         return emitted
 
-    def _resolve(self, tail: _Tail, now: float) -> bool:
-        """Join the ring to an engine; False while it should wait for its engine's port."""
+    def _resolve(self, tail: _Tail, now: float, *, wait: bool = True) -> bool:
+        """Join the ring to an engine; False while it should wait for its engine's port (never
+        when ``wait`` is False: its writer is gone, nothing more will come to join it by)."""
         if tail.joined is not None:
             return True
         own = str(tail.meta.get("engine") or tail.engine or "unknown")
         joined = self.join.resolve(own, tail.meta)
         if not joined.configured:
             waiting_for = self.join.names - self.joined_engines()
-            if waiting_for and self.join.targets and now - tail.first_seen < self.join_wait and len(tail.held) < self.max_held:
+            if (wait and waiting_for and self.join.targets and now - tail.first_seen < self.join_wait
+                    and len(tail.held) < self.max_held):
                 return False
             log.warning(
                 "recorder ring %s (engine %s) matches no configured engine: its steps are kept as engine %r; "
@@ -216,7 +218,7 @@ class RecorderSource:
             assert obs is not None
             out.append(obs)
         emitted = 0
-        if out and self._resolve(tail, now if self.alive(info.pid) else now + self.join_wait):
+        if out and self._resolve(tail, now, wait=self.alive(info.pid)):
             engine = tail.engine or "unknown"
             run = tail.run or info.pid
             for obs in out:
@@ -238,7 +240,7 @@ class RecorderSource:
             and now - tail.last_data >= self.silent_after
             and not self.alive(info.pid)
             and tail.engine is not None
-            and self._resolve(tail, now + self.join_wait)
+            and self._resolve(tail, now, wait=False)
         ):
             tail.silent_reported = True
             # A death is news if the writer wrote recently: a ring left by an engine that died

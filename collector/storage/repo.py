@@ -264,7 +264,7 @@ class Repository:
                     fault_ts=doc.fault_ts, trigger_kind=str(doc.trigger.get("kind")),
                     trigger_source=str(doc.trigger.get("source")),
                     trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]),
-                    **(counts or _counts(doc)),
+                    **(counts or doc.counts()),
                     summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint),
                 ).returning(SnapshotRow.id)
             ).scalar_one()  # fmt: skip
@@ -409,7 +409,7 @@ class Repository:
             summary["amended_at"] = time.time()
             conn.execute(
                 update(SnapshotRow).where(SnapshotRow.id == snap_id).values(
-                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(counts or _counts(doc)),
+                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(counts or doc.counts()),
                 )
             )  # fmt: skip
             # delete + insert, not update: a part added since the first commit (peers) has no row
@@ -508,12 +508,6 @@ class Repository:
                  .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
                  .order_by(EngineStepRow.ts))  # fmt: skip
             return [_row_dict(r) for r in conn.execute(q).mappings()]
-
-
-def _counts(doc: SnapshotDoc) -> dict[str, Any]:
-    return {"step_count": len(doc.steps), "request_rows": len(doc.requests),
-            "first_step": doc.steps[0]["step"] if doc.steps else None,
-            "last_step": doc.steps[-1]["step"] if doc.steps else None}  # fmt: skip
 
 
 def _row_dict(row: Any) -> dict[str, Any]:

@@ -106,22 +106,29 @@ def test_a_database_that_is_down_does_not_hold_the_page(tmp_path: Path) -> None:
     assert not committed and len(client.fired) == 1  # paged without the link, within hold_max_s
 
 
-def test_detector_transitions_page_without_alertmanager_being_needed_for_snapshots(migrated_url: str, tmp_path: Path) -> None:
-    """The detector task runs without any Alertmanager: a critical anomaly is an event that takes
-    its snapshot (here through the committer alone, no router)."""
+def test_a_critical_stall_takes_its_snapshot_with_no_alertmanager(migrated_url: str, tmp_path: Path) -> None:
+    """The detector task runs without any Alertmanager: a stall it judges critical is an event
+    that takes its snapshot (through the committer alone, no router)."""
     from collector.detectors.task import DetectorTask
 
+    t0 = 1_796_000_000.0
+    now = [t0 + 40]
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")])
-    hub = Hub(settings)
+    hub = Hub(settings, clock=lambda: now[0])
     committer = SnapshotCommitter(hub, Repository(make_engine(migrated_url), host=hub.host),
                                   spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)  # fmt: skip
     hub.consumers.append(committer.on_event)
     task = DetectorTask(hub, settings.detectors)
-    crit = Event(kind=EventKind.ANOMALY, ts=time.time(), source="detector", message="engine_stall critical",
-                 severity=Severity.CRITICAL, engine="decode-0")  # fmt: skip
-    hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=1, running=1))
-    hub.emit(crit)
-    assert committer.backlog == 1 and task.states() == []
+    for i in range(400):  # 40 s of steps with requests waiting and no token computed
+        hub.emit(StepRecord(engine="decode-0", ts=t0 + i * 0.1, step=i, running=0, waiting=3, kv_cache_usage=0.5,
+                            preemptions=0, prompt_tokens=0, generation_tokens=0, halves=1))  # fmt: skip
+    assert committer.backlog == 0
+    for _ in range(settings.detectors.enter_after + 1):
+        task.tick()
+        now[0] += 1.0
+    stall = [s for s in task.states() if s.name == "engine_stall"]
+    assert stall and stall[0].state.value == "critical", task.states()
+    assert committer.backlog == 1 and committer._open["decode-0"].trigger.kind is EventKind.ANOMALY
 
 
 @pytest.fixture
