@@ -11,10 +11,12 @@ part (decoding the recorder's blocks into the export's columns).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
 from collector.ingest.hub import Hub
+from collector.ingest.requests import pack_blocks
 from collector.model import HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.document import RequestTable
@@ -28,6 +30,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--request-bytes", type=int, default=8 << 20, help="ring_request_bytes")
+    p.add_argument("--random-ids", action="store_true", help="vLLM-like ids (cmpl-<32 random hex>-0), new every step")
     args = p.parse_args()
     hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps,
                        ring_request_bytes=args.request_bytes))  # fmt: skip
@@ -35,10 +38,13 @@ def main() -> None:
         hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, running=args.requests, waiting=0,
                             kv_cache_usage=0.03, preemptions=0, prompt_tokens=0, generation_tokens=args.requests,
                             connector={"mirror_rows": 10}, halves=HALF_STATS))  # fmt: skip
-        rows = [RequestRow(f"cmpl-{j:04d}-abcdef12", 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
+        ids = ([f"cmpl-{random.getrandbits(128):032x}-0" for _ in range(args.requests)] if args.random_ids
+               else [f"cmpl-{j:04d}-abcdef12" for j in range(args.requests)])  # fmt: skip
+        rows = [RequestRow(ids[j], 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
         hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, requests=rows))
     trigger = Event(kind=EventKind.XID, ts=1000 + args.steps * 0.025, source="kmsg", message="Xid 43")
-    cap_t, build_t, pack_t, read_t = [], [], [], []
+    cap_t, build_t, pack_t, read_t, zlib_t = [], [], [], [], []
+    zlib_size = 0
     for _ in range(args.runs):
         t0 = time.perf_counter()
         cap = capture(hub, "d", trigger, gpu_seconds=300)
@@ -49,6 +55,9 @@ def main() -> None:
         t3 = time.perf_counter()
         RequestTable.from_stored(blobs["requests"]).json_bytes()
         t4 = time.perf_counter()
+        blocks = doc.requests.blocks or []
+        zlib_size = len(pack_blocks(blocks, level=1))  # the form not chosen: for the comparison
+        zlib_t.append(time.perf_counter() - t4)
         cap_t.append(t1 - t0)
         build_t.append(t2 - t1)
         pack_t.append(t3 - t2)
@@ -61,6 +70,7 @@ def main() -> None:
     print(f"  build the document (thread): median {ms(build_t)}")
     print(f"  encode the parts (thread):   median {ms(pack_t)}  ({size / 1e3:.0f} kB stored)")
     print(f"  first read of the requests:  median {ms(read_t)}  (decode blocks + JSON, then cached)")
+    print(f"  (blocks zlib level 1 instead: median {ms(zlib_t)}, {len(blobs['requests']) / 1e3:.0f} -> {zlib_size / 1e3:.0f} kB)")
 
 
 if __name__ == "__main__":

@@ -150,10 +150,10 @@ def decode_columns(blocks: Sequence[RequestBlock]) -> dict[str, list[Any]]:
 
 
 # -- the snapshot part: the blocks as the recorder wrote them -----------------------------------
-# Stored uncompressed by default: zlib at its fastest level took 270 ms for a full 8 MiB of
-# blocks at 256 running requests (vLLM's request ids are random hex and barely compress: 8.4 ->
-# 3.0 MB), more than half of the 500 ms fault-to-durable-snapshot budget, and a node's faults
-# come in bursts (bench/bench_freeze.py, bench/bench_node.py). A stored part is therefore at
+# Stored uncompressed by default: zlib at its fastest level took 127 ms for a full 8 MiB of
+# blocks at 256 running requests with vLLM-like random ids (8.3 -> 3.0 MB), a quarter of the
+# 500 ms fault-to-durable-snapshot budget, twice per fault (first commit and amendment), and a
+# node's faults come in bursts (bench/bench_freeze.py --random-ids, bench/bench_node.py). A stored part is therefore at
 # most ``ring_request_bytes`` (8 MiB by default) per engine snapshot.
 BLOB_MAGIC = b"FLRB1\n"  # then zlib( u32 length | R payload, ... )
 RAW_MAGIC = b"FLRB0\n"  # then u32 length | R payload, ...
