@@ -4,7 +4,10 @@ Each request is sent at its recorded arrival offset (divided by ``speed``), but 
 phase's concurrency level is already in flight, and a phase that waited for the one before in
 the original waits here too. On a target as fast as the original that is the original's
 timing; on a slower one it is what the original's closed-loop client would have done: the same
-levels, held longer. Prompts are token ids (``collector.replay.prompts``), so the target needs
+levels, held longer. In a closed-loop phase (``PlanPhase.closed_loop``) only the first
+``concurrency`` requests wait for their offsets; each later one goes as soon as a slot is free,
+so a faster target holds the level too instead of finishing a request before the next one's
+offset. Prompts are token ids (``collector.replay.prompts``), so the target needs
 no tokenizer and the lengths are exact.
 
 A failed request (HTTP 5xx, a dropped connection) makes the driver ask the target's
@@ -179,8 +182,9 @@ class Driver:
             for phase, res in zip(self.plan.phases, self.result.phases, strict=True):
                 if phase.barrier:
                     await self._until(lambda: self._in_flight == 0)
-                for req in phase.requests:
-                    delay = req.offset / self.speed - self.now()
+                for k, req in enumerate(phase.requests):
+                    paced = phase.closed_loop and k >= phase.concurrency
+                    delay = 0.0 if paced else req.offset / self.speed - self.now()
                     if delay > 0:
                         await self._sleep(delay)
                     await self._until(lambda lvl=phase.concurrency: self._in_flight < lvl)  # type: ignore[misc]

@@ -9,6 +9,16 @@ phase drains. A phase **waits** (``barrier``) when, in the original, it started 
 every request of the phase before had ended; the driver then waits the same way, so a slower
 target does not mix two levels.
 
+A phase is **closed-loop** when its client sent each request beyond the first ``concurrency``
+as a response came back: the request arrived within ``CLOSED_LOOP_GAP_S`` of an earlier
+request's end that no other arrival answered, with fewer than ``concurrency`` others in flight.
+That holds for at least ``CLOSED_LOOP_SHARE`` of them in a benchmark ramp. An open-loop
+(rate-driven) load whose arrivals happen to follow ends that closely is paced by slots too: the
+replay then holds its level, not its rate. The driver paces a
+closed-loop phase by its slots, not by the recorded offsets: on a faster target the offsets
+would let the level fall (a request done before the next one's offset), on a slower one they
+change nothing.
+
 Prefix reuse follows the cache hits the engine recorded, nothing else: a request that had
 ``cached_tokens`` = c reuses the first c tokens of the most recent earlier request long enough
 to hold them (the original's sharing structure is not recorded, only its extent). Every other
@@ -17,10 +27,14 @@ token is fresh (``collector.replay.prompts``).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
 from collector.errors import InputError
+
+CLOSED_LOOP_GAP_S = 0.25  # a response to the next request, for a client on the same node or rack
+CLOSED_LOOP_SHARE = 0.8
 
 
 class PlanError(InputError):
@@ -50,6 +64,7 @@ class PlanPhase:
     concurrency: int
     requests: list[PlannedRequest]
     barrier: bool  # the original started it once the phase before had drained
+    closed_loop: bool = False  # its client sent each request when a slot came free
     start: float = 0.0  # first arrival offset
     end: float = 0.0  # last end (or the fault) offset
 
@@ -108,6 +123,41 @@ def levels(arrivals: list[float], ends: list[float | None], until: float) -> lis
     return out
 
 
+def in_flight_at_arrival(arrivals: list[float], ends: list[float | None]) -> list[int]:
+    """For each request, how many others were in flight when it arrived (ends at the same time
+    as an arrival count first, as in ``levels``)."""
+    events = sorted([(a, 1, i) for i, a in enumerate(arrivals)] + [(e, 0, i) for i, e in enumerate(ends) if e is not None])
+    out, open_ = [0] * len(arrivals), 0
+    for _, kind, i in events:
+        if kind == 0:
+            open_ -= 1
+        else:
+            out[i] = open_
+            open_ += 1
+    return out
+
+
+def closed_loop(arrivals: list[float], ends: list[float | None], before: list[int], members: list[int], concurrency: int) -> bool:
+    """Whether the requests ``members`` (indices, in arrival order) were sent by a closed-loop
+    client holding ``concurrency`` in flight (see the module's docstring); ``before`` is
+    ``in_flight_at_arrival``'s answer."""
+    later = members[concurrency:]
+    if not later:
+        return True  # all sent at once: nothing to pace
+    done = sorted(e for e in ends if e is not None)
+    used: set[int] = set()
+    hits = 0
+    for i in later:
+        a = arrivals[i]
+        k = bisect.bisect_right(done, a) - 1  # the latest end at or before the arrival not answered yet
+        while k >= 0 and k in used and a - done[k] <= CLOSED_LOOP_GAP_S:
+            k -= 1
+        if k >= 0 and k not in used and a - done[k] <= CLOSED_LOOP_GAP_S and before[i] < concurrency:
+            used.add(k)
+            hits += 1
+    return hits >= CLOSED_LOOP_SHARE * len(later)
+
+
 def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None = None) -> Plan:
     if not workload:
         raise PlanError("the snapshot holds no workload (recorded before the workload log existed, "
@@ -137,6 +187,7 @@ def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None
             has_stop=r.get("has_stop"), level=lv[i], outcome=str(r.get("outcome") or "finished"),
             output_len=r.get("output_len"), prefix_of=prefix_of, prefix_len=prefix_len,
         ))  # fmt: skip
+    before = in_flight_at_arrival(arrivals, ends)
     phases: list[PlanPhase] = []
     for req in reqs:
         if phases and phases[-1].concurrency == req.level:
@@ -151,6 +202,7 @@ def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None
             prev = phases[k - 1]
             prev_ends = [ends[r.index] for r in prev.requests]
             ph.barrier = all(e is not None and e <= ph.start for e in prev_ends)
+        ph.closed_loop = closed_loop(arrivals, ends, before, [r.index for r in ph.requests], ph.concurrency)
     return Plan(
         phases=phases, crashed=bool(workload.get("crashed")),
         fault_offset=round(until, 6) if fault is not None else None,

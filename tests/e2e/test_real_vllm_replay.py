@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ENGINE = "ramp-0"
 RAMP = ((1, 2), (2, 4), (4, 8), (8, 24))  # (concurrency, requests), closed loop per level
 FAULT_BATCH = 8
-FAULT_AFTER = 70  # steps at batch >= 8 before the error: about two rounds of C8
+# steps at batch >= 8 before the error: the first round of C8 (40 steps) and a quarter of the
+# second, so a replay has the rest of that round (about 30 steps) as margin for its own timing
+FAULT_AFTER = 50
+STEP_MIN_MS = 15  # a GPU decode step's length: the tiny model's 2-3 ms steps race the API server
 OUTPUT_TOKENS = 40
 FAULT_PLUGIN = Path(__file__).resolve().parents[1] / "support" / "fault_plugin"
 
@@ -120,6 +123,7 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
     recorder_dir = tmp_path / "recorder"
     env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir), "FLIGHTREC_ENGINE_NAME": ENGINE}
     engine_env = {**env, "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER), "FLIGHTREC_FAULT_MIN_BATCH": str(FAULT_BATCH),
+                  "FLIGHTREC_FAULT_STEP_MIN_MS": str(STEP_MIN_MS),
                   "PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     args = ["--scheduler-cls", "collector.vllm.RecordingScheduler"]
     db = f"sqlite:///{tmp_path / 'fr.db'}"
@@ -167,7 +171,7 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
     assert [p.concurrency for p in plan.phases] == [1, 2, 4, 8], [(p.concurrency, len(p.requests)) for p in plan.phases]
     assert plan.crash_phase is not None and plan.crash_phase.concurrency == 8
     # the replay: the engine died again, in the same phase, and its snapshot is linked
-    assert rc == 0 and result["died"] is True, result
+    assert rc == 0 and result["died"] is True, json.dumps(result, indent=1)[:6000]
     assert result["died_phase"] == result["original_crash_phase"] == plan.crash_phase.number, result
     assert replayed is not None and replayed["id"] != original["id"]
     assert replayed["trigger"]["kind"] in ("cuda_error", "engine_fatal", "engine_dead", "engine_down"), replayed["trigger"]

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import httpx
 from replay_helpers import ramp_workload
 
+from collector.ingest.workload import WorkloadLog
+from collector.model import WorkloadRecord
 from collector.replay.driver import Driver, target_model
 from collector.replay.plan import build_plan
 from collector.replay.report import LineProgress, TtyProgress, result_table, verdict_text
@@ -80,9 +82,50 @@ def test_the_replay_sends_the_recorded_shape_and_holds_each_level() -> None:
     assert engine.peak == 4
     assert {len(b["prompt"]) for b in engine.bodies} == {200}
     assert {(b["model"], b["max_tokens"], b["ignore_eos"]) for b in engine.bodies} == {("tiny", 50, True)}
-    # never before its recorded offset (scaled by speed)
-    offsets = sorted(r.offset / 100.0 for r in plan.requests)
-    assert all(s >= o - 0.01 for s, o in zip(sorted(engine.sent_at), offsets, strict=True))
+    # the first requests of each level never before their recorded offset (scaled by speed); the
+    # later ones of a closed-loop level go as a slot comes free
+    assert all(p.closed_loop for p in plan.phases)
+    sent = sorted(engine.sent_at)
+    firsts = [sum(len(q.requests) for q in plan.phases[: p.number - 1]) + k for p in plan.phases for k in range(p.concurrency)]
+    offsets = [r.offset / 100.0 for r in plan.requests]
+    assert all(sent[i] >= offsets[i] - 0.01 for i in firsts)
+
+
+def test_a_faster_target_holds_each_level_of_a_closed_loop_phase() -> None:
+    """The original took 0.1 s a request (at this speed), the target 0.02 s: paced by the recorded
+    offsets the C4 level would sit at 4 in flight a fifth of the time; paced by its slots it holds 4."""
+    plan = build_plan(ramp_workload(((4, 24),), prompt_len=10, duration=10.0))
+    assert plan.phases[0].closed_loop
+    engine = FakeEngine(seconds=0.02)
+    changes: list[tuple[float, int]] = []
+    orig = engine.handle
+
+    async def watch(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":
+            return await orig(request)
+        changes.append((time.monotonic(), engine.in_flight + 1))
+        try:
+            return await orig(request)
+        finally:
+            changes.append((time.monotonic(), engine.in_flight))
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(watch))
+    result = asyncio.run(Driver(plan, target="http://engine", model="tiny", client=client, speed=100.0).run())
+    assert result.done == 24 and engine.peak == 4
+    at_level = sum(t1 - t0 for (t0, n), (t1, _) in zip(changes, changes[1:], strict=False) if n == 4)
+    assert at_level / (changes[-1][0] - changes[0][0]) > 0.6, changes
+
+
+def test_an_open_loop_phase_keeps_its_recorded_offsets() -> None:
+    """Arrivals every 0.5 s of requests that take 0.1 s: no arrival answers an end, so the plan
+    paces them by their offsets."""
+    log = WorkloadLog()
+    for i in range(6):
+        a = 1000.0 + 0.5 * i
+        log.add(WorkloadRecord("decode-0", a, {"ev": "arrive", "id": f"r{i}", "ts": a, "prompt_len": 10, "max_tokens": 5}))
+        log.add(WorkloadRecord("decode-0", a + 0.1, {"ev": "end", "id": f"r{i}", "ts": a + 0.1, "output_len": 5, "finish": "length"}))
+    plan = build_plan(log.export(1004.0, crashed=False))
+    assert [p.closed_loop for p in plan.phases] == [False]
 
 
 def test_a_slower_target_gets_the_same_levels_not_more() -> None:

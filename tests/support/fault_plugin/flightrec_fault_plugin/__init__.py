@@ -12,6 +12,10 @@ Environment:
 - ``FLIGHTREC_FAULT_MIN_BATCH=R``: only steps that schedule at least R requests count, so the
   fault comes at a point of the load (N steps at concurrency R or more), not at a step number:
   a replay of the same load meets it at the same point.
+- ``FLIGHTREC_FAULT_STEP_MIN_MS=T``: a step that schedules tokens takes at least T ms, as a
+  GPU's decode step of a real model does (10-30 ms); the tiny test model's CPU steps take 2-3 ms,
+  as short as the API server's handling of one request, so which requests share a step would
+  depend on how busy the machine is rather than on the load.
 - ``FLIGHTREC_FAULT_RANK``: only this TP rank raises (default: every rank).
 - ``FLIGHTREC_FAULT_KIND``: ``raise`` (default) or ``exit``: ``os._exit(FLIGHTREC_FAULT_EXIT_CODE
   or 1)`` instead of raising, to imitate a worker process that dies without a traceback.
@@ -20,6 +24,7 @@ Environment:
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 DEFAULT_MESSAGE = "CUDA error: unspecified launch failure"
@@ -47,6 +52,7 @@ def register() -> None:
     min_batch = int(os.environ.get("FLIGHTREC_FAULT_MIN_BATCH", "1"))
     kind = os.environ.get("FLIGHTREC_FAULT_KIND", "raise")
     exit_code = int(os.environ.get("FLIGHTREC_FAULT_EXIT_CODE", "1"))
+    step_min_s = float(os.environ.get("FLIGHTREC_FAULT_STEP_MIN_MS", "0")) / 1000.0
 
     # Imported here: the API-server process must not pay for the worker import unless asked.
     from vllm.v1.worker import gpu_worker
@@ -55,6 +61,14 @@ def register() -> None:
     steps = {"n": 0}
 
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return _counted(self, *args, **kwargs)
+        finally:
+            if step_min_s and _scheduled_tokens(args, kwargs) > 0:
+                time.sleep(max(step_min_s - (time.monotonic() - started), 0.0))
+
+    def _counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _scheduled_tokens(args, kwargs) > 0 and _scheduled_requests(args, kwargs) >= min_batch:
             steps["n"] += 1
             rank = getattr(self, "rank", None)
