@@ -103,6 +103,23 @@ def test_the_pod_form_shares_the_recorder_folder_and_names_the_engine(tmp_path: 
     assert svc["metadata"]["annotations"]["prometheus.io/port"] == str(vllm["ports"][0]["containerPort"])
 
 
+def uid_of(pod: dict[str, Any], c: dict[str, Any]) -> int | None:
+    """The uid a container runs as: its own securityContext's, else the pod's, else the image's (None)."""
+    own = (c.get("securityContext") or {}).get("runAsUser")
+    return own if own is not None else (pod.get("securityContext") or {}).get("runAsUser")
+
+
+def test_the_engine_and_the_sidecar_run_as_one_non_root_user() -> None:
+    """Ring files are 0600 in a 0700 folder: a sidecar of another uid than the engine's cannot
+    read them (vLLM's image runs as root unless told otherwise)."""
+    pod = one(build("base"), "Deployment")["spec"]["template"]["spec"]
+    vllm, side = container(pod, "vllm"), container(pod, "flightrec")
+    assert uid_of(pod, vllm) == uid_of(pod, side) and uid_of(pod, side) not in (None, 0)
+    # a non-root vLLM needs somewhere writable for its caches and the model
+    home = env(vllm)["HOME"]
+    assert any(home.startswith(m["mountPath"]) for m in vllm["volumeMounts"]) and env(vllm)["HF_HOME"].startswith(home)
+
+
 def test_the_node_form_has_host_pid_kmsg_read_only_and_only_syslog(tmp_path: Path) -> None:
     docs = build("daemonset")
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
