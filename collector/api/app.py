@@ -231,6 +231,15 @@ def create_app(ctx: AppContext) -> FastAPI:
         return {"engines": [t["engine"] for t in taken], "status": "committed" if response.status_code == 201 else "accepted",
                 "snapshots": taken, "ids": ids}  # fmt: skip
 
+    @app.post("/api/v1/snapshots/{snapshot_id}/replays", status_code=201,
+              responses={404: {"description": "no such snapshot"}})  # fmt: skip
+    def link_replay(snapshot_id: Annotated[int, PathId], body: schemas.ReplayLinkIn, _: None = Write) -> dict[str, Any]:
+        """Link a replay (``flightrec replay --sidecar``) from the snapshot it replayed; the
+        snapshot's page and export show it at once."""
+        replays = ctx.repo.add_replay(snapshot_id, body.model_dump())
+        cache.drop(snapshot_id)
+        return {"snapshot_id": snapshot_id, "replays": replays}
+
     @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
     def incidents(
         response: Response,

@@ -47,6 +47,12 @@ class ExportCache:
         created = float(header.get("created_at") or 0.0)
         return bool(summary.get("amended_at")) or self.clock() - created > self.settled_after
 
+    def drop(self, snapshot_id: int) -> None:
+        """Forget a snapshot whose stored form changed (a replay linked from it)."""
+        with self._lock:
+            if snapshot_id in self._items:
+                self._drop(snapshot_id)
+
     def put(self, snapshot_id: int, body: bytes) -> None:
         if len(body) > self.max_bytes // 4:
             return

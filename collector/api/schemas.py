@@ -131,6 +131,21 @@ class ManualSnapshotIn(BaseModel):
     model_config = {"extra": "forbid"}
 
 
+class ReplayLinkIn(BaseModel):
+    """A replay's outcome, linked from the snapshot it replayed (``summary.replays``)."""
+
+    snapshot_id: int | None = Field(default=None, ge=0, le=2**63 - 1, description="the replay's own snapshot")
+    ts: float | None = Field(default=None, description="when the replay began, unix seconds")
+    target: str | None = Field(default=None, max_length=2048)
+    speed: float | None = Field(default=None, gt=0, le=1e6)
+    died: bool
+    died_phase: int | None = Field(default=None, ge=1, le=1_000_000)
+    died_concurrency: int | None = Field(default=None, ge=0, le=1_000_000)
+    done_before_death: int | None = Field(default=None, ge=0, le=2**31)
+
+    model_config = {"extra": "forbid"}
+
+
 class ManualSnapshotOut(BaseModel):
     engines: list[str]
     status: str = Field("committed", description="committed, or accepted while the database is down")

@@ -188,8 +188,9 @@ def _compare(args: argparse.Namespace, settings: Settings, plan: Plan,
 
 def _link(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, plan: Plan,
           result: ReplayResult, new_snap: dict[str, Any] | None) -> str | None:  # fmt: skip
-    """Link the replay from the original when both live in the database we can write."""
-    if new_snap is None or snap.get("id") is None or not (origin == "db" or args.database):
+    """Link the replay from the original: through the sidecar the original came from (it serves
+    the link at once), else in the database when we can write it."""
+    if new_snap is None or snap.get("id") is None or not (origin in ("sidecar", "db") or args.database):
         return None
     entry = {
         "snapshot_id": new_snap.get("id"), "ts": result.started_at, "target": args.target, "speed": args.speed,
@@ -197,11 +198,20 @@ def _link(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], or
         "died_concurrency": plan.phases[result.died_phase - 1].concurrency if result.died_phase else None,
         "done_before_death": result.done_before_death,
     }  # fmt: skip
+    refused = ""
+    if origin == "sidecar":
+        try:
+            source.link_replay_via_sidecar(args.sidecar, int(snap["id"]), entry, token=_token(settings))
+            return f"linked from snapshot {snap['id']} (summary.replays)"
+        except source.SourceError as exc:
+            if not args.database:
+                return f"not linked: {exc}"
+            refused = f"; the sidecar did not take it ({exc}), so its page shows it once its cached copy expires"
     try:
-        source.link_replay(settings.database, int(snap["id"]), entry)
+        source.link_replay(settings.database, int(snap["id"]), entry, host=_host(settings))
     except source.SourceError as exc:
         return f"not linked: {exc}"
-    return f"linked from snapshot {snap['id']} (summary.replays)"
+    return f"linked from snapshot {snap['id']} (summary.replays) in the database{refused}"
 
 
 def _as_json(plan: Plan, result: ReplayResult, new_snap: dict[str, Any] | None, link: str | None) -> dict[str, Any]:

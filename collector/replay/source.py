@@ -107,25 +107,30 @@ async def new_snapshot_from_db(database: str, since: float, *, host: str, wait_s
         await asyncio.sleep(1.0)
 
 
-def link_replay(database: str, original: int, replay: dict[str, Any]) -> None:
-    """Record in the original snapshot's summary that a replay reproduced (or not) its fault."""
-    from sqlalchemy import select, update
-
+def link_replay(database: str, original: int, replay: dict[str, Any], *, host: str) -> None:
+    """Record in the original snapshot's summary, in the database, that a replay reproduced (or
+    not) its fault. A sidecar serving that database may show its cached copy for a while: link
+    through it instead (``link_replay_via_sidecar``) when one watches."""
     from collector.storage.db import make_engine
-    from collector.storage.models import SnapshotRow
+    from collector.storage.repo import NotFound, Repository
 
     engine = make_engine(database)
     try:
-        with engine.begin() as conn:
-            summary = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == original)).scalar_one_or_none()
-            if summary is None:
-                raise SourceError(f"snapshot {original} not found")
-            summary = dict(summary)
-            summary["replays"] = [*(summary.get("replays") or []), replay]
-            conn.execute(update(SnapshotRow).where(SnapshotRow.id == original).values(summary=summary))
-    except Exception as exc:  # noqa: BLE001 - driver errors of either database
-        if isinstance(exc, SourceError):
-            raise
+        Repository(engine, host=host).add_replay(original, replay)
+    except NotFound as exc:
+        raise SourceError(str(exc)) from exc
+    except StorageError as exc:
         raise SourceError(f"cannot link the replay to snapshot {original}: {exc}") from exc
     finally:
         engine.dispose()
+
+
+def link_replay_via_sidecar(base: str, original: int, replay: dict[str, Any], *, token: str | None = None) -> None:
+    """The same link through the sidecar's API, which also drops its cached copy of the original."""
+    try:
+        resp = httpx.post(f"{base.rstrip('/')}/api/v1/snapshots/{original}/replays", json=replay,
+                          headers=_headers(token), timeout=30.0)  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise SourceError(f"sidecar {base}: {exc}") from exc
+    if resp.status_code not in (200, 201):
+        raise SourceError(f"sidecar {base}: linking to snapshot {original}: HTTP {resp.status_code} {resp.text[:200]}")

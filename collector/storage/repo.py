@@ -394,6 +394,20 @@ class Repository:
                 raise StorageError(f"snapshot {snap_id} part {name} is unreadable: {exc}") from exc
         return doc
 
+    def add_replay(self, snap_id: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """Append a replay's outcome to the snapshot's ``summary.replays``; returns the list."""
+        with self._tx() as conn:
+            summary = conn.execute(
+                select(SnapshotRow.summary).where(SnapshotRow.id == snap_id).with_for_update()
+            ).scalar_one_or_none()  # fmt: skip
+            if summary is None:
+                raise NotFound(f"snapshot {snap_id} not found")
+            summary = dict(summary)
+            replays = [*(summary.get("replays") or []), nul_free(redact(entry))]
+            summary["replays"] = replays
+            conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(summary=summary))
+        return replays
+
     def amend_snapshot(self, snap_id: int, doc: SnapshotDoc, *, blobs: dict[str, bytes] | None = None,
                        counts: dict[str, Any] | None = None) -> None:  # fmt: skip
         """Replace a snapshot's parts and summary with a later freeze of the same fault."""
@@ -406,6 +420,8 @@ class Repository:
             blobs["peers"] = pack(doc.peers)
             summary = dict(doc.summary)
             summary["trigger"] = old.get("trigger")
+            if old.get("replays"):  # linked by a replay since the first commit
+                summary["replays"] = old["replays"]
             summary["amended_at"] = time.time()
             conn.execute(
                 update(SnapshotRow).where(SnapshotRow.id == snap_id).values(

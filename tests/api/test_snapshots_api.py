@@ -242,3 +242,21 @@ def test_incidents_group_the_pair_and_hosts_sharing_a_database(client: TestClien
     # a snapshot committed late (spooled while the database was down) joins its fault's incident
     _, i5 = store(ctx.repo, make_doc("decode-1", ts=t + 2))
     assert i5 == i1
+
+
+def test_a_replay_link_is_served_at_once_even_when_the_export_was_cached(api_url: str) -> None:
+    c, ctx = write_client(api_url, api_token="tok-123")
+    auth = {"Authorization": "Bearer tok-123"}
+    snap_id, _ = store(ctx.repo, make_doc(ts=time.time() - 3600))  # settled: its export is cached
+    assert c.get(f"/api/v1/snapshots/{snap_id}").json()["summary"].get("replays") is None
+    link = {"snapshot_id": snap_id + 1, "ts": time.time(), "target": "http://vllm:8000", "speed": 1.0, "died": True,
+            "died_phase": 5, "died_concurrency": 16, "done_before_death": 10}  # fmt: skip
+    assert c.post(f"/api/v1/snapshots/{snap_id}/replays", json=link).status_code == 401
+    r = c.post(f"/api/v1/snapshots/{snap_id}/replays", json=link, headers=auth)
+    assert r.status_code == 201 and r.json()["replays"] == [link], r.text
+    assert c.get(f"/api/v1/snapshots/{snap_id}").json()["summary"]["replays"] == [link]
+    assert c.post(f"/api/v1/snapshots/{snap_id + 99}/replays", json=link, headers=auth).status_code == 404
+    assert c.post(f"/api/v1/snapshots/{snap_id}/replays", json={**link, "extra": 1}, headers=auth).status_code == 422
+    # an amendment after the link keeps it
+    ctx.repo.amend_snapshot(snap_id, make_doc(ts=time.time() - 3600))
+    assert ctx.repo.get_snapshot(snap_id, parts=()).summary["replays"] == [link]

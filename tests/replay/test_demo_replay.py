@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from collector.cli import main
@@ -63,14 +64,15 @@ def _read_lines(proc: subprocess.Popen[str], q: queue.Queue[str]) -> None:
 
 
 def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
-    demo_run: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo_run: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FLIGHTREC_API_TOKEN", "replay-token-1")  # the link is a write, through the sidecar
     db, snap_id = demo_snapshot(demo_run, tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "collector.cli", "demo", "--serve-completions", "--port", "0", "--db", db,
          "--workdir", str(tmp_path / "wd")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env={**os.environ, "FLIGHTREC_SNAPSHOT_SETTLE_S": "1"},
+        env={**os.environ, "FLIGHTREC_SNAPSHOT_SETTLE_S": "1", "FLIGHTREC_API_TOKEN": "replay-token-1"},
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc, lines), daemon=True).start()
@@ -89,8 +91,11 @@ def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
             if m := re.search(r"replay target: (http://\S+) ", line):
                 target = m.group(1)
         assert api and target, "".join(seen)
+        # the original is fetched (and cached) by the sidecar before the replay links to it
+        assert httpx.get(f"{api}/api/v1/snapshots/{snap_id}", timeout=30).status_code == 200
         rc = main(["replay", str(snap_id), "--target", target, "--sidecar", api, "--db", db])
         out = capsys.readouterr().out
+        served = httpx.get(f"{api}/api/v1/snapshots/{snap_id}", timeout=30).json()["summary"].get("replays")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -109,3 +114,4 @@ def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
     assert "prompt lengths same, max tokens same, concurrency same, fault point same" in out, out
     replays = Repository(make_engine(db), host="x").get_snapshot(snap_id, parts=()).summary["replays"]
     assert replays[-1]["snapshot_id"] == new_id and replays[-1]["died_concurrency"] == 16
+    assert served == replays, "the sidecar serves the link at once, not its cached copy"
