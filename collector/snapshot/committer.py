@@ -68,6 +68,7 @@ class OpenSnapshot:
     spool_path: Path | None = None
     committed: asyncio.Future[int] | None = None
     error: str = ""
+    spool_error: str = ""  # why its last spool write failed (held in memory only)
     intent_path: Path | None = None  # the trigger's intent, until the snapshot is committed
     retake: intent.Intent | None = None  # set on a snapshot retaken at start from its intent
 
@@ -226,10 +227,18 @@ class SnapshotCommitter:
             await asyncio.gather(retry, return_exceptions=True)
 
     async def drain(self, timeout: float) -> None:
-        """At shutdown: process what is queued (amendments due now), within ``timeout``."""
+        """At shutdown: process what is queued and the amendments not due yet, within ``timeout``.
+
+        The amendments are queued here, not through a timer of delay 0: ``join`` must see them
+        (a timer fires after it returned, and the amendment was lost at every stop)."""
+        self._closing = True  # no timer queues anything any more
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
         for o in list(self._open.values()):
-            if o.snapshot_id is not None and not o.amended:
-                self._schedule_amend(o, delay=0.0)
+            if not o.amended and o.retake is None:
+                o.amended = True
+                self._put(_Job(o, self._capture(o.engine, o.trigger), amend=True))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._queue.join(), timeout)
 
@@ -246,6 +255,7 @@ class SnapshotCommitter:
             o.spool_path = await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs)
         except OSError as exc:
             o.spool_path = None
+            o.spool_error = str(exc)
             log.error("cannot spool the snapshot of %s (%s): it is held in memory until committed", o.engine, exc)
         spooled = spool.Spooled(o.spool_path or Path(name), doc.header(), meta, blobs)
         job.spooled = spooled
@@ -402,7 +412,11 @@ class SnapshotCommitter:
     async def close(self, timeout: float) -> list[str]:
         """At a graceful stop, after ``drain``: no amendment fires any more, and every snapshot not
         committed yet is spooled (if it is held in memory only) and committed once more, within
-        ``timeout``. Returns what is lost (neither spooled nor committed), one line each, logged."""
+        ``timeout``. Returns what is lost (neither spooled nor committed), one line each, logged.
+
+        Lost means the capture taken at the fault: its trigger's intent (when it was written)
+        survives and the next start retakes it, but only from the rings, which may have moved on,
+        and without the log lines, GPU samples and events the sidecar held."""
         self._closing = True
         for t in self._timers:
             t.cancel()
@@ -422,7 +436,7 @@ class SnapshotCommitter:
                     sp.path = o.spool_path
                     log.warning("snapshot of %s spooled at stop (%s)", o.engine, name)
                 except (OSError, TimeoutError) as exc:
-                    o.error = f"cannot spool: {exc or 'timed out'}"
+                    o.spool_error = str(exc) or "timed out"
             left = max(deadline - asyncio.get_running_loop().time(), 0.0)
             done = False
             if left > 0:
@@ -436,24 +450,23 @@ class SnapshotCommitter:
             what = (f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} "
                     f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(o.trigger.ts))}, event {o.trigger.uid}): "
                     f"{o.trigger.message[:120]!r}")  # fmt: skip
-            retaken = o.intent_path is not None and o.intent_path.exists()
-            log.critical("SNAPSHOT LOST at stop: %s -- neither spooled (%s) nor committed (%s); %s", what, o.error or "?",
-                         "database down", f"its trigger is kept ({o.intent_path.name if o.intent_path else ''}) and is "
-                         "retaken from the rings at the next start, if they still hold the fault" if retaken
-                         else "its trigger is lost too")  # fmt: skip
+            kept = o.intent_path.name if o.intent_path is not None and o.intent_path.exists() else None
+            after = (f"its trigger is kept ({kept}) and is retaken from the rings at the next start, if they still hold the fault"
+                     if kept else "its trigger is lost too")  # fmt: skip
+            log.critical("SNAPSHOT LOST at stop: %s -- neither spooled (%s) nor committed (%s); %s", what,
+                         o.spool_error or "?", (o.error or "timed out").splitlines()[0][:300], after)  # fmt: skip
             lost.append(what)
         while not self._queue.empty():  # captures the drain had no time to build
             _, _, job = self._queue.get_nowait()
             o = job.open
             if job.amend or o.snapshot_id is not None:
                 continue  # the snapshot is committed; only its late evidence is not
-            kept = o.intent_path is not None and o.intent_path.exists()
-            (log.warning if kept else log.critical)(
-                "snapshot of %s for the %s trigger at %.3f not taken before the stop: %s", o.engine, o.trigger.kind.value,
-                o.trigger.ts, "retaken from its intent at the next start" if kept else "LOST, with its trigger",
-            )  # fmt: skip
-            if not kept:
-                lost.append(f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} (event {o.trigger.uid})")
+            has_intent = o.intent_path is not None and o.intent_path.exists()
+            what = f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} (event {o.trigger.uid})"
+            log.critical("SNAPSHOT LOST at stop: %s -- not taken before the stop; %s", what,
+                         "its trigger is kept and is retaken from the rings at the next start, if they still hold the fault"
+                         if has_intent else "its trigger is lost too")  # fmt: skip
+            lost.append(what)
         return lost
 
     async def _recover_spool(self, intents: dict[tuple[str, str], intent.Intent] | None = None) -> None:

@@ -13,10 +13,14 @@ other snapshots pass the point untouched. The points, in the order a snapshot pa
 - ``in_commit_tx``: inside the snapshot's database transaction, before its COMMIT
 - ``after_commit``: committed, its spool file and intent not removed yet
 - ``in_amend``: inside the amendment's transaction (the first version committed)
+
+``FLIGHTREC_SPOOL_FAILS=N`` (no kill) makes the first N spool writes fail as a full disk does
+(``OSError(ENOSPC)``), for the graceful-stop tests (``test_stop.py``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -108,9 +112,25 @@ def install(point: str) -> None:
     event.listen(Engine, "commit", on_commit)
 
 
+def fail_spool_writes(n: int) -> None:
+    original_write = spool.write
+    left = [n]
+
+    def write(directory: Path, name: str, header: dict[str, Any], meta: dict[str, Any], blobs: dict[str, bytes]) -> Path:
+        if left[0] > 0:
+            left[0] -= 1
+            print(f"kill_at: spool write {name} fails (disk full)", file=sys.stderr, flush=True)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original_write(directory, name, header, meta, blobs)
+
+    spool.write = write
+
+
 if __name__ == "__main__":
     if POINT:
         install(POINT)
+    if os.environ.get("FLIGHTREC_SPOOL_FAILS"):
+        fail_spool_writes(int(os.environ["FLIGHTREC_SPOOL_FAILS"]))
     from collector.cli import main
 
     sys.exit(main())
