@@ -398,12 +398,14 @@ class SnapshotCommitter:
             o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
             cap = self._capture(it.engine, it.event)
             cut = it.event.ts + self.settle_s
-            cap.steps = [s for s in cap.steps if s.ts <= cut]
+            kept = [s for s in cap.steps if s.ts <= cut]
+            later, cap.steps = len(cap.steps) - len(kept), kept
             cap.events = [e for e in cap.events if e.ts <= cut and e.uid != it.event.uid]
             cap.events.append(it.event)
             cap.events.sort(key=lambda e: e.ts)
-            cap.extra["retaken"] = {**intent.to_meta(it), "retaken_at": time.time(),
-                                    "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"}  # fmt: skip
+            cap.extra["retaken"] = {**intent.to_meta(it), "retaken_at": time.time(), "steps_after_fault_left_out": later,
+                                    "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"
+                                    + ("" if kept else "; the rings no longer hold the steps before the fault")}  # fmt: skip
             self._recent.append(o)
             log.warning("retaking the snapshot of %s for the %s trigger at %.3f (intent %s)", it.engine,
                         it.event.kind.value, it.event.ts, it.path.name)  # fmt: skip
