@@ -37,11 +37,13 @@ class Node:
     kmsg: Path
     spool: Path
     config: Path
-    ring: RingWriter
+    ring: RingWriter | None  # None: the engine is dead, its ring left behind
     step: int = 0
     log: list[Path] = field(default_factory=list)
 
     def write_steps(self, n: int, start_ts: float, every: float = 0.01) -> None:
+        if self.ring is None:
+            return  # a dead engine writes nothing more
         for i in range(n):
             self.step += 1
             self.ring.append(encode_step_fields(self.step, start_ts + i * every, 0, 4, 1, 0, 0.25, 0, 10, 4, 0, 0, 0))
@@ -73,7 +75,23 @@ class Node:
         return "\n".join(p.read_text(errors="replace") for p in self.log)
 
 
-def make_node(tmp_path: Path, db: str) -> Node:
+DEAD_ENGINE = """
+import sys, time
+from pathlib import Path
+from collector.channel.codec import encode, encode_step_fields
+from collector.channel.naming import ring_file_name
+from collector.channel.ringfile import RingWriter
+import os
+ring = RingWriter(Path(sys.argv[1]) / ring_file_name("decode-0", "stats", os.getpid()), capacity=1 << 20)
+ring.append(encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": os.getpid()}))
+t0 = time.time() - 10.0
+for i in range(300):
+    ring.append(encode_step_fields(i + 1, t0 + i * 0.01, 0, 4, 1, 0, 0.25, 0, 10, 4, 0, 0, 0))
+os._exit(0)  # dies as an engine does: no close, the ring stays
+"""
+
+
+def make_node(tmp_path: Path, db: str, *, dead_engine: bool = False) -> Node:
     rec, kmsg, spool_dir = tmp_path / "rec", tmp_path / "kmsg.log", tmp_path / "spool"
     rec.mkdir(mode=0o700)
     kmsg.write_text("")
@@ -83,6 +101,9 @@ def make_node(tmp_path: Path, db: str) -> Node:
         f"host_name: node-k\napi_token: {TOKEN}\nsnapshot_settle_s: {SETTLE_S}\nincident_window_s: 5\n"
         "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n"
     )  # fmt: skip
+    if dead_engine:  # a process that wrote 300 steps and died before the sidecar started
+        subprocess.run([sys.executable, "-c", DEAD_ENGINE, str(rec)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return Node(tmp_path, db, kmsg, spool_dir, cfg, None, step=300)
     # the engine: this test process, writing its ring the way the in-engine recorder does
     ring = RingWriter(rec / ring_file_name("decode-0", "stats", os.getpid()), capacity=1 << 20)
     ring.append(encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": os.getpid()}))

@@ -30,6 +30,7 @@ TALLY: list[str] = []
 CASES = [(p, "xid", "sqlite") for p in ("before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")]
 CASES += [(p, "manual", "sqlite") for p in ("before_spool", "after_commit", "in_amend")]
 CASES += [(p, "xid", "postgres") for p in ("in_commit_tx", "after_commit")]
+CASES += [("before_spool", "xid", "sqlite-dead-engine")]  # the engine died with the fault: retaken from its left ring
 PARAMS = [pytest.param(p, t, d, id=f"{p}-{t}-{d}", marks=[pytest.mark.slow] + ([pytest.mark.postgres] if d == "postgres" else []))
           for p, t, d in CASES]  # fmt: skip
 
@@ -86,14 +87,15 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
     events = query(node.db, "SELECT uid, kind, ts, snapshot_id FROM events WHERE kind IN ('xid', 'manual')")
     steps = query(node.db, "SELECT count(*), count(DISTINCT engine_id * 10000000000 + run * 100000 + step) FROM engine_steps")
     by_kind: dict[str, list[Any]] = {}
-    for s in snaps:
-        by_kind.setdefault(s.trigger_kind, []).append(s)
+    for s in snaps:  # (a dead engine's ring also makes recorder_silent snapshots, one per start: not ours)
+        if s.trigger_kind in ("xid", "manual"):
+            by_kind.setdefault(s.trigger_kind, []).append(s)
     stored = {k for k in sent if len(by_kind.get(k, [])) == 1}
     lost = sorted(must - set(by_kind))
-    retaken = sorted(s.trigger_kind for s in snaps if _summary(s.summary).get("retaken"))
+    retaken = sorted(s.trigger_kind for s in snaps if _summary(s.summary).get("retaken") and s.trigger_kind in by_kind)
     unanswered = sorted(k for k in sent if k not in must and k not in stored)  # sent as the process died
     # owed: the kernel's line once read, each POST answered, and the trigger killed at the point
-    line = (f"{point:>12} {trigger:>6} {db:>8}: triggers sent {len(sent)}, owed {len(must)}, stored {len(stored)}, "
+    line = (f"{point:>12} {trigger:>6} {db:>18}: triggers sent {len(sent)}, owed {len(must)}, stored {len(stored)}, "
             f"lost {len(lost)}, retaken {retaken or 'none'}, not answered and not stored {unanswered or 'none'}; "
             f"snapshots {len(snaps)}, step rows {steps[0][0]} (distinct {steps[0][1]})")  # fmt: skip
     print(line)
@@ -110,7 +112,7 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
         doc = Repository(make_engine(node.db), host="node-k").get_snapshot(snap.id)
         assert doc.steps and doc.steps[-1]["ts"] <= snap.fault_ts + SETTLE_S  # the rings at the fault, not at the restart
         assert doc.steps[-1]["step"] >= 300
-    assert steps[0][0] == steps[0][1] >= 400  # every step once
+    assert steps[0][0] == steps[0][1] >= node.step == (300 if node.ring is None else 400)  # every step once
     if point == "in_amend":
         assert _summary(by_kind[trigger][0].summary).get("amended_at")  # the spooled amendment committed at restart
     assert not list(node.spool.glob("*.bad"))
