@@ -72,6 +72,7 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
     proc, base = node.start()
     must = {trigger} | acked | {"xid"}
     try:
+
         def settled() -> bool:
             kinds = {r[0] for r in query(node.db, "SELECT trigger_kind FROM snapshots")}
             return must <= kinds and not intent.pending(node.spool) and not spool.pending(node.spool)

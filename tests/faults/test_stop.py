@@ -72,9 +72,7 @@ def test_a_memory_only_snapshot_and_a_database_down_at_stop_is_logged_as_lost_an
 
 
 @pytest.mark.slow
-def test_a_snapshot_whose_spool_write_failed_is_spooled_at_stop_when_the_disk_takes_it(
-    node: Node, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_snapshot_whose_spool_write_failed_is_spooled_at_stop_when_the_disk_takes_it(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     working = node.db
     _with_database(node, DOWN)
     node.config.write_text(node.config.read_text().replace("snapshot_settle_s: 0.5", "snapshot_settle_s: 30"))
