@@ -364,6 +364,9 @@ class SnapshotCommitter:
 
     async def _read_intents(self) -> dict[tuple[str, str], intent.Intent]:
         """The intents an earlier run left: (engine, trigger id) -> intent; torn ones set aside."""
+        # On the loop, so no intent of this run is being written meanwhile: the temporary files a
+        # kill left mid-write (never whole by contract; their trigger's intent retakes it) go.
+        _sweep_temporaries(self.spool_dir)
         out: dict[tuple[str, str], intent.Intent] = {}
         ours = {o.intent_path for o in self._recent}  # accepted by this run before the task started
         for path in await asyncio.to_thread(intent.pending, self.spool_dir):
@@ -496,6 +499,19 @@ class SnapshotCommitter:
                 self._waiting.append(job)
             else:
                 log.warning("committed spooled snapshot %s", path.name)
+
+
+def _sweep_temporaries(directory: Path) -> None:
+    try:
+        leftovers = [p for pattern in (".snapshot-*.spool.tmp", ".trigger-*.intent.tmp") for p in directory.glob(pattern)]
+    except OSError:
+        return
+    for path in leftovers:
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        log.warning("removed %s, a temporary file left by a sidecar stopped while writing it", path.name)
 
 
 def _build(cap: Capture) -> tuple[SnapshotDoc, dict[str, bytes]]:

@@ -116,7 +116,7 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
     assert steps[0][0] == steps[0][1] >= node.step == (300 if node.ring is None else 400)  # every step once
     if point == "in_amend":
         assert _summary(by_kind[trigger][0].summary).get("amended_at")  # the spooled amendment committed at restart
-    assert not list(node.spool.glob("*.bad"))
+    assert not list(node.spool.glob("*.bad")) and not list(node.spool.glob(".*.tmp"))  # nothing set aside or left over
 
 
 def _summary(value: Any) -> dict[str, Any]:
