@@ -104,6 +104,7 @@ class Service:
                 gpus=lambda: list(hub.gpu_meta.values()),
             )  # fmt: skip
             hub.consumers.append(alerter.on_event)
+            committer.on_retaken.append(lambda ev: alerter.on_event(ev, True))  # a retaken trigger pages with its snapshot
             detectors.consumers.append(alerter.on_transition)
         for eng in settings.engines:
             with contextlib.suppress(StorageError):

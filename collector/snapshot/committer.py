@@ -125,6 +125,8 @@ class SnapshotCommitter:
         self._seq = 0
         self._waiting: list[_Job] = []  # spooled, not committed yet (database down)
         self._timers: list[asyncio.TimerHandle] = []  # amendments due (cancelled at close)
+        # told of each trigger retaken at start (the alert router: its page may never have gone)
+        self.on_retaken: list[Callable[[Event], None]] = []
         self._closing = False
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)
@@ -413,6 +415,11 @@ class SnapshotCommitter:
             log.warning("retaking the snapshot of %s for the %s trigger at %.3f (intent %s)", it.engine,
                         it.event.kind.value, it.event.ts, it.path.name)  # fmt: skip
             self._put(_Job(o, cap, amend=False))
+            for cb in self.on_retaken:
+                try:
+                    cb(it.event)
+                except Exception:
+                    log.exception("retake listener failed")
 
     async def close(self, timeout: float) -> list[str]:
         """At a graceful stop, after ``drain``: no amendment fires any more, and every snapshot not
