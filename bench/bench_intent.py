@@ -4,7 +4,7 @@ fsync of the folder), which the committer does on the event loop before a snapsh
     python bench/bench_intent.py [--n 200] [--dir FOLDER]
 
 Prints the median, p90, p99 and max of ``n`` writes of a typical Xid event's intent, in the
-folder given (default: a temporary folder on the file system of ``/tmp``; pass the spool
+folder given (default: a temporary folder, where ``tempfile`` puts one; pass the spool
 folder's file system to measure that disk). Each intent is removed after it is written, as the
 committer does once the snapshot is committed. Nothing here asserts a time.
 """

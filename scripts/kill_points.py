@@ -1,8 +1,8 @@
 """The kill points against any tree of the sidecar: what a SIGKILL at each point of a snapshot
 leaves in the database after the next start, printed one line a point.
 
-    git archive f649385 | tar -x -C /tmp/old        # a tree without trigger intents, say
-    python scripts/kill_points.py --tree /tmp/old
+    git archive f649385 | tar -x -C OLD             # a tree without trigger intents, say
+    python scripts/kill_points.py --tree OLD
     python scripts/kill_points.py                     # this tree
 
 For each point (``tests/faults/kill_at.py`` names them) it writes one engine's ring of 300 steps,
