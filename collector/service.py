@@ -34,6 +34,8 @@ from collector.storage.writer import BatchWriter
 
 log = logging.getLogger(__name__)
 
+STOP_RETRY_S = 10.0  # at stop: the last spool and commit attempts of what is not durable yet
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the service owns SIGINT/SIGTERM."""
@@ -58,6 +60,7 @@ class Service:
         self.started = asyncio.Event()
         self.on_snapshot: list[Any] = []
         self._migrate_every = 5.0  # callables(doc, trigger), e.g. the demo's printer
+        self.lost_snapshots: list[str] = []  # snapshots lost at stop (neither spooled nor committed)
 
     def request_stop(self) -> None:
         if self.stop_event is not None:
@@ -101,6 +104,7 @@ class Service:
                 gpus=lambda: list(hub.gpu_meta.values()),
             )  # fmt: skip
             hub.consumers.append(alerter.on_event)
+            committer.on_retaken.append(lambda ev: alerter.on_event(ev, True))  # a retaken trigger pages with its snapshot
             detectors.consumers.append(alerter.on_transition)
         for eng in settings.engines:
             with contextlib.suppress(StorageError):
@@ -155,6 +159,9 @@ class Service:
             t.cancel()
         await asyncio.gather(*tasks[:n_sources], return_exceptions=True)
         await committer.drain(timeout=10.0)
+        # durability at stop: what is held in memory only is spooled or committed once more;
+        # what neither takes is logged as lost, and the process exits non-zero (collector.cli.serve)
+        self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
         await writer.flush(everything=True)
         for t in tasks[n_sources:]:
             t.cancel()

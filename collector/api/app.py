@@ -228,7 +228,7 @@ def create_app(ctx: AppContext) -> FastAPI:
             response.headers["Location"] = f"/api/v1/snapshots/{ids[0]}"
         else:
             response.status_code = 202
-        return {"engines": [t["engine"] for t in taken], "status": "committed" if response.status_code == 201 else "accepted",
+        return {"engines": [t["engine"] for t in taken], "status": "accepted" if response.status_code == 202 else "committed",
                 "snapshots": taken, "ids": ids}  # fmt: skip
 
     @app.post("/api/v1/snapshots/{snapshot_id}/replays", status_code=201,

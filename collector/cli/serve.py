@@ -100,7 +100,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = settings_from(args, host=args.host, port=args.port)
     _preflight(settings)
-    asyncio.run(_run_service(Service(settings)))
+    svc = Service(settings)
+    asyncio.run(_run_service(svc))
+    if svc.lost_snapshots:  # each logged at CRITICAL with its engine, trigger and time
+        print(f"flightrec serve: {len(svc.lost_snapshots)} snapshot(s) lost at stop (see the log)", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 

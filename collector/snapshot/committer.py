@@ -11,6 +11,16 @@ arriving after the open snapshot was amended. We chose a snapshot of its own ove
 first one because its rings differ (they end at the second fault), and the incident already
 groups the two; its alert links the snapshot that holds it. A manual snapshot is always its own.
 
+Durability of a trigger: the moment a trigger opens a snapshot, its intent is written
+(``intent``: a small fsynced file in the spool folder), before the capture, the spool or the
+database, and before a manual request is answered. It is removed once the snapshot and the
+trigger's event row are committed (one transaction). At start, every intent without a committed
+snapshot is retaken (``_retake``) from the recorder rings, which outlive the sidecar, with the
+trigger's own time; the commit is idempotent on (host, engine, trigger id), so a trigger whose
+snapshot was committed just before a kill is not stored twice. At a graceful stop, snapshots
+still held in memory only are spooled and committed once more within a bound; what neither
+takes is logged as lost (``close``).
+
 Committer (``run``, a task): builds and encodes each capture off the loop, spools it to a file
 (``spool``: atomic, fsynced) before the database sees it, commits it, and only then tells the
 alert router (``on_committed``). A commit that fails (database down, hung, full) leaves the
@@ -26,13 +36,14 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity
-from collector.snapshot import spool
+from collector.snapshot import intent, spool
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import CRASH_KINDS, Capture, capture, is_trigger
 from collector.storage.db import StorageError
@@ -57,6 +68,9 @@ class OpenSnapshot:
     spool_path: Path | None = None
     committed: asyncio.Future[int] | None = None
     error: str = ""
+    spool_error: str = ""  # why its last spool write failed (held in memory only)
+    intent_path: Path | None = None  # the trigger's intent, until the snapshot is committed
+    retake: intent.Intent | None = None  # set on a snapshot retaken at start from its intent
 
     def holds(self, ev: Event) -> bool:
         return ev is self.trigger or any(ev is e for e in self.late) or (bool(ev.uid) and ev.uid in self.uids())
@@ -110,6 +124,10 @@ class SnapshotCommitter:
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Job]] = asyncio.PriorityQueue()
         self._seq = 0
         self._waiting: list[_Job] = []  # spooled, not committed yet (database down)
+        self._timers: list[asyncio.TimerHandle] = []  # amendments due (cancelled at close)
+        # told of each trigger retaken at start (the alert router: its page may never have gone)
+        self.on_retaken: list[Callable[[Event], None]] = []
+        self._closing = False
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)
         self.commit_latency: list[float] = []  # seconds, trigger seen -> committed
@@ -137,6 +155,7 @@ class SnapshotCommitter:
                 self._link_later(trigger, cur.snapshot_id)
             return cur
         opened = OpenSnapshot(engine, trigger, now + self.window_s)
+        self._write_intent(opened)  # first: durable before anything else (and before a POST answers)
         with contextlib.suppress(RuntimeError):
             opened.committed = asyncio.get_running_loop().create_future()
         if cur is None or cur.trigger.kind is not EventKind.MANUAL or trigger.kind is EventKind.MANUAL:
@@ -145,6 +164,18 @@ class SnapshotCommitter:
         del self._recent[:-500]
         self._put(_Job(opened, self._capture(engine, trigger), amend=False))
         return opened
+
+    def _write_intent(self, o: OpenSnapshot) -> None:
+        """One small fsynced file, on the loop: a trigger is rare and its durability is the point
+        (milliseconds; ``BENCHMARKS.md``). A failure is logged and the snapshot goes on."""
+        if not o.trigger.uid:
+            o.trigger.uid = uuid.uuid4().hex  # triggers given straight to snapshot_due (tools, tests)
+        try:
+            o.intent_path = intent.write(self.spool_dir, o.engine, o.trigger, time.time())
+        except OSError as exc:
+            o.error = f"trigger not durable: {exc}"
+            log.error("cannot write the intent of the %s trigger of %s (%s): a kill before its snapshot is "
+                      "spooled loses it", o.trigger.kind.value, o.engine, exc)  # fmt: skip
 
     def _put(self, job: _Job) -> None:
         self._seq += 1
@@ -180,7 +211,9 @@ class SnapshotCommitter:
 
     # -- committing (a task) -------------------------------------------------------------------
     async def run(self) -> None:
-        await self._recover_spool()
+        intents = await self._read_intents()
+        await self._recover_spool(intents)
+        await self._retake(intents)
         retry = asyncio.create_task(self._retry_loop(), name="snapshot-retry")
         try:
             while True:
@@ -196,10 +229,18 @@ class SnapshotCommitter:
             await asyncio.gather(retry, return_exceptions=True)
 
     async def drain(self, timeout: float) -> None:
-        """At shutdown: process what is queued (amendments due now), within ``timeout``."""
+        """At shutdown: process what is queued and the amendments not due yet, within ``timeout``.
+
+        The amendments are queued here, not through a timer of delay 0: ``join`` must see them
+        (a timer fires after it returned, and the amendment was lost at every stop)."""
+        self._closing = True  # no timer queues anything any more
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
         for o in list(self._open.values()):
-            if o.snapshot_id is not None and not o.amended:
-                self._schedule_amend(o, delay=0.0)
+            if not o.amended and o.retake is None:
+                o.amended = True
+                self._put(_Job(o, self._capture(o.engine, o.trigger), amend=True))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._queue.join(), timeout)
 
@@ -216,12 +257,13 @@ class SnapshotCommitter:
             o.spool_path = await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs)
         except OSError as exc:
             o.spool_path = None
+            o.spool_error = str(exc)
             log.error("cannot spool the snapshot of %s (%s): it is held in memory until committed", o.engine, exc)
         spooled = spool.Spooled(o.spool_path or Path(name), doc.header(), meta, blobs)
         job.spooled = spooled
         if job.amend:
             o.amended = True
-        if not job.amend:
+        if not job.amend and o.retake is None:
             self._schedule_amend(o)
         if not await self._commit(job):
             self._waiting = [j for j in self._waiting if j.open is not o]  # the newest version waits
@@ -239,6 +281,7 @@ class SnapshotCommitter:
                 sid, _ = await asyncio.to_thread(
                     self.repo.store_snapshot, doc, incident_window_s=self.window_s,
                     incident_key=str(sp.meta.get("incident_key")), blobs=sp.blobs, counts=counts,
+                    trigger_uid=o.trigger.uid or None, trigger_event=event_row(o.trigger),
                 )  # fmt: skip
                 o.snapshot_id = sid
             else:
@@ -255,6 +298,7 @@ class SnapshotCommitter:
                           o.engine, exc)  # fmt: skip
                 if o.spool_path is not None:
                     spool.set_aside(o.spool_path, str(exc))
+                self._drop_intent(o)  # retaking it would be refused again
                 self._resolve(o)
                 return True
             log.error("snapshot of %s not committed yet (%s); spooled at %s, retrying",
@@ -266,6 +310,7 @@ class SnapshotCommitter:
             sp.path.unlink(missing_ok=True)
         if o.spool_path == sp.path:
             o.spool_path = None
+        self._drop_intent(o)
         if first:
             self.committed += 1
             self.commit_latency.append(max(time.time() - o.trigger.ts, 0.0))
@@ -281,19 +326,25 @@ class SnapshotCommitter:
                     log.exception("snapshot listener failed")
         return True
 
+    def _drop_intent(self, o: OpenSnapshot) -> None:
+        if o.intent_path is not None:
+            intent.remove(o.intent_path)
+            o.intent_path = None
+
     def _resolve(self, o: OpenSnapshot) -> None:
         if o.committed is not None and not o.committed.done():
             o.committed.set_result(o.snapshot_id or 0)
 
     def _schedule_amend(self, o: OpenSnapshot, delay: float | None = None) -> None:
         def due() -> None:
-            if o.amended:
+            if o.amended or self._closing:
                 return
             o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
             self._put(_Job(o, self._capture(o.engine, o.trigger), amend=True))
 
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().call_later(self.settle_s if delay is None else delay, due)
+            self._timers = [t for t in self._timers if not t.cancelled() and t.when() > asyncio.get_running_loop().time()]
+            self._timers.append(asyncio.get_running_loop().call_later(self.settle_s if delay is None else delay, due))
 
     def _link_later(self, ev: Event, snapshot_id: int) -> None:
         async def link() -> None:
@@ -307,32 +358,167 @@ class SnapshotCommitter:
     async def _retry_loop(self) -> None:
         while True:
             await asyncio.sleep(self.retry_every)
-            while self._waiting:
+            while self._waiting and not self._closing:
                 job = self._waiting[0]
                 if not await self._commit(job):
                     break
                 self._waiting.pop(0)
 
-    async def _recover_spool(self) -> None:
+    async def _read_intents(self) -> dict[tuple[str, str], intent.Intent]:
+        """The intents an earlier run left: (engine, trigger id) -> intent; torn ones set aside."""
+        # On the loop, so no intent of this run is being written meanwhile: the temporary files a
+        # kill left mid-write (never whole by contract; their trigger's intent retakes it) go.
+        _sweep_temporaries(self.spool_dir)
+        out: dict[tuple[str, str], intent.Intent] = {}
+        ours = {o.intent_path for o in self._recent}  # accepted by this run before the task started
+        for path in await asyncio.to_thread(intent.pending, self.spool_dir):
+            if path in ours:
+                continue
+            try:
+                it = await asyncio.to_thread(intent.read, path)
+            except intent.IntentError as exc:
+                intent.set_aside(path, str(exc))
+                continue
+            out[(it.engine, it.event.uid)] = it
+        return out
+
+    async def _retake(self, intents: dict[tuple[str, str], intent.Intent]) -> None:
+        """Triggers of an earlier run accepted but not committed (nor spooled): the snapshot is
+        taken again from the rings, cut at the trigger's time plus ``settle_s`` (what the first
+        commit and its amendment would have held), with the trigger's own time and fault."""
+        for it in sorted(intents.values(), key=lambda i: i.event.ts):
+            try:
+                sid = await asyncio.to_thread(self.repo.snapshot_for_trigger, it.engine, it.event.uid)
+            except StorageError:
+                sid = None  # the database is down: retake; the commit is idempotent
+            if sid is not None:
+                # committed before the kill: its event row is stored with it, only the intent was left
+                it.event.data["snapshot_id"] = sid
+                with contextlib.suppress(StorageError):
+                    await asyncio.to_thread(self.repo.store_event, event_row(it.event), sid)
+                intent.remove(it.path)
+                log.warning("trigger %s of %s (intent %s) already has snapshot %d", it.event.kind.value, it.engine,
+                            it.path.name, sid)  # fmt: skip
+                continue
+            o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
+            cap = self._capture(it.engine, it.event)
+            cut = it.event.ts + self.settle_s
+            kept = [s for s in cap.steps if s.ts <= cut]
+            later, cap.steps = len(cap.steps) - len(kept), kept
+            cap.events = [e for e in cap.events if e.ts <= cut and e.uid != it.event.uid]
+            cap.events.append(it.event)
+            cap.events.sort(key=lambda e: e.ts)
+            cap.extra["retaken"] = {**intent.to_meta(it), "retaken_at": time.time(), "steps_after_fault_left_out": later,
+                                    "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"
+                                    + ("" if kept else "; the rings no longer hold the steps before the fault")}  # fmt: skip
+            self._recent.append(o)
+            log.warning("retaking the snapshot of %s for the %s trigger at %.3f (intent %s)", it.engine,
+                        it.event.kind.value, it.event.ts, it.path.name)  # fmt: skip
+            self._put(_Job(o, cap, amend=False))
+            for cb in self.on_retaken:
+                try:
+                    cb(it.event)
+                except Exception:
+                    log.exception("retake listener failed")
+
+    async def close(self, timeout: float) -> list[str]:
+        """At a graceful stop, after ``drain``: no amendment fires any more, and every snapshot not
+        committed yet is spooled (if it is held in memory only) and committed once more, within
+        ``timeout``. Returns what is lost (neither spooled nor committed), one line each, logged.
+
+        Lost means the capture taken at the fault: its trigger's intent (when it was written)
+        survives and the next start retakes it, but only from the rings, which may have moved on,
+        and without the log lines, GPU samples and events the sidecar held."""
+        self._closing = True
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        deadline = asyncio.get_running_loop().time() + timeout
+        lost: list[str] = []
+        for job in list(self._waiting):
+            o, sp = job.open, job.spooled
+            assert sp is not None
+            left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            if o.spool_path is None:
+                name = sp.path.name
+                try:
+                    o.spool_path = await asyncio.wait_for(
+                        asyncio.to_thread(spool.write, self.spool_dir, name, sp.header, sp.meta, sp.blobs), left / 2
+                    )  # fmt: skip
+                    sp.path = o.spool_path
+                    log.warning("snapshot of %s spooled at stop (%s)", o.engine, name)
+                except (OSError, TimeoutError) as exc:
+                    o.spool_error = str(exc) or "timed out"
+            left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            done = False
+            if left > 0:
+                with contextlib.suppress(TimeoutError):
+                    done = await asyncio.wait_for(self._commit(job), left)
+            if done:
+                self._waiting = [j for j in self._waiting if j is not job]
+                continue
+            if o.spool_path is not None:
+                continue  # spooled: committed at the next start
+            what = (f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} "
+                    f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(o.trigger.ts))}, event {o.trigger.uid}): "
+                    f"{o.trigger.message[:120]!r}")  # fmt: skip
+            kept = o.intent_path.name if o.intent_path is not None and o.intent_path.exists() else None
+            after = (f"its trigger is kept ({kept}) and is retaken from the rings at the next start, if they still hold the fault"
+                     if kept else "its trigger is lost too")  # fmt: skip
+            log.critical("SNAPSHOT LOST at stop: %s -- neither spooled (%s) nor committed (%s); %s", what,
+                         o.spool_error or "?", (o.error or "timed out").splitlines()[0][:300], after)  # fmt: skip
+            lost.append(what)
+        while not self._queue.empty():  # captures the drain had no time to build
+            _, _, job = self._queue.get_nowait()
+            o = job.open
+            if job.amend or o.snapshot_id is not None:
+                continue  # the snapshot is committed; only its late evidence is not
+            has_intent = o.intent_path is not None and o.intent_path.exists()
+            what = f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} (event {o.trigger.uid})"
+            log.critical("SNAPSHOT LOST at stop: %s -- not taken before the stop; %s", what,
+                         "its trigger is kept and is retaken from the rings at the next start, if they still hold the fault"
+                         if has_intent else "its trigger is lost too")  # fmt: skip
+            lost.append(what)
+        return lost
+
+    async def _recover_spool(self, intents: dict[tuple[str, str], intent.Intent] | None = None) -> None:
         """Spooled snapshots of an earlier run (a database that was down, a crash mid-commit)."""
+        intents = {} if intents is None else intents
         for path in await asyncio.to_thread(spool.pending, self.spool_dir):
             try:
                 sp = await asyncio.to_thread(spool.read, path)
-                trigger = Event(kind=EventKind(sp.header["trigger"]["kind"]), ts=float(sp.header["fault_ts"]),
-                                source=str(sp.header["trigger"].get("source", "spool")),
-                                message=str(sp.header["trigger"].get("message", "")),
-                                uid=str(sp.meta.get("trigger_uid") or ""))  # fmt: skip
                 engine = str(sp.header["engine"])
-            except (spool.SpoolError, KeyError, TypeError, ValueError) as exc:
+                uid = str(sp.meta.get("trigger_uid") or "")
+                kept = intents.pop((engine, uid), None) if uid else None
+                if kept is not None:
+                    trigger = kept.event  # the trigger as it was accepted (the header's is redacted)
+                else:
+                    trigger = intent.event_from_dict({"source": "spool", **sp.header["trigger"], "ts": sp.header["fault_ts"],
+                                                      "uid": uid})  # fmt: skip
+            except (spool.SpoolError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 spool.set_aside(path, str(exc))
                 continue
-            o = OpenSnapshot(engine, trigger, 0.0, snapshot_id=sp.meta.get("snapshot_id"), amended=True, spool_path=path)
+            o = OpenSnapshot(engine, trigger, 0.0, snapshot_id=sp.meta.get("snapshot_id"), amended=True, spool_path=path,
+                             intent_path=kept.path if kept is not None else None)  # fmt: skip
             job = _Job(o, None, amend=o.snapshot_id is not None, spooled=sp)
             self._recent.append(o)
             if not await self._commit(job):
                 self._waiting.append(job)
             else:
                 log.warning("committed spooled snapshot %s", path.name)
+
+
+def _sweep_temporaries(directory: Path) -> None:
+    try:
+        leftovers = [p for pattern in (".snapshot-*.spool.tmp", ".trigger-*.intent.tmp") for p in directory.glob(pattern)]
+    except OSError:
+        return
+    for path in leftovers:
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        log.warning("removed %s, a temporary file left by a sidecar stopped while writing it", path.name)
 
 
 def _build(cap: Capture) -> tuple[SnapshotDoc, dict[str, bytes]]:

@@ -147,6 +147,9 @@ class SnapshotRow(Base):
         Index("ix_snapshots_created", "created_at"),
         Index("ix_snapshots_engine", "engine"),
         Index("ix_snapshots_trigger", "trigger_kind"),
+        # one snapshot per trigger and engine: a trigger retaken after a restart (its intent
+        # survived a kill after the commit) finds the snapshot it already has
+        Index("uq_snapshots_trigger_uid", "host", "engine", "trigger_uid", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -158,6 +161,7 @@ class SnapshotRow(Base):
     trigger_kind: Mapped[str] = mapped_column(String(32))
     trigger_source: Mapped[str] = mapped_column(String(32))
     trigger_message: Mapped[str] = mapped_column(Text)
+    trigger_uid: Mapped[str | None] = mapped_column(String(40))  # the trigger event's id (NULL before 0003)
     step_count: Mapped[int] = mapped_column(Integer)
     request_rows: Mapped[int] = mapped_column(Integer)
     first_step: Mapped[int | None] = mapped_column(BigInteger)
@@ -184,6 +188,8 @@ class EventRow(Base):
         Index("ix_events_kind_ts", "kind", "ts"),
         Index("ix_events_engine_ts", "engine", "ts"),
         Index("ix_events_uid", "uid"),
+        # an event is one row: the writer's insert and a retaken trigger's insert never both land
+        Index("uq_events_host_uid", "host", "uid", unique=True),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

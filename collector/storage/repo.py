@@ -204,7 +204,8 @@ class Repository:
                     rows.append(g)
                 conn.execute(insert(GpuSampleRow), rows)
             if events:
-                conn.execute(insert(EventRow), [nul_free(dict(e, host=self.host)) for e in events])
+                # insert-or-ignore on (host, uid): a snapshot's commit may have stored the row first
+                conn.execute(self._insert_ignore(EventRow, ["host", "uid"]), [nul_free(dict(e, host=self.host)) for e in events])
             for name, ts in (seen or {}).items():
                 eid = self.engine_id(conn, name)
                 conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))
@@ -238,8 +239,14 @@ class Repository:
 
     # -- snapshots and incidents -----------------------------------------------------------
     def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
-                       blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
+                       blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None,
+                       trigger_uid: str | None = None, trigger_event: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
+
+        ``trigger_uid`` makes the commit idempotent: a snapshot of this engine already stored
+        for that trigger (a retake after a kill that came after the commit) is returned, not
+        stored again. ``trigger_event`` (an ``event_row``) is stored or linked in the same
+        transaction, so the snapshot and its trigger's event row are committed together.
 
         A snapshot joins the incident whose faults lie within ``incident_window_s`` of its own
         (the nearest one, so a spooled snapshot committed late still finds its fault's
@@ -253,6 +260,16 @@ class Repository:
             if self.dialect == "postgresql":
                 # Several sidecars may file the same fault at once: one incident, not two.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": 0x46_4C_52_45_43})
+            if trigger_uid:
+                have = conn.execute(
+                    select(SnapshotRow.id, SnapshotRow.incident_id).where(
+                        SnapshotRow.host == doc.host, SnapshotRow.engine == doc.engine, SnapshotRow.trigger_uid == trigger_uid)
+                ).first()  # fmt: skip
+                if have is not None:
+                    if trigger_event is not None:
+                        self._store_event(conn, trigger_event, have.id)
+                    doc.id, doc.incident_id = have.id, have.incident_id
+                    return int(have.id), int(have.incident_id or 0)
             doc.peers = self._peers(conn, doc)
             blobs["peers"] = pack(doc.peers)
             incident_id = self._incident_for(conn, doc, incident_window_s, incident_key)
@@ -263,7 +280,7 @@ class Repository:
                     incident_id=incident_id, host=doc.host, engine=doc.engine, created_at=doc.created_at,
                     fault_ts=doc.fault_ts, trigger_kind=str(doc.trigger.get("kind")),
                     trigger_source=str(doc.trigger.get("source")),
-                    trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]),
+                    trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]), trigger_uid=trigger_uid or None,
                     **(counts or doc.counts()),
                     summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint),
                 ).returning(SnapshotRow.id)
@@ -276,8 +293,38 @@ class Repository:
                 update(IncidentRow).where(IncidentRow.id == incident_id)
                 .values(snapshot_count=IncidentRow.snapshot_count + 1)
             )  # fmt: skip
+            if trigger_event is not None:
+                self._store_event(conn, trigger_event, snap_id)
         doc.id, doc.incident_id = snap_id, incident_id
         return snap_id, incident_id
+
+    def _store_event(self, conn: Connection, ev: dict[str, Any], snapshot_id: int) -> None:
+        """The event's row, pointing at the snapshot: inserted when the writer has not written it
+        (yet, or ever: a sidecar killed before its flush), else linked. One row per event id."""
+        row = nul_free(dict(ev, host=self.host, snapshot_id=snapshot_id))
+        if not row.get("uid"):
+            conn.execute(insert(EventRow).values(**row))
+            return
+        conn.execute(self._insert_ignore(EventRow, ["host", "uid"]).values(**row))
+        conn.execute(
+            update(EventRow)
+            .where(EventRow.host == self.host, EventRow.uid == row["uid"], EventRow.snapshot_id.is_(None))
+            .values(snapshot_id=snapshot_id)
+        )  # fmt: skip
+
+    def store_event(self, ev: dict[str, Any], snapshot_id: int) -> None:
+        """``_store_event`` in its own transaction (a retaken trigger whose snapshot is stored)."""
+        with self._tx() as conn:
+            self._store_event(conn, ev, snapshot_id)
+
+    def snapshot_for_trigger(self, engine: str, trigger_uid: str, *, host: str | None = None) -> int | None:
+        """The id of the snapshot stored for this trigger and engine, or None."""
+        with self._tx() as conn:
+            row = conn.execute(
+                select(SnapshotRow.id).where(SnapshotRow.host == (host or self.host), SnapshotRow.engine == engine,
+                                             SnapshotRow.trigger_uid == trigger_uid)
+            ).first()  # fmt: skip
+        return None if row is None else int(row[0])
 
     def _peers(self, conn: Connection, doc: SnapshotDoc) -> list[dict[str, Any]]:
         """The other engines of the snapshot's P/D pair, with their last fingerprints."""

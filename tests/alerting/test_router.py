@@ -179,3 +179,28 @@ def test_an_xid_line_becomes_an_alert_whose_link_opens(alertmanager: LocalAlertm
     assert alert["labels"]["xid"] == "43" and alert["labels"]["pci_bus_id"] == "00000000:00:06.0"
     assert alert["labels"]["severity"] == "warning"  # the catalog: Xid 43 is an application fault
     assert alert["generatorURL"].endswith(f"/snapshots/{sid}")
+
+
+def test_a_trigger_retaken_at_start_pages_with_its_retaken_snapshot(migrated_url: str, tmp_path: Path) -> None:
+    """A sidecar killed before its snapshot was committed never sent the page (it waits for the
+    commit); the next start retakes the trigger from its intent, and the page goes with the link."""
+    from collector.snapshot import intent
+
+    ev = Event(kind=EventKind.XID, ts=time.time() - 5, source="kmsg", message=XID_LINE, xid=43, severity=Severity.CRITICAL,
+               uid="ab" * 16)  # fmt: skip
+    intent.write(tmp_path / "spool", "decode-0", ev, ev.ts)  # what the killed sidecar left
+    hub, committer, alerter, client, committed = _wired(migrated_url, tmp_path)
+    committer.on_retaken.append(lambda e: alerter.on_event(e, True))  # as the service wires it
+
+    async def scenario() -> None:
+        task = asyncio.create_task(committer.run())
+        for _ in range(100):
+            if client.fired:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert len(committed) == 1 and len(client.fired) == 1
+    alert = client.fired[0][1]
+    assert alert.generator_url == f"http://fr.example/snapshots/{committed[0][1]}" and alert.starts_at == ev.ts

@@ -5,10 +5,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from collector.ingest.hub import Hub
 from collector.model import HALF_STATS, Event, EventKind, LogLine, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.snapshot import spool
+from collector.snapshot import intent, spool
 from collector.snapshot.committer import SnapshotCommitter
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
@@ -217,3 +219,158 @@ def test_a_disk_full_spool_still_commits_from_memory(migrated_url: str, tmp_path
 
     asyncio.run(_run(c, body))
     assert len(committed) == 1
+
+
+# -- trigger intents: durable before acknowledged, retaken after a kill ---------------------------
+
+
+def test_the_trigger_is_durable_before_the_policy_returns_and_its_intent_goes_with_the_commit(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
+    seen: list[list[str]] = []
+
+    async def body() -> None:
+        hub.emit(step(1))
+        ev = fault(EventKind.XID, "kmsg", "Xid 79", xid=79)
+        hub.emit(ev)  # no await since: nothing ran on the loop but the policy
+        seen.append([intent.read(p).event.uid for p in intent.pending(tmp_path / "spool")])
+        assert seen[0] == [ev.uid]
+        for _ in range(50):
+            if committed and not intent.pending(tmp_path / "spool"):
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(_run(c, body))
+    assert len(committed) == 1 and not intent.pending(tmp_path / "spool")
+    # the trigger's event row is stored with the snapshot, once, whoever wrote it first
+    rows = [e for e in repo.list_events() if e["kind"] == "xid"]
+    assert len(rows) == 1 and rows[0]["snapshot_id"] == committed[0]
+
+
+def _left_by_a_kill(tmp_path: Path, ev: Event, accepted_at: float) -> None:
+    """What a sidecar killed after accepting ``ev`` and before spooling its snapshot leaves."""
+    intent.write(tmp_path / "spool", "decode-0", ev, accepted_at)
+
+
+def test_an_intent_left_by_a_kill_is_retaken_from_the_rings_with_its_fault_time(migrated_url: str, tmp_path: Path) -> None:
+    t0 = time.time() - 30
+    ev = Event(kind=EventKind.XID, ts=t0 + 10, source="kmsg", message="Xid 79, GPU has fallen off the bus", xid=79,
+               severity=Severity.CRITICAL, uid="feedfacefeedfacefeedfacefeedface")  # fmt: skip
+    _left_by_a_kill(tmp_path, ev, accepted_at=t0 + 10.001)
+    (tmp_path / "spool" / "trigger-9.000000-decode-0-torn.intent").write_bytes(intent.MAGIC + b'{"engine"')
+
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
+    # the new sidecar reads the ring again: steps before the fault, and after it (the engine went on)
+    ring = [StepRecord(engine="decode-0", ts=t0 + i * 0.5, step=i, running=3, halves=HALF_STATS) for i in range(30)]
+    c.before_capture = lambda: [hub.emit(s) for s in ring if not hub.engines["decode-0"].ring.get(s.step)]
+
+    async def body() -> None:
+        for _ in range(50):
+            if committed:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(_run(c, body))
+    [row] = repo.list_snapshots(SnapshotFilter())[0]
+    assert committed == [row["id"]] and row["fault_ts"] == pytest.approx(ev.ts) and row["trigger_kind"] == "xid"
+    doc = repo.get_snapshot(row["id"])
+    # the ring at the fault (and the settle after it), not at the restart
+    assert doc.steps[-1]["ts"] <= ev.ts + c.settle_s and doc.steps[-1]["step"] == 20
+    assert doc.summary["retaken"]["accepted_at"] == pytest.approx(t0 + 10.001)
+    assert [e["uid"] for e in doc.events if e["kind"] == "xid"] == [ev.uid]
+    events = [e for e in repo.list_events() if e["kind"] == "xid"]
+    assert len(events) == 1 and events[0]["snapshot_id"] == row["id"] and events[0]["xid"] == 79
+    assert not intent.pending(tmp_path / "spool")
+    assert (tmp_path / "spool" / "trigger-9.000000-decode-0-torn.intent.bad").exists()
+
+
+def test_a_retaken_trigger_whose_snapshot_was_committed_before_the_kill_is_not_stored_twice(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """A kill after the commit, before the spool file and the intent were removed."""
+    hub, repo, c, committed = setup(migrated_url, tmp_path)
+    ev = fault(EventKind.XID, "kmsg", "Xid 43", xid=43)
+    kept: dict[str, bytes] = {}
+    original = spool.write
+
+    def write_and_keep(*args: Any) -> Path:  # what the killed run left on disk
+        path = original(*args)
+        kept.setdefault(path.name, path.read_bytes())
+        return path
+
+    async def body() -> None:
+        hub.emit(step(1))
+        hub.emit(ev)
+        kept["intent"] = intent.pending(tmp_path / "spool")[0].read_bytes()
+        for _ in range(50):
+            if committed:
+                break
+            await asyncio.sleep(0.05)
+
+    spool.write = write_and_keep  # type: ignore[assignment]
+    try:
+        asyncio.run(_run(c, body))
+    finally:
+        spool.write = original  # type: ignore[assignment]
+    assert len(committed) == 1
+    (tmp_path / "spool" / intent.file_name("decode-0", ev)).write_bytes(kept.pop("intent"))
+    name, data = next(iter(kept.items()))
+    (tmp_path / "spool" / name).write_bytes(data)
+
+    _, repo2, c2, committed2 = setup(migrated_url, tmp_path)  # the restart
+
+    async def again() -> None:
+        await asyncio.sleep(0.5)
+
+    asyncio.run(_run(c2, again))
+    assert len(repo2.list_snapshots(SnapshotFilter())[0]) == 1
+    assert len([e for e in repo2.list_events() if e["kind"] == "xid"]) == 1
+    assert not intent.pending(tmp_path / "spool") and not spool.pending(tmp_path / "spool")
+
+
+def test_at_close_a_memory_only_snapshot_with_the_database_down_is_reported_lost(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db' / 'f.db'}"
+    (tmp_path / "db").mkdir()  # no tables: every commit fails
+    hub, repo, c, committed = setup(url, tmp_path)
+    original = spool.write
+
+    def disk_full(*args: Any) -> Path:
+        raise OSError(28, "No space left on device")
+
+    lost: list[str] = []
+
+    async def body() -> None:
+        hub.emit(step(1))
+        hub.emit(fault(EventKind.CUDA_ERROR, "log", "CUDA error: an illegal memory access"))
+        await asyncio.sleep(0.3)
+        await c.drain(timeout=2)
+        lost.extend(await c.close(timeout=2))
+
+    spool.write = disk_full  # type: ignore[assignment]
+    try:
+        asyncio.run(_run(c, body))
+    finally:
+        spool.write = original  # type: ignore[assignment]
+    assert not committed and len(lost) == 1
+    assert lost[0].startswith("engine decode-0, trigger cuda_error at ") and "illegal memory access" in lost[0]
+    assert len(intent.pending(tmp_path / "spool")) == 1  # its trigger survives for the next start
+
+
+def test_the_drain_commits_the_amendment_not_due_yet(migrated_url: str, tmp_path: Path) -> None:
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=30.0)
+
+    async def body() -> None:
+        hub.emit(step(1))
+        hub.emit(fault(EventKind.XID, "kmsg", "Xid 43", xid=43))
+        for _ in range(50):
+            if committed:
+                break
+            await asyncio.sleep(0.05)
+        hub.emit(step(2))  # late evidence
+        await c.drain(timeout=5)
+        assert await c.close(timeout=2) == []
+
+    asyncio.run(_run(c, body))
+    [row] = repo.list_snapshots(SnapshotFilter())[0]
+    assert row["last_step"] == 2 and row["summary"].get("amended_at")
