@@ -275,8 +275,16 @@ class SnapshotCommitter:
         assert sp is not None
         doc = SnapshotDoc.from_export({k: v for k, v in sp.header.items() if k not in ("id", "incident_id")})
         counts = sp.meta.get("counts") or {}
-        first = o.snapshot_id is None
+        first, dup = o.snapshot_id is None, False
         try:
+            if o.snapshot_id is None and o.trigger.uid and o.retake is None:
+                # The same trigger reported again (a restarted sidecar reading a dead engine's
+                # ring once more): its snapshot is stored; this capture of it holds less (the
+                # logs are followed from their end), so it neither replaces nor amends it.
+                have = await asyncio.to_thread(self.repo.snapshot_for_trigger, o.engine, o.trigger.uid, host=doc.host)
+                if have is not None:
+                    o.snapshot_id, o.amended, first, dup = have, True, False, True
+                    log.info("trigger %s of %s already has snapshot %d; not stored again", o.trigger.kind.value, o.engine, have)
             if o.snapshot_id is None:
                 sid, _ = await asyncio.to_thread(
                     self.repo.store_snapshot, doc, incident_window_s=self.window_s,
@@ -286,7 +294,8 @@ class SnapshotCommitter:
                 o.snapshot_id = sid
             else:
                 sid = o.snapshot_id
-                await asyncio.to_thread(self.repo.amend_snapshot, sid, doc, blobs=sp.blobs, counts=counts)
+                if not dup:  # already stored: only its events are linked below
+                    await asyncio.to_thread(self.repo.amend_snapshot, sid, doc, blobs=sp.blobs, counts=counts)
             for ev in (o.trigger, *o.late):
                 ev.data["snapshot_id"] = sid
                 await asyncio.to_thread(self.repo.link_event, event_row(ev), sid)
@@ -311,6 +320,8 @@ class SnapshotCommitter:
         if o.spool_path == sp.path:
             o.spool_path = None
         self._drop_intent(o)
+        if dup:
+            self._resolve(o)  # already stored: the caller waiting for its id gets it
         if first:
             self.committed += 1
             self.commit_latency.append(max(time.time() - o.trigger.ts, 0.0))

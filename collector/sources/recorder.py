@@ -10,6 +10,7 @@ the last records were read (so the snapshot holds the steps up to the death).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -260,6 +261,10 @@ class RecorderSource:
                             f"silent and its process is gone"
                         ),
                         data={"ring": path.name, "last_data_ts": tail.last_data},
+                        # One death, one id: a sidecar restarted within the window reads the same
+                        # dead ring again and reports the same event, which the store already holds
+                        # (snapshots are idempotent on their trigger's id).
+                        uid=hashlib.sha1(f"recorder_silent:{path.name}:{info.pid}:{info.head}".encode()).hexdigest(),
                     )
                 )
         if tail.silent_reported and now - tail.last_data > self.keep_dead_for:

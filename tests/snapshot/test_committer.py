@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -374,3 +375,31 @@ def test_the_drain_commits_the_amendment_not_due_yet(migrated_url: str, tmp_path
     asyncio.run(_run(c, body))
     [row] = repo.list_snapshots(SnapshotFilter())[0]
     assert row["last_step"] == 2 and row["summary"].get("amended_at")
+
+
+def test_the_same_trigger_reported_again_after_a_restart_keeps_its_first_snapshot(migrated_url: str, tmp_path: Path) -> None:
+    """A restarted sidecar reads a dead engine's ring again and reports its death with the same
+    id: the stored snapshot (with the log lines the first run saw) is neither duplicated nor
+    amended by the poorer second capture."""
+    death = fault(EventKind.RECORDER_SILENT, "recorder", "recorder channel went silent", uid="silent-of-ring-7")
+
+    def run_once(with_log: bool) -> None:
+        hub, repo, c, _ = setup(migrated_url, tmp_path)
+
+        async def body() -> None:
+            for i in range(20):
+                hub.emit(step(i))
+            if with_log:
+                hub.emit(LogLine("decode-0", time.time(), "(EngineCore pid=1) ERROR CUDA error: unspecified launch failure"))
+            hub.emit(dataclasses.replace(death, data={}))
+            await asyncio.sleep(0.8)
+
+        asyncio.run(_run(c, body))
+
+    run_once(with_log=True)
+    run_once(with_log=False)
+    repo = Repository(make_engine(migrated_url), host="node-a")
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert len(rows) == 1
+    doc = repo.get_snapshot(rows[0]["id"])
+    assert any("unspecified launch failure" in line["line"] for line in doc.log_lines)

@@ -214,3 +214,27 @@ def test_an_unmatched_ring_waits_then_is_kept_under_its_own_name_unconfigured(tm
     assert [s.step for s in st.ring.steps()] == [1, 2] and st.configured is False
     assert src.figures()["unconfigured"] == ["vllm-777"] and src.joined_engines() == set()
     assert hub.engines["decode-0"].ring.last() is None
+
+
+def test_a_restarted_sidecar_reports_the_same_death_with_the_same_id(tmp_path: Path) -> None:
+    """The store keeps one snapshot per trigger id: a restart that reads the dead ring again must
+    not make a second trigger of the same death (a new death of a new writer is a new id)."""
+    w = writer(tmp_path, "decode-0", "sched", 41)
+    for n in range(1, 4):
+        w.append(encode_requests("decode-0", n, 1000.0, [RequestRow("r", 5, n)]))
+
+    def report(now: float) -> list[Event]:
+        clock, sink = Clock(now), ListSink()
+        src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: False, silent_after=1.0)
+        for _ in range(3):
+            src.poll(sink)
+            clock.now += 2.0
+        return [o for o in sink.items if isinstance(o, Event)]
+
+    first, again = report(1001.0), report(1030.0)
+    assert [e.kind for e in first] == [e.kind for e in again] == [EventKind.RECORDER_SILENT]
+    assert first[0].uid and first[0].uid == again[0].uid
+    other = writer(tmp_path, "decode-0", "sched", 42)
+    other.append(encode_requests("decode-0", 1, 1031.0, [RequestRow("r", 5, 1)]))
+    uids = {e.uid for e in report(1032.0)}
+    assert len(uids) == 2 and first[0].uid in uids
