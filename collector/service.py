@@ -129,15 +129,17 @@ class Service:
 
         tasks = [asyncio.create_task(s.run(hub), name=f"source:{s.name}") for s in ctx.supervised]
         n_sources = len(tasks)
-        tasks.append(asyncio.create_task(writer.run(), name="writer"))
-        tasks.append(asyncio.create_task(committer.run(), name="snapshots"))
-        tasks.append(asyncio.create_task(detectors.run(), name="detectors"))
-        tasks.append(asyncio.create_task(self._retention(repo), name="retention"))
-        tasks.append(asyncio.create_task(self._heartbeat(ctx), name="heartbeat"))
+        # the stages run supervised (collector/tasks.py): one that raises is restarted, and says so
+        start = ctx.tasks.start
+        tasks.append(start("writer", writer.run))
+        tasks.append(start("snapshots", committer.run))
+        tasks.append(start("detectors", detectors.run))
+        tasks.append(start("retention", lambda: self._retention(repo)))
+        tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
         if not migrated:
-            tasks.append(asyncio.create_task(self._migrate_when_back(), name="migrate"))
+            tasks.append(start("migrate", self._migrate_when_back, once=True))
         if ctx.alerter is not None:
-            tasks.append(asyncio.create_task(ctx.alerter.run(), name="alerts"))
+            tasks.append(start("alerts", ctx.alerter.run))
         server_task = asyncio.create_task(self.server.serve(), name="http")
         while not self.server.started and not server_task.done():
             await asyncio.sleep(0.02)
