@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ class Service:
     async def run(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        # Database work runs in threads, and a hung database holds one per call until its watchdog
+        # cuts it (storage/watchdog.py): room for those beside the writer, the spool and the builds.
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="flightrec"))
         self.stop_event = asyncio.Event()
         db = make_engine(settings.database)
         migrated = True
@@ -158,6 +162,10 @@ class Service:
         await asyncio.gather(*tasks[:n_sources], return_exceptions=True)
         await committer.drain(timeout=10.0)
         await writer.flush(everything=True)
+        if writer.pending_rows or committer.backlog:  # the database is down or full: say what it did not take
+            log.error("stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
+                      "next start, and steps still in the rings are read again", writer.pending_rows, committer.backlog,
+                      writer.last_error or "database not answering")  # fmt: skip
         for t in tasks[n_sources:]:
             t.cancel()
         if ctx.alerter is not None:
