@@ -37,7 +37,7 @@ STATEMENT_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT_S = 3
 # A statement with no answer this long after it was sent has its connection cut (watchdog.py):
 # above statement_timeout, so only a server that is not running at all is cut.
-HUNG_AFTER_S = STATEMENT_TIMEOUT_MS / 1000 + 3
+HUNG_AFTER_S = STATEMENT_TIMEOUT_MS / 1000 + 2
 
 _WATCHDOGS: weakref.WeakKeyDictionary[Engine, HangWatchdog] = weakref.WeakKeyDictionary()
 
