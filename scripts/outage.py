@@ -129,10 +129,16 @@ class Cluster:
         return [master, *children]
 
     def hang(self) -> list[int]:
-        stopped = self.pids()
-        for pid in stopped:  # the postmaster first: it forks no new backend meanwhile
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+        master = self.pids()[0]
+        os.kill(master, signal.SIGSTOP)  # first: once stopped it forks no new backend
+        stopped = [master]
+        for _ in range(3):  # the children, listed after the stop (a backend forked just before it is one)
+            for pid in self.pids()[1:]:
+                if pid not in stopped:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            time.sleep(0.05)
         return stopped
 
     def resume(self, pids: list[int]) -> None:
@@ -369,7 +375,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarise(o: dict[str, Any], probes: list[Probe], args: argparse.Namespace) -> dict[str, Any]:
     during = [p for p in probes if p.t < o["t_back"] and p.t + p.seconds > o["began"]]  # asked or waiting during it
-    health = [p for p in during if p.route == "/healthz" and p.t >= o["began"]]
+    # asked after the outage began and answered before it ended (one answered after the return may
+    # rightly say the database is up)
+    health = [p for p in during if p.route == "/healthz" and p.t >= o["began"] and p.t + p.seconds < o["t_back"]]
     down = next((p for p in health if p.database_up is False), None)
     by_route: dict[str, dict[str, Any]] = {}
     for route in sorted({p.route for p in during}):
@@ -384,6 +392,7 @@ def summarise(o: dict[str, Any], probes: list[Probe], args: argparse.Namespace) 
         "healthz_said_down_after_s": None if down is None else round(down.t + down.seconds - o["began"], 1),
         "healthz_error": None if down is None else down.database_error,
         "healthz_ok_during": sum(1 for p in health if p.database_up is True and p.t - o["began"] > args.truth_within),
+        "healthz_ok_at_s": [round(p.t - o["began"], 1) for p in health if p.database_up is True and p.t - o["began"] > args.truth_within],
         "api": by_route,
         "step_at_fault": o["step_at_fault"], "snapshot_last_step": last_fault, "step_at_return": o["step_at_return"],
         "snapshot_fault_ts_minus_write_s": None if "snapshot_fault_ts" not in o else round(o["snapshot_fault_ts"] - o["t_fault"], 2),
