@@ -125,7 +125,15 @@ class AppContext:
         wait = self.database_wait_s()
         if wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000:
             return False
+        if self._cut_since_last_write():
+            return False
         return self.writer.db_up
+
+    def _cut_since_last_write(self) -> bool:
+        """The watchdog cut a statement nobody answered, and no write has succeeded since (the
+        writer itself may still be waiting on a connection that has not failed yet)."""
+        dog = hang_watchdog(self.repo.db)
+        return dog is not None and dog.last_shut is not None and (self.writer.last_ok or 0.0) < dog.last_shut
 
     def health(self) -> dict[str, Any]:
         statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
@@ -142,7 +150,9 @@ class AppContext:
             "status": "degraded" if degraded else "ok",
             "version": __version__,
             "database_up": db_up,
-            "database_error": (f"no answer for {wait:.0f}s: the database is hung" if hung else self.writer.last_error) or None,
+            "database_error": (f"no answer for {wait:.0f}s: the database is hung" if hung else self.writer.last_error
+                               or ("a statement had no answer: its connection was cut; no write since" if self._cut_since_last_write() else ""))
+                              or None,  # fmt: skip
             "spool_error": self.committer.spool_error or None,
             "sources": statuses,
             "tasks": tasks,
