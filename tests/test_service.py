@@ -169,13 +169,13 @@ def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp
         for i in range(20):
             svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            for _ in range(50):  # the failure is seen while the writer waits its backoff
-                health = (await client.get("/healthz")).json()
+            for _ in range(500):  # the failure is seen while the writer waits its backoff (0.5 s), on the loop itself
+                health = svc.ctx.health()
                 writer = next(t for t in health["tasks"] if t["name"] == "writer")
                 if not writer["up"]:
                     seen["down"] = (health["status"], writer)
                     break
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
             for _ in range(100):
                 health = (await client.get("/healthz")).json()
                 writer = next(t for t in health["tasks"] if t["name"] == "writer")
