@@ -9,7 +9,8 @@ every probe. Without this, a write, a snapshot commit or an API read waited for 
 server was stopped, holding a worker thread, while /healthz still said the database was up.
 
 ``after_s`` is above the server's ``statement_timeout``: a live server cancels its own slow
-statement first, so only a silent one is cut here. The thread runs while something is armed.
+statement first, so only a silent one is cut here. The thread runs while statements come and
+ends after 30 s with none in flight.
 One case stays in doubt: a COMMIT cut after it was sent may still be applied when the server
 resumes; the writer's step rows are insert-or-ignore, so writing them again adds nothing.
 """
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 30.0  # the thread ends after this long with nothing in flight (and starts again on the next)
 
 
 class HangWatchdog:
@@ -81,11 +84,16 @@ class HangWatchdog:
         return cut
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             time.sleep(self.tick_s)
             self.check()
             with self._lock:
-                if not self._armed:
+                if self._armed:
+                    idle_since = None
+                    continue
+                idle_since = idle_since if idle_since is not None else time.monotonic()
+                if time.monotonic() - idle_since > IDLE_EXIT_S:  # a quiet engine costs no thread
                     self._thread = None
                     return
 
