@@ -5,8 +5,8 @@ so the driver raises at once and the connection is thrown away.
 Why the server's own timeouts are not enough: ``statement_timeout`` is enforced by the server,
 and a server that is stopped (SIGSTOP, a frozen VM, a wedged storage layer) enforces nothing;
 TCP keepalives do not fire either, because the stopped server's kernel still acknowledges
-every probe. Without this, a write, a snapshot commit or an API read waited for as long as the
-server was stopped, holding a worker thread, while /healthz still said the database was up.
+every probe. Without this, a write, a snapshot commit or an API read would wait as long as the
+server is stopped, holding a worker thread, while /healthz still said the database was up.
 
 ``after_s`` is above the server's ``statement_timeout``: a live server cancels its own slow
 statement first, so only a silent one is cut here. The thread runs while statements come and
