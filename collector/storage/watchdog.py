@@ -6,7 +6,7 @@ Why the server's own timeouts are not enough: ``statement_timeout`` is enforced 
 and a server that is stopped (SIGSTOP, a frozen VM, a wedged storage layer) enforces nothing;
 TCP keepalives do not fire either, because the stopped server's kernel still acknowledges
 every probe. Without this, a write, a snapshot commit or an API read would wait as long as the
-server is stopped, holding a worker thread, while /healthz still said the database was up.
+server is stopped, holding a worker thread, while /healthz would still say the database is up.
 
 ``after_s`` is above the server's ``statement_timeout``: a live server cancels its own slow
 statement first, so only a silent one is cut here. The thread runs while statements come and
