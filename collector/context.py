@@ -21,8 +21,10 @@ from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.sources.recorder import RecorderSource
 from collector.sources.supervisor import SupervisedSource
+from collector.storage.db import STATEMENT_TIMEOUT_MS, hang_watchdog
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
+from collector.tasks import TaskSet
 
 # a configured engine that serves /metrics but has had no recorder for this long is reported
 RECORDER_MISSING_AFTER_S = 60.0
@@ -44,6 +46,7 @@ class AppContext:
     loop: asyncio.AbstractEventLoop
     recorders: list[RecorderSource] = field(default_factory=list)
     supervised: list[SupervisedSource] = field(default_factory=list)
+    tasks: TaskSet = field(default_factory=TaskSet)  # the stages' supervised tasks
     unsupported: list[SourceStatus] = field(default_factory=list)
     alerter: Alerter | None = None
     port_getter: Callable[[], int] | None = None
@@ -111,19 +114,48 @@ class AppContext:
             return True
         return any((r.figures().get("lag_s") or 0.0) > 2.0 for r in self.recorders)
 
+    def database_wait_s(self) -> float | None:
+        """How long the oldest database statement in flight has waited (None: none, or SQLite)."""
+        dog = hang_watchdog(self.repo.db)
+        return None if dog is None else dog.oldest_wait_s()
+
+    def database_up(self) -> bool | None:
+        """False when the last write failed or a statement waits past the server's own timeout
+        (a live server answers or cancels it by then: this one is hung); None before any write."""
+        wait = self.database_wait_s()
+        if wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000:
+            return False
+        if self._cut_since_last_write():
+            return False
+        return self.writer.db_up
+
+    def _cut_since_last_write(self) -> bool:
+        """The watchdog cut a statement nobody answered, and no write has succeeded since (the
+        writer itself may still be waiting on a connection that has not failed yet)."""
+        dog = hang_watchdog(self.repo.db)
+        return dog is not None and dog.last_shut is not None and (self.writer.last_ok or 0.0) < dog.last_shut
+
     def health(self) -> dict[str, Any]:
         statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
         figures = self.ingest_figures()
         behind = figures["loop_lag_s"] > 1.0 or (figures["recorder"].get("lag_s") or 0) > 5.0
         missing = self.recorder_missing()
-        degraded = (self.writer.db_up is False or behind or bool(missing)
+        tasks = [dataclasses.asdict(t) for t in self.tasks.statuses()]
+        held_in_memory = bool(self.committer.spool_error) and self.committer.backlog > 0
+        db_up, wait = self.database_up(), self.database_wait_s()
+        hung = wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000
+        degraded = (db_up is False or behind or bool(missing) or bool(self.tasks.failing()) or held_in_memory
                     or any(s["supported"] and not s["up"] for s in statuses))  # fmt: skip
         return {
             "status": "degraded" if degraded else "ok",
             "version": __version__,
-            "database_up": self.writer.db_up,
-            "database_error": self.writer.last_error or None,
+            "database_up": db_up,
+            "database_error": (f"no answer for {wait:.0f}s: the database is hung" if hung else self.writer.last_error
+                               or ("a statement had no answer: its connection was cut; no write since" if self._cut_since_last_write() else ""))
+                              or None,  # fmt: skip
+            "spool_error": self.committer.spool_error or None,
             "sources": statuses,
+            "tasks": tasks,
             "snapshots_committed": self.committer.committed,
             "snapshots_waiting": self.committer.backlog,
             "ingest": figures,

@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class Service:
     async def run(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        # Database work runs in threads, and a hung database holds one per call until its watchdog
+        # cuts it (storage/watchdog.py): room for those beside the writer, the spool and the builds.
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="flightrec"))
         self.stop_event = asyncio.Event()
         db = make_engine(settings.database)
         migrated = True
@@ -133,15 +137,17 @@ class Service:
 
         tasks = [asyncio.create_task(s.run(hub), name=f"source:{s.name}") for s in ctx.supervised]
         n_sources = len(tasks)
-        tasks.append(asyncio.create_task(writer.run(), name="writer"))
-        tasks.append(asyncio.create_task(committer.run(), name="snapshots"))
-        tasks.append(asyncio.create_task(detectors.run(), name="detectors"))
-        tasks.append(asyncio.create_task(self._retention(repo), name="retention"))
-        tasks.append(asyncio.create_task(self._heartbeat(ctx), name="heartbeat"))
+        # the stages run supervised (collector/tasks.py): one that raises is restarted, and says so
+        start = ctx.tasks.start
+        tasks.append(start("writer", writer.run))
+        tasks.append(start("snapshots", committer.run))
+        tasks.append(start("detectors", detectors.run))
+        tasks.append(start("retention", lambda: self._retention(repo)))
+        tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
         if not migrated:
-            tasks.append(asyncio.create_task(self._migrate_when_back(), name="migrate"))
+            tasks.append(start("migrate", self._migrate_when_back, once=True))
         if ctx.alerter is not None:
-            tasks.append(asyncio.create_task(ctx.alerter.run(), name="alerts"))
+            tasks.append(start("alerts", ctx.alerter.run))
         server_task = asyncio.create_task(self.server.serve(), name="http")
         while not self.server.started and not server_task.done():
             await asyncio.sleep(0.02)
@@ -163,6 +169,10 @@ class Service:
         # what neither takes is logged as lost, and the process exits non-zero (collector.cli.serve)
         self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
         await writer.flush(everything=True)
+        if writer.pending_rows or committer.backlog:  # the database is down or full: say what it did not take
+            log.error("stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
+                      "next start, and steps still in the rings are read again", writer.pending_rows, committer.backlog,
+                      writer.last_error or "database not answering")  # fmt: skip
         for t in tasks[n_sources:]:
             t.cancel()
         if ctx.alerter is not None:

@@ -129,3 +129,80 @@ def test_the_demo_fault_is_stored_once_and_linked_to_its_snapshot(demo_run: Any)
     assert len(xids) == 1 and xids[0][0] == 43 and xids[0][1] == sid
     assert sorted(json.loads(xids[0][2])["sources"]) == ["kmsg", "nvml"]
     assert conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] > 0
+
+
+def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's loop raises once (a bug, not a database error): the supervisor restarts it,
+    /healthz and /metrics show the restart and its error, and steps go on being stored."""
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from collector.model import StepRecord
+    from collector.service import Service
+    from collector.settings import Settings
+    from collector.storage.writer import BatchWriter
+
+    db = f"sqlite:///{tmp_path / 'f.db'}"
+    # no engine to scrape (a failing scrape would make /healthz degraded on its own): steps come in by hand
+    settings = Settings(engines=[], database=db, nvml="off", kmsg="off", port=0, recorder_dir=tmp_path / "rec",
+                        write_batch_interval=0.1)  # fmt: skip
+    svc = Service(settings, spool_dir=tmp_path / "spool")
+    real_flush = BatchWriter.flush
+    raised = 0
+
+    async def flush_raising_once(self: BatchWriter, *, everything: bool = False) -> None:
+        nonlocal raised
+        if raised == 0 and self.pending_rows:
+            raised += 1
+            raise KeyError("injected writer bug")
+        await real_flush(self, everything=everything)
+
+    monkeypatch.setattr(BatchWriter, "flush", flush_raising_once)
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        task = asyncio.create_task(svc.run())
+        await asyncio.wait_for(svc.started.wait(), 30)
+        assert svc.ctx is not None
+        base = f"http://127.0.0.1:{svc.port}"
+        for i in range(20):
+            svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            for _ in range(500):  # the failure is seen while the writer waits its backoff (0.5 s), on the loop itself
+                health = svc.ctx.health()
+                writer = next(t for t in health["tasks"] if t["name"] == "writer")
+                if not writer["up"]:
+                    seen["down"] = (health["status"], writer)
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(100):
+                health = (await client.get("/healthz")).json()
+                writer = next(t for t in health["tasks"] if t["name"] == "writer")
+                if writer["up"] and writer["restarts"] == 1 and health["ingest"]["steps_written"] >= 20:
+                    break
+                await asyncio.sleep(0.1)
+            seen["after"] = (health, writer)
+            for i in range(20, 40):  # still storing after the restart
+                svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
+            for _ in range(100):
+                if svc.ctx.writer.steps_written >= 40:
+                    break
+                await asyncio.sleep(0.1)
+            seen["metrics"] = (await client.get("/metrics")).text
+        svc.request_stop()
+        await task
+
+    asyncio.run(scenario())
+    status, down = seen["down"]
+    assert status == "degraded" and down["last_error"] == "KeyError: 'injected writer bug'" and down["since"] > 0
+    health, writer = seen["after"]
+    assert health["status"] == "ok" and writer["up"] and writer["restarts"] == 1
+    assert {t["name"] for t in health["tasks"]} >= {"writer", "snapshots", "detectors", "retention", "heartbeat"}
+    assert all(t["restarts"] == 0 for t in health["tasks"] if t["name"] != "writer")
+    metrics = {(s.name, s.labels.get("task")): s.value for fam in text_string_to_metric_families(seen["metrics"])
+               for s in fam.samples if s.name.startswith("flightrec_task_")}  # fmt: skip
+    assert metrics[("flightrec_task_restarts_total", "writer")] == 1
+    assert metrics[("flightrec_task_up", "writer")] == 1 and metrics[("flightrec_task_restarts_total", "snapshots")] == 0
+    rows = Repository(make_engine(db), host=svc.ctx.hub.host).recent_steps("decode-0", since=0)  # type: ignore[union-attr]
+    assert sorted(r["step"] for r in rows) == list(range(40))  # nothing lost: the first 20 waited in the queue

@@ -38,6 +38,10 @@ PathId = Path(ge=1, le=2**62, description="numeric id")
 # Postgres) instead of being a 422.
 IdQuery = Query(ge=1, le=2**62)
 Write = Depends(require_write)
+# The live routes (engines, GPUs) join what is stored; a database that is slow or hung must not
+# hold the live answer: past this, the answer is the live state only (the read goes on in its
+# thread until the database answers or the watchdog cuts it).
+STORED_WAIT_S = 2.0
 
 
 def _accepts_gzip(request: Request) -> bool:
@@ -115,8 +119,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     async def engines(_: None = Read) -> list[dict[str, Any]]:
         out = ctx.engines_live()
         try:
-            stored = await asyncio.to_thread(ctx.repo.list_engines)
-        except StorageError:
+            stored = await asyncio.wait_for(asyncio.to_thread(ctx.repo.list_engines), STORED_WAIT_S)
+        except (StorageError, TimeoutError):
             stored = []  # degraded: live state only
         by_key = {(e["host"], e["name"]): e for e in stored}
         for row in out:
@@ -137,8 +141,8 @@ def create_app(ctx: AppContext) -> FastAPI:
                         "last_sample": s.to_dict()})  # fmt: skip
         live = {g["gpu"] for g in out}
         try:
-            stored_gpus = await asyncio.to_thread(ctx.repo.list_gpus)
-        except StorageError:
+            stored_gpus = await asyncio.wait_for(asyncio.to_thread(ctx.repo.list_gpus), STORED_WAIT_S)
+        except (StorageError, TimeoutError):
             stored_gpus = []
         for row in stored_gpus:
             if row["gpu"] not in live or row["host"] != ctx.hub.host:

@@ -207,8 +207,21 @@ class SidecarCollector(Collector):
             sup.add_metric([host, status.name], 1.0 if status.supported else 0.0)
         yield from (src, sup)
 
-        db = GaugeMetricFamily("flightrec_database_up", "1 unless the last database write failed", labels=[HOSTNAME])
-        db.add_metric([host], 0.0 if self.ctx.writer.db_up is False else 1.0)
+        task_up = GaugeMetricFamily("flightrec_task_up", "1 if the sidecar's task runs, 0 while it waits to restart",
+                                    labels=[HOSTNAME, "task"])  # fmt: skip
+        restarts = CounterMetricFamily("flightrec_task_restarts", "restarts of the sidecar's task after it failed",
+                                       labels=[HOSTNAME, "task"])  # fmt: skip
+        tasks = getattr(self.ctx, "tasks", None)
+        for t in tasks.statuses() if tasks is not None else []:
+            if not t.done:  # a task that finished its job (the late migration) is no series
+                task_up.add_metric([host, t.name], 1.0 if t.up else 0.0)
+            restarts.add_metric([host, t.name], t.restarts)
+        yield from (task_up, restarts)
+
+        db = GaugeMetricFamily("flightrec_database_up", "1 unless the last database write failed or the database is hung", labels=[HOSTNAME])
+        up_of = getattr(self.ctx, "database_up", None)
+        db_up = up_of() if callable(up_of) else self.ctx.writer.db_up
+        db.add_metric([host], 0.0 if db_up is False else 1.0)
         yield db
         dropped = CounterMetricFamily("flightrec_write_dropped_rows", "rows dropped while the database was down", labels=[HOSTNAME])
         writer_dropped = getattr(self.ctx.writer, "dropped", None)

@@ -12,9 +12,12 @@ class Health(BaseModel):
     version: str
     database_up: bool | None
     sources: list[dict[str, Any]]
+    tasks: list[dict[str, Any]] = Field(default_factory=list, description="the sidecar's own tasks: name, up, restarts, "
+                                        "last_error, since (epoch s of the last start or failure), done")
     snapshots_committed: int
     snapshots_waiting: int = Field(0, description="captured snapshots not committed yet (database down)")
     database_error: str | None = None
+    spool_error: str | None = Field(None, description="why snapshots cannot be spooled (disk full): held in memory")
     ingest: dict[str, Any] = Field(default_factory=dict, description="records received, written, lost, lag")
     behind: bool = Field(False, description="the sidecar itself is late (its loop or its ring reads)")
     recorder_missing: dict[str, str] = Field(default_factory=dict, description="engine -> how to add its recorder")

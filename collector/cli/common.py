@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from collector.errors import FlightrecError
 from collector.settings import Settings, load_settings
-from collector.storage.db import is_sqlite
+from collector.storage.db import is_sqlite, private_file
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -99,7 +99,7 @@ def require_writable_database(url: str) -> None:
     try:
         if path.is_dir():
             raise IsADirectoryError(21, "is a directory")
-        path.parent.mkdir(parents=True, exist_ok=True)  # as make_engine does
+        private_file(path)  # as make_engine does: folders 0700, the file 0600
         with open(path, "ab"):
             pass
         probe = path.with_name(path.name + "-journal-probe")  # SQLite's WAL and journal live beside it

@@ -130,6 +130,7 @@ class SnapshotCommitter:
         self._closing = False
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)
+        self.spool_error = ""  # why the last spool write failed ("" once one succeeds): /healthz
         self.commit_latency: list[float] = []  # seconds, trigger seen -> committed
 
     # -- policy (on the loop) ----------------------------------------------------------------
@@ -255,10 +256,15 @@ class SnapshotCommitter:
             if o.spool_path is not None and o.spool_path.name != name:
                 o.spool_path.unlink(missing_ok=True)
             o.spool_path = await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs)
+            if self.spool_error:
+                log.warning("the spool is writable again")
+            self.spool_error = ""
         except OSError as exc:
             o.spool_path = None
             o.spool_error = str(exc)
-            log.error("cannot spool the snapshot of %s (%s): it is held in memory until committed", o.engine, exc)
+            if not self.spool_error:  # once per failing spell: a full disk fails every snapshot alike
+                log.error("cannot spool the snapshot of %s (%s): held in memory until committed", o.engine, exc)
+            self.spool_error = f"{type(exc).__name__}: {exc}"
         spooled = spool.Spooled(o.spool_path or Path(name), doc.header(), meta, blobs)
         job.spooled = spooled
         if job.amend:
@@ -369,11 +375,14 @@ class SnapshotCommitter:
     async def _retry_loop(self) -> None:
         while True:
             await asyncio.sleep(self.retry_every)
-            while self._waiting and not self._closing:
-                job = self._waiting[0]
-                if not await self._commit(job):
-                    break
-                self._waiting.pop(0)
+            try:
+                while self._waiting and not self._closing:
+                    job = self._waiting[0]
+                    if not await self._commit(job):
+                        break
+                    self._waiting.pop(0)
+            except Exception:  # this loop runs inside ``run``: a failure here must not end retrying
+                log.exception("retrying the waiting snapshots failed")
 
     async def _read_intents(self) -> dict[tuple[str, str], intent.Intent]:
         """The intents an earlier run left: (engine, trigger id) -> intent; torn ones set aside."""
@@ -495,7 +504,10 @@ class SnapshotCommitter:
     async def _recover_spool(self, intents: dict[tuple[str, str], intent.Intent] | None = None) -> None:
         """Spooled snapshots of an earlier run (a database that was down, a crash mid-commit)."""
         intents = {} if intents is None else intents
+        held = {j.spooled.path for j in self._waiting if j.spooled is not None}  # a restarted run: already held
         for path in await asyncio.to_thread(spool.pending, self.spool_dir):
+            if path in held:
+                continue
             try:
                 sp = await asyncio.to_thread(spool.read, path)
                 engine = str(sp.header["engine"])

@@ -5,6 +5,9 @@ Errors from the driver enter our code here and in ``repo``/``writer`` as ``Stora
 
 from __future__ import annotations
 
+import contextlib
+import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.errors import FlightrecError
+from collector.storage.watchdog import HangWatchdog, watch
 
 
 class StorageError(FlightrecError):
@@ -31,6 +35,16 @@ class StorageError(FlightrecError):
 # into a StorageError within seconds, never a request or a writer that waits forever.
 STATEMENT_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT_S = 3
+# A statement with no answer this long after it was sent has its connection cut (watchdog.py):
+# above statement_timeout, so only a server that is not running at all is cut.
+HUNG_AFTER_S = STATEMENT_TIMEOUT_MS / 1000 + 2
+
+_WATCHDOGS: weakref.WeakKeyDictionary[Engine, HangWatchdog] = weakref.WeakKeyDictionary()
+
+
+def hang_watchdog(engine: Engine) -> HangWatchdog | None:
+    """The watchdog of a Postgres engine made by ``make_engine`` (None for SQLite)."""
+    return _WATCHDOGS.get(engine)
 
 
 def is_sqlite(url: str) -> bool:
@@ -39,10 +53,10 @@ def is_sqlite(url: str) -> bool:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if is_sqlite(url):
-        path = url.split("///", 1)[-1] if "///" in url else ""
+        path = url.split("///", 1)[-1].split("?", 1)[0] if "///" in url else ""
         if path and path != ":memory:":
             try:
-                Path(path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+                private_file(Path(path).expanduser().resolve())
             except OSError:
                 pass  # connecting will fail with a StorageError, which callers handle and retry
         engine = create_engine(url, connect_args={"timeout": 5, "check_same_thread": False}, **kwargs)
@@ -67,7 +81,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     given = parsed.query.get("options", "")  # e.g. -csearch_path=...: kept, ours appended
     given = " ".join(given) if isinstance(given, tuple) else given
     options = f"{given} -c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}".strip()
-    return create_engine(
+    engine = create_engine(
         parsed.difference_update_query(["options"]),
         connect_args={
             "connect_timeout": CONNECT_TIMEOUT_S,
@@ -77,6 +91,22 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         },
         **kwargs,
     )
+    dog = HangWatchdog(HUNG_AFTER_S)
+    watch(engine, dog)
+    _WATCHDOGS[engine] = dog
+    return engine
+
+
+def private_file(path: Path) -> None:
+    """Create the SQLite file owner-only (0600) before SQLite does (it would use 0644 less the
+    umask), and the folders it needs 0700. SQLite gives its -wal and -shm files the database
+    file's mode, so they are 0600 too. An existing file or folder is left as it is."""
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def translate(exc: SQLAlchemyError) -> StorageError:
