@@ -101,3 +101,11 @@ def test_a_bad_record_never_escapes_emit(tmp_path: Path) -> None:
     h.emit(StepRecord(engine="decode-0", ts=2.0, step=1))
     assert h.engines["decode-0"].ring.last() is not None
     assert h.dropped == 1
+
+
+def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Path) -> None:
+    h, _ = hub(tmp_path)
+    finished = [{"request_id": f"r{i}", "finish_reason": "length", "e2e_latency": 1.5} for i in range(3)]
+    h.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=4, finished=3, finished_requests=finished, halves=HALF_STATS))
+    [held] = h.steps("decode-0")
+    assert held.finished == 3 and held.finished_requests == []
