@@ -121,15 +121,24 @@ class Hub:
         if st is None:
             st = EngineState(
                 name=name,
-                ring=EngineRing(self.settings.ring_steps, max_request_bytes=self.settings.ring_request_bytes),
+                ring=EngineRing(self.settings.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
                 lines=LineRing(self.settings.log_ring_lines),
                 workload=WorkloadLog(max_requests=self.settings.workload_requests, max_age_s=self.settings.workload_seconds),
             )
             self.engines[name] = st
+            share = st.ring.max_request_bytes
+            for other in self.engines.values():
+                if other.ring.max_request_bytes > share:
+                    other.ring.set_max_request_bytes(share)
         for k, v in attrs.items():
             if v is not None:
                 setattr(st, k, v)
         return st
+
+    def _request_bytes(self, engines: int) -> int:
+        """Each engine's bound on its request blocks: its own setting, or its share of the
+        node's (``ring_request_bytes_total``) when that is smaller."""
+        return min(self.settings.ring_request_bytes, self.settings.ring_request_bytes_total // max(engines, 1))
 
     # -- the sink ----------------------------------------------------------------------------
     def emit(self, item: Observation) -> None:

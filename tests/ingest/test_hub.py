@@ -109,3 +109,24 @@ def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Pa
     h.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=4, finished=3, finished_requests=finished, halves=HALF_STATS))
     [held] = h.steps("decode-0")
     assert held.finished == 3 and held.finished_requests == []
+
+
+def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_joins_takes_its_share(tmp_path: Path) -> None:
+    from collector.model import RequestRow  # noqa: PLC0415
+
+    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20,
+                        ring_request_bytes_total=3 << 19)  # fmt: skip
+    h = Hub(settings, clock=lambda: 1000.0)
+    assert h.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
+    rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
+    for n in range(1, 2001):
+        h.emit(StepRecord(engine="e0", ts=float(n), step=n, requests=rows))
+    before = h.engines["e0"].ring.request_bytes
+    assert (1 << 20) - 4096 < before <= 1 << 20
+    h.emit(StepRecord(engine="e1", ts=1.0, step=1, requests=rows))  # a second engine joins
+    for st in h.engines.values():
+        assert st.ring.max_request_bytes == 3 << 18  # half the node's budget each
+    ring = h.engines["e0"].ring
+    assert ring.request_bytes <= 3 << 18 < before  # e0 gave up its oldest blocks at once
+    kept = ring.steps()
+    assert len(kept) == 2000 and kept[-1].request_block is not None and kept[0].request_block is None
