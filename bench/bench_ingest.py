@@ -6,8 +6,9 @@ queue and its rows, for E engines x R running requests, without a clock to keep 
 Each round the simulator's load model writes ``--steps`` steps into every engine's two rings (as
 vLLM's two processes do), then one ``RecorderSource.poll`` files them all into a ``Hub`` whose
 rows go to a ``BatchWriter`` queue; the writer's rows are then built (``step_tuples``) but not
-sent anywhere. Prints CPU microseconds per step (both halves) for the poll and for the rows,
-best and median of the rounds: the node bench's 800 steps/s costs 800 x that per second.
+sent anywhere. ``PYTHONPATH=../other-checkout`` measures that checkout's code. Prints CPU
+microseconds per step (both halves) for the poll and for the rows, best and median of the
+rounds: the node bench's 800 steps/s costs 800 x that per second.
 """
 
 from __future__ import annotations
@@ -18,12 +19,21 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from collector.ingest.hub import Hub
 from collector.settings import Settings
 from collector.sim.load import EngineLoad, LoadConfig
 from collector.sources.recorder import RecorderSource
-from collector.storage.writer import BatchWriter, step_tuples
+from collector.storage.writer import BatchWriter
+
+try:
+    from collector.storage.writer import step_tuples as rows_of
+except ImportError:  # a checkout before the tuple rows (PYTHONPATH=../other-checkout): its dict rows
+    from collector.storage.writer import step_row
+
+    def rows_of(recs: list[Any]) -> list[Any]:
+        return [step_row(r) for r in recs]
 
 
 class _NoRepo:
@@ -57,7 +67,7 @@ def main() -> None:
             source.poll(hub)
             c1 = time.process_time()
             recs = [rec for _, rec in writer._q.steps.values()]
-            step_tuples(recs)
+            rows_of(recs)
             c2 = time.process_time()
             writer._q.steps.clear()
             n = args.steps * args.engines
@@ -69,7 +79,7 @@ def main() -> None:
     print(f"bench_ingest: {args.engines} engines x {args.running} running, {args.rounds} rounds of {args.steps} steps each")
     print(f"half records filed           {received:,} (expected {2 * args.engines * args.steps * args.rounds:,})")
     print(f"poll (read, decode, file)    best {min(poll_us):.1f} us/step, median {statistics.median(poll_us):.1f}")
-    print(f"writer rows (step_tuples)    best {min(rows_us):.1f} us/step, median {statistics.median(rows_us):.1f}")
+    print(f"writer rows                   best {min(rows_us):.1f} us/step, median {statistics.median(rows_us):.1f}")
     best = min(poll_us) + min(rows_us)
     print(f"at 800 steps/s               {best * 800 / 1e4:.1f}% of a core")
 
