@@ -76,7 +76,8 @@ class DetectorRunner:
         """The published state of every (detector, labels) seen, for the API."""
         return list(self._published.values())
 
-    def _history_s(self) -> float:
+    def history_s(self) -> float:
+        """How far back the detectors read the series (the longest window and baseline)."""
         t = self.thr
         return max(
             t.stall.critical_after_s * 2,
@@ -97,7 +98,7 @@ class DetectorRunner:
         now: float | None = None,
     ) -> list[Transition]:
         now = self._clock() if now is None else now
-        start = now - self._history_s()
+        start = now - self.history_s()
         raw: list[DetectorState] = []
         by_engine = _group(scrapes, lambda s: s.engine)
         for engine, items in by_engine.items():

@@ -97,8 +97,13 @@ class Hub:
         consumers: Sequence[EventConsumer] = (),
         clock: Callable[[], float] = time.time,
         proc_root: Path = Path("/proc"),
+        scrape_seconds: float | None = None,
     ) -> None:
         self.settings = settings
+        # scrapes are kept this long per engine (and at most 900): what their readers need (the
+        # snapshot's five minutes, the detectors' longest window), told by whoever wires them.
+        # At 8 engines each scrape held is ~3.5 kB: 15 minutes of them was 25 MB.
+        self.scrape_seconds = scrape_seconds
         self.clock = clock
         self.host = settings.host_name or socket.gethostname()
         self.rows: RowSink = rows or _NoRows()
@@ -213,7 +218,12 @@ class Hub:
 
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)
-        st.scrapes.append(s)
+        scrapes = st.scrapes
+        scrapes.append(s)
+        if self.scrape_seconds is not None:
+            horizon = s.ts - self.scrape_seconds
+            while scrapes[0].ts < horizon:
+                scrapes.popleft()
         if s.origin == "scrape":  # a replayed log line proves nothing live
             st.up = st.ever_up = True
             st.last_scrape_ok = s.ts

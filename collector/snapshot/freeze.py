@@ -200,7 +200,10 @@ class Capture:
         return doc
 
 
-def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = 300.0,
+SCRAPE_SECONDS = 300.0  # the scrapes a snapshot holds: the last five minutes before its trigger
+
+
+def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = SCRAPE_SECONDS,
             scrape_interval: float | None = None) -> Capture:  # fmt: skip
     st = hub.engines.get(engine) or hub.engine(engine)
     steps = st.ring.steps()
@@ -229,7 +232,7 @@ def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape
     )  # fmt: skip
 
 
-def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = 300.0,
+def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = SCRAPE_SECONDS,
            scrape_interval: float | None = None) -> SnapshotDoc:  # fmt: skip
     """``capture`` then ``build`` in one call (tests, tools)."""
     return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds,

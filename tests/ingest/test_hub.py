@@ -130,3 +130,16 @@ def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_jo
     assert ring.request_bytes <= 3 << 18 < before  # e0 gave up its oldest blocks at once
     kept = ring.steps()
     assert len(kept) == 2000 and kept[-1].request_block is not None and kept[0].request_block is None
+
+
+def test_scrapes_are_kept_as_long_as_their_readers_need_and_no_longer() -> None:
+    from collector.model import MetricsScrape  # noqa: PLC0415
+
+    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")])
+    kept = Hub(settings, clock=lambda: 1000.0, scrape_seconds=60.0)
+    unbounded = Hub(settings, clock=lambda: 1000.0)
+    for i in range(200):
+        for h in (kept, unbounded):
+            h.emit(MetricsScrape(engine="e0", ts=1000.0 + i, values={"num_requests_running": 1.0}))
+    assert [s.ts for s in kept.engines["e0"].scrapes] == [1000.0 + i for i in range(139, 200)]  # the last 60 s
+    assert len(unbounded.engines["e0"].scrapes) == 200  # told nothing: only the count bound (900)
