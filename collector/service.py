@@ -19,12 +19,14 @@ import uvicorn
 
 from collector.alerting.router import Alerter
 from collector.context import AppContext
+from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
 from collector.model import Event, SourceStatus
 from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.freeze import SCRAPE_SECONDS
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
@@ -89,7 +91,7 @@ class Service:
         host = settings.host_name or socket.gethostname()
         repo = Repository(db, host=host)
         writer = BatchWriter(repo, interval=settings.write_batch_interval)
-        hub = Hub(settings, rows=writer)
+        hub = Hub(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         committer = SnapshotCommitter(
             hub, repo, spool_dir=self.spool_dir, settle_s=settings.snapshot_settle_s,
             window_s=settings.incident_window_s, gpu_seconds=settings.snapshot_gpu_seconds,

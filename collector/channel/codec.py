@@ -320,13 +320,40 @@ def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
     )  # fmt: skip
 
 
+Decoded = tuple[dict[str, Any] | None, Observation | None, CodecError | None]
+_STEP_SIZE = 1 + STEP_HEAD.size
+_STEP_TAG = TAG_STEP[0]
+_PLAIN_STEP = struct.Struct("<x" + STEP_HEAD.format.lstrip("<"))  # a whole S record without extras
+
+
+def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Decoded]:
+    """Every payload of one read, in order, as (meta, observation, error): exactly one is set.
+
+    The S records without extras (most steps) are decoded together: one ``struct.iter_unpack``
+    over their joined bytes and a step record built from each tuple, with none of ``decode``'s
+    per-record dispatch; every other record goes through ``decode``."""
+    plain = [p for p in payloads if len(p) == _STEP_SIZE and p[0] == _STEP_TAG]
+    heads = _PLAIN_STEP.iter_unpack(b"".join(plain)) if plain else iter(())
+    name = engine or "unknown"
+    out: list[Decoded] = []
+    for payload in payloads:
+        if len(payload) == _STEP_SIZE and payload[0] == _STEP_TAG:
+            out.append((None, _step_of(name, next(heads), None), None))
+            continue
+        try:
+            meta, obs = decode(payload, engine=engine)
+        except CodecError as exc:
+            out.append((None, None, exc))
+            continue
+        out.append((meta, obs, None))
+    return out
+
+
 def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
     end = 1 + STEP_HEAD.size
     if len(payload) < end:
         raise CodecError("short step record")
-    (step, ts, engine_index, running, waiting, deferred, kv, preempt, prompt, gen, finished,
-     pq, ph) = STEP_HEAD.unpack_from(payload, 1)  # fmt: skip
-    extras: dict[str, Any] = {}
+    extras: dict[str, Any] | None = None
     if len(payload) > end:
         try:
             extras = json.loads(payload[end:])
@@ -334,7 +361,20 @@ def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
             raise CodecError(f"bad step extras: {exc}") from exc
         if not isinstance(extras, dict):
             raise CodecError("step extras are not an object")
+    return _step_of(engine, STEP_HEAD.unpack_from(payload, 1), extras)
+
+
+def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) -> StepRecord:
+    """A step record from an S record's fixed fields and its extras (None: it had none)."""
+    (step, ts, engine_index, running, waiting, deferred, kv, preempt, prompt, gen, finished, pq, ph) = head
     by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
+    if extras is None:
+        return StepRecord(
+            engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
+            preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
+            waiting_by_reason=by_reason, prefix_cache_queries=pq, prefix_cache_hits=ph,
+            engine_index=engine_index, halves=HALF_STATS,
+        )  # fmt: skip
     more = extras.get("waiting_by_reason")
     if isinstance(more, dict):
         by_reason.update(more)
@@ -362,11 +402,17 @@ def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
 _NULL_NAMES = frozenset(_NULLABLE_STEP_FIELDS) - {"deferred"}
 
 
+_block_type: Any = None
+
+
 def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
     """An ``R`` record as a step half holding the record's bytes: no row objects."""
-    from collector.ingest.requests import RequestBlock  # noqa: PLC0415 - it imports this module
+    global _block_type  # noqa: PLW0603 - imported once, on first use (requests imports this module)
+    if _block_type is None:
+        from collector.ingest.requests import RequestBlock  # noqa: PLC0415
 
-    block = RequestBlock.from_payload(payload)
+        _block_type = RequestBlock
+    block = _block_type.from_payload(payload)
     return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running,
                       request_block=block, halves=HALF_REQUESTS)  # fmt: skip
 

@@ -96,10 +96,12 @@ async def _run_service(svc: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from collector import malloc
     from collector.service import Service
 
     settings = settings_from(args, host=args.host, port=args.port)
     _preflight(settings)
+    malloc.tune()  # before the rings and the threads allocate
     svc = Service(settings)
     asyncio.run(_run_service(svc))
     if svc.lost_snapshots:  # each logged at CRITICAL with its engine, trigger and time

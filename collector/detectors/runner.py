@@ -40,6 +40,29 @@ def _group(items: Mapping[str, Sequence[T]] | Iterable[T], key: Callable[[T], st
     return out
 
 
+def _step_series(steps: Sequence[StepRecord]) -> tuple[list[S.Point], list[S.Point], list[S.Point], list[S.Point], list[S.Point]]:
+    """waiting, tokens, kv usage, preemptions and demand (running + waiting) of the steps that
+    carry each figure, in one walk of the steps (an unread figure costs its series the point)."""
+    waiting: list[S.Point] = []
+    tokens: list[S.Point] = []
+    kv: list[S.Point] = []
+    preempt: list[S.Point] = []
+    demand: list[S.Point] = []
+    for s in steps:
+        ts, w, r, g, p = s.ts, s.waiting, s.running, s.generation_tokens, s.prompt_tokens
+        if w is not None:
+            waiting.append((ts, float(w)))
+            if r is not None:
+                demand.append((ts, float(r + w)))
+        if g is not None or p is not None:
+            tokens.append((ts, float((g or 0) + (p or 0))))
+        if s.kv_cache_usage is not None:
+            kv.append((ts, s.kv_cache_usage))
+        if s.preemptions is not None:
+            preempt.append((ts, float(s.preemptions)))
+    return waiting, tokens, kv, preempt, demand
+
+
 class DetectorRunner:
     def __init__(self, thresholds: DetectorThresholds | None = None, clock: Callable[[], float] = time.time) -> None:
         self.thr = thresholds or DetectorThresholds()
@@ -53,7 +76,8 @@ class DetectorRunner:
         """The published state of every (detector, labels) seen, for the API."""
         return list(self._published.values())
 
-    def _history_s(self) -> float:
+    def history_s(self) -> float:
+        """How far back the detectors read the series (the longest window and baseline)."""
         t = self.thr
         return max(
             t.stall.critical_after_s * 2,
@@ -74,7 +98,7 @@ class DetectorRunner:
         now: float | None = None,
     ) -> list[Transition]:
         now = self._clock() if now is None else now
-        start = now - self._history_s()
+        start = now - self.history_s()
         raw: list[DetectorState] = []
         by_engine = _group(scrapes, lambda s: s.engine)
         for engine, items in by_engine.items():
@@ -102,21 +126,21 @@ class DetectorRunner:
         # its points, not every detector the step.
         all_steps = steps
         steps = [s for s in steps if s.halves & HALF_STATS]
+        # each scrape series once per engine and tick (several detectors read the same ones)
+        sc_waiting = S.gauge(scrapes, S.WAITING)
+        sc_tokens = S.token_amounts(scrapes)
+        sc_demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), sc_waiting, strict=False)]
         if steps:
-            waiting = [(s.ts, float(s.waiting)) for s in steps if s.waiting is not None]
-            tokens = S.step_tokens(steps)
-            kv = [(s.ts, s.kv_cache_usage) for s in steps if s.kv_cache_usage is not None]
-            preempt = [(s.ts, float(s.preemptions)) for s in steps if s.preemptions is not None]
-            demand = [(s.ts, float(s.running + s.waiting)) for s in steps if s.running is not None and s.waiting is not None]
+            waiting, tokens, kv, preempt, demand = _step_series(steps)
         else:
-            waiting = S.gauge(scrapes, S.WAITING)
-            tokens = S.token_amounts(scrapes)
+            waiting = sc_waiting
+            tokens = sc_tokens
             kv = S.gauge(scrapes, S.KV_USAGE)
             preempt = S.deltas(S.counter(scrapes, S.PREEMPTIONS))
-            demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING), strict=False)]
+            demand = sc_demand
         if t.stall.enabled:
-            stall_waiting = sorted(waiting + S.gauge(scrapes, S.WAITING)) if steps else waiting
-            stall_tokens = sorted(tokens + S.token_amounts(scrapes)) if steps else tokens
+            stall_waiting = sorted(waiting + sc_waiting) if steps else waiting
+            stall_tokens = sorted(tokens + sc_tokens) if steps else tokens
             out.append(detect_stall(stall_waiting, stall_tokens, now=now, labels=labels, thr=t.stall))
         if t.kv_jump.enabled:
             out.append(detect_kv_jump(kv, now=now, labels=labels, thr=t.kv_jump))
@@ -132,12 +156,8 @@ class DetectorRunner:
                                                thr=t.host_backlog))  # fmt: skip
         if t.throughput.enabled:
             # scrapes reach further back than a step ring at hundreds of steps a second
-            long_tokens = S.token_amounts(scrapes) if len(scrapes) >= 2 else tokens
-            long_demand = (
-                [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), S.gauge(scrapes, S.WAITING), strict=False)]
-                if len(scrapes) >= 2
-                else demand
-            )
+            long_tokens = sc_tokens if len(scrapes) >= 2 else tokens
+            long_demand = sc_demand if len(scrapes) >= 2 else demand
             out.append(detect_throughput_collapse(long_tokens, long_demand, now=now, labels=labels, thr=t.throughput))
         if t.latency.enabled and scrapes:
             out.append(

@@ -97,8 +97,13 @@ class Hub:
         consumers: Sequence[EventConsumer] = (),
         clock: Callable[[], float] = time.time,
         proc_root: Path = Path("/proc"),
+        scrape_seconds: float | None = None,
     ) -> None:
         self.settings = settings
+        # scrapes are kept this long per engine (and at most 900): what their readers need (the
+        # snapshot's five minutes, the detectors' longest window), told by whoever wires them.
+        # At 8 engines each scrape held is ~3.5 kB: 15 minutes of them was 25 MB.
+        self.scrape_seconds = scrape_seconds
         self.clock = clock
         self.host = settings.host_name or socket.gethostname()
         self.rows: RowSink = rows or _NoRows()
@@ -121,15 +126,24 @@ class Hub:
         if st is None:
             st = EngineState(
                 name=name,
-                ring=EngineRing(self.settings.ring_steps, max_request_bytes=self.settings.ring_request_bytes),
+                ring=EngineRing(self.settings.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
                 lines=LineRing(self.settings.log_ring_lines),
                 workload=WorkloadLog(max_requests=self.settings.workload_requests, max_age_s=self.settings.workload_seconds),
             )
             self.engines[name] = st
+            share = st.ring.max_request_bytes
+            for other in self.engines.values():
+                if other.ring.max_request_bytes > share:
+                    other.ring.set_max_request_bytes(share)
         for k, v in attrs.items():
             if v is not None:
                 setattr(st, k, v)
         return st
+
+    def _request_bytes(self, engines: int) -> int:
+        """Each engine's bound on its request blocks: its own setting, or its share of the
+        node's (``ring_request_bytes_total``) when that is smaller."""
+        return min(self.settings.ring_request_bytes, self.settings.ring_request_bytes_total // max(engines, 1))
 
     # -- the sink ----------------------------------------------------------------------------
     def emit(self, item: Observation) -> None:
@@ -164,6 +178,12 @@ class Hub:
             if not 0 <= rec.step < 1 << 62:
                 raise ValueError(f"step {rec.step} out of range")
         st = self.engine(rec.engine)
+        if rec.finished_requests:
+            # vLLM's per-request finish figures ride on every step that ended a request: a dict
+            # of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that nothing reads
+            # (the snapshot's steps carry the ``finished`` count; each request's end is in the
+            # workload log, from its own record). Not held.
+            rec.finished_requests = []
         if rec.requests is not None and rec.request_block is None:
             rec.request_block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, st.last_block)
             rec.requests = None
@@ -198,7 +218,12 @@ class Hub:
 
     def _scrape(self, s: MetricsScrape) -> None:
         st = self.engine(s.engine)
-        st.scrapes.append(s)
+        scrapes = st.scrapes
+        scrapes.append(s)
+        if self.scrape_seconds is not None:
+            horizon = s.ts - self.scrape_seconds
+            while scrapes[0].ts < horizon:
+                scrapes.popleft()
         if s.origin == "scrape":  # a replayed log line proves nothing live
             st.up = st.ever_up = True
             st.last_scrape_ok = s.ts

@@ -164,10 +164,9 @@ def pack_blocks(blocks: Sequence[RequestBlock], level: int = 0) -> bytes:
     """The ``requests`` part of a snapshot as stored: the recorder's own bytes (``level`` 0:
     as they are; 1-9: zlib). Decoded to columns when read (``unpack_blocks`` + ``decode_columns``)."""
     pieces: list[bytes] = []
-    for b in blocks:
-        p = b.payload()
-        pieces.append(_U32.pack(len(p)))
-        pieces.append(p)
+    for b in blocks:  # the payload's parts, not a copy of each (one join: one copy of it all)
+        head = TAG_REQS + REQS_HEAD.pack(b.step, b.ts, b.n, b.flags)
+        pieces += (_U32.pack(len(head) + len(b.cols) + len(b.ids)), head, b.cols, b.ids)
     raw = b"".join(pieces)
     if level <= 0:
         return RAW_MAGIC + raw

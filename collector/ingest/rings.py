@@ -88,9 +88,18 @@ class EngineRing:
         held.halves |= rec.halves
         return held
 
+    def set_max_request_bytes(self, n: int) -> None:
+        """A new bound for the blocks (the node's budget shared by more engines): the oldest
+        steps give up theirs now, down to it."""
+        self.max_request_bytes = n
+        self._evict_blocks()
+
     def _track_block(self, rec: StepRecord) -> None:
         self._with_blocks.append((rec.run, rec.step))
         self._block_bytes += rec.request_block.nbytes
+        self._evict_blocks()
+
+    def _evict_blocks(self) -> None:
         while self._block_bytes > self.max_request_bytes and len(self._with_blocks) > 1:
             run, step = self._with_blocks.popleft()
             old = self._steps.get(step)

@@ -49,6 +49,10 @@ class EngineMetrics:
 
 def _handler(slot: list[EngineMetrics]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # Keep-alive, as vLLM's server does: HTTP/1.0 (the default) closed every connection,
+        # so the scraper under test paid a TCP connect per GET that it never pays on a node.
+        protocol_version = "HTTP/1.1"
+
         def do_GET(self) -> None:
             if self.path == "/metrics" and slot:
                 body = slot[0].page()

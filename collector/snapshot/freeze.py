@@ -7,6 +7,7 @@ hub decides when; this module decides what a snapshot holds and what it says.
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -188,10 +189,25 @@ class Capture:
     extra: dict[str, Any]
     scrapes: list[MetricsScrape]
     workload: Any  # WorkloadLog export, made on the loop (bounded: at most its max_requests)
+    # each step's request block as the ring held it at the capture: the ring gives up its oldest
+    # blocks as steps arrive (on the loop, while this is built in a thread), and a snapshot
+    # holds what the rings held at the fault however late it is built
+    blocks: list[Any] | None = None
+
+    def _steps(self) -> list[StepRecord]:
+        if self.blocks is None:
+            return self.steps
+        out = []
+        for rec, block in zip(self.steps, self.blocks, strict=True):
+            if rec.request_block is not block:  # given up since: a copy with the block it had
+                rec = copy.copy(rec)
+                rec.request_block = block
+            out.append(rec)
+        return out
 
     def build(self) -> SnapshotDoc:
         doc = build_snapshot(
-            host=self.host, engine=self.engine, trigger=self.trigger, steps=self.steps,
+            host=self.host, engine=self.engine, trigger=self.trigger, steps=self._steps(),
             gpu_samples=self.gpu_samples, events=self.events, log_lines=self.log_lines,
             fingerprint=self.fingerprint, extra_summary=self.extra,
         )  # fmt: skip
@@ -200,7 +216,10 @@ class Capture:
         return doc
 
 
-def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = 300.0,
+SCRAPE_SECONDS = 300.0  # the scrapes a snapshot holds: the last five minutes before its trigger
+
+
+def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = SCRAPE_SECONDS,
             scrape_interval: float | None = None) -> Capture:  # fmt: skip
     st = hub.engines.get(engine) or hub.engine(engine)
     steps = st.ring.steps()
@@ -223,13 +242,14 @@ def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape
         )
     workload = st.workload.export(trigger.ts, crashed=trigger.kind in CRASH_KINDS) if len(st.workload) else None
     return Capture(
-        host=hub.host, engine=engine, trigger=trigger, steps=steps, gpu_samples=samples, events=events,
+        host=hub.host, engine=engine, trigger=trigger, steps=steps, blocks=[s.request_block for s in steps],
+        gpu_samples=samples, events=events,
         log_lines=st.lines.all(), fingerprint=dict(st.fingerprint), extra=extra,
         scrapes=[s for s in st.scrapes if s.ts >= trigger.ts - scrape_seconds], workload=workload,
     )  # fmt: skip
 
 
-def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = 300.0,
+def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = SCRAPE_SECONDS,
            scrape_interval: float | None = None) -> SnapshotDoc:  # fmt: skip
     """``capture`` then ``build`` in one call (tests, tools)."""
     return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
-from collector.channel.codec import CodecError, decode
+from collector.channel.codec import decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.secure import ensure_private_dir
 from collector.ingest.join import EngineJoin, Joined
@@ -201,14 +201,12 @@ class RecorderSource:
         if tail.reader.pos >= info.head:
             tail.caught_up_at = now
         out = tail.held
-        for payload in payloads:
-            try:
-                meta, obs = decode(payload)
-            except CodecError as exc:
+        for meta, obs, error in decode_many(payloads):
+            if error is not None:
                 tail.bad_records += 1
                 self.bad_records += 1
                 self._status.errors += 1
-                log.debug("bad record in %s: %s", path, exc)
+                log.debug("bad record in %s: %s", path, error)
                 continue
             if meta is not None:
                 tail.meta = meta

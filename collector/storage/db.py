@@ -59,6 +59,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
                 private_file(Path(path).expanduser().resolve())
             except OSError:
                 pass  # connecting will fail with a StorageError, which callers handle and retry
+        # The newest connection first: each keeps a page cache of its own (up to 2 MB), and a
+        # pool handing them out in turn fills every one with the snapshots' blob pages.
+        kwargs.setdefault("pool_use_lifo", True)
         engine = create_engine(url, connect_args={"timeout": 5, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")

@@ -62,6 +62,9 @@ class SnapshotFilter:
     until: float | None = None
 
 
+# A step row in the writer's tuple form: the engine's name, then the columns (``write_batch``).
+STEP_TUPLE = ("engine", "ts", "step", "run", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens",
+              "generation_tokens", "mirror_rows", "host_blocks")  # fmt: skip
 SUMMARY_COLUMNS = (
     SnapshotRow.id, SnapshotRow.incident_id, SnapshotRow.host, SnapshotRow.engine,
     SnapshotRow.created_at, SnapshotRow.fault_ts, SnapshotRow.trigger_kind,
@@ -96,6 +99,7 @@ class Repository:
         self.host = host
         self._engine_ids: dict[str, int] = {}
         self._gpu_ids: dict[str, int] = {}
+        self._step_sql: dict[str, str] = {}
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -176,10 +180,16 @@ class Repository:
         seen: dict[str, float] | None = None,
         *,
         scrapes: Sequence[dict[str, Any]] = (),
+        step_tuples: Sequence[tuple[Any, ...]] = (),
     ) -> None:
         """One transaction for a batch of the continuous series (the writer's flush). A step
-        already stored (a ring read again after a restart) is skipped, not duplicated."""
+        already stored (a ring read again after a restart) is skipped, not duplicated.
+
+        ``step_tuples``: steps as ``STEP_TUPLE`` tuples (the engine's name first), the writer's
+        form: one driver-level ``executemany`` over tuples, with no per-row dict or binding."""
         with self._tx() as conn:
+            if step_tuples:
+                self._insert_step_tuples(conn, step_tuples)
             if steps:
                 rows = []
                 for s in steps:
@@ -209,6 +219,21 @@ class Repository:
             for name, ts in (seen or {}).items():
                 eid = self.engine_id(conn, name)
                 conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))
+
+    def _insert_step_tuples(self, conn: Connection, tuples: Sequence[tuple[Any, ...]]) -> None:
+        ids: dict[str, int] = {}
+        for name in {t[0] for t in tuples}:
+            ids[name] = self.engine_id(conn, name)
+        rows = [(ids[t[0]], *t[1:]) for t in tuples]
+        sql = self._step_sql.get(self.dialect)
+        if sql is None:
+            cols = ", ".join(("engine_id", *STEP_TUPLE[1:]))
+            mark = "%s" if self.db.dialect.paramstyle in ("format", "pyformat") else "?"
+            marks = ", ".join([mark] * len(STEP_TUPLE))
+            verb = "INSERT INTO" if self.dialect == "postgresql" else "INSERT OR IGNORE INTO"
+            tail = " ON CONFLICT (engine_id, run, step) DO NOTHING" if self.dialect == "postgresql" else ""
+            sql = self._step_sql[self.dialect] = f"{verb} engine_steps ({cols}) VALUES ({marks}){tail}"
+        conn.exec_driver_sql(sql, rows)
 
     def _insert_ignore(self, table: Any, keys: list[str]) -> Any:
         if self.dialect == "postgresql":

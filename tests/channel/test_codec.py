@@ -10,6 +10,7 @@ from collector.channel.codec import (
     STATUSES,
     CodecError,
     decode,
+    decode_many,
     decode_request_rows,
     encode,
     encode_event,
@@ -237,3 +238,25 @@ def test_deeply_nested_json_is_a_codec_error(payload: bytes) -> None:
     # found by scripts/fuzz.py: json.loads raised RecursionError through decode
     with pytest.raises(CodecError):
         decode(payload)
+
+
+def test_a_read_decoded_together_is_what_each_record_decodes_to_alone_in_the_same_order() -> None:
+    plain = [encode_step_fields(n, 10.0 + n, 1, 8, 3, 1, 0.25, 0, 64, 8, 0, 100, 40) for n in range(5)]
+    with_nulls = encode_step_fields(5, 15.0, 1, 8, None, None, None, 0, 64, 8, 0, None, None)
+    with_extras = encode_step_fields(6, 16.0, 1, 8, 3, 1, 0.5, 0, 64, 8, 1, 100, 40, {"connector": {"X.pending": 2}})
+    reqs = encode_requests("d", 6, 16.0, [RequestRow("r1", 10, 5)])
+    payloads = [plain[0], encode({"t": "meta", "engine": "d", "role": "stats"}), plain[1], b"Xbad", with_nulls,
+                plain[2], with_extras, reqs, plain[3], b"S short", plain[4]]  # fmt: skip
+    out = decode_many(payloads)
+    assert len(out) == len(payloads)
+    for payload, (meta, obs, error) in zip(payloads, out, strict=True):
+        if payload in (b"Xbad", b"S short"):
+            assert meta is None and obs is None and isinstance(error, CodecError)
+            continue
+        alone_meta, alone_obs = decode(payload)
+        assert error is None and meta == alone_meta
+        assert obs == alone_obs and (obs is None or obs.halves == alone_obs.halves)  # type: ignore[union-attr]
+    steps = [obs for _, obs, _ in out if isinstance(obs, StepRecord) and obs.request_block is None]
+    assert [s.step for s in steps] == [0, 1, 5, 2, 6, 3, 4]  # arrival order, plain or not
+    assert steps[2].waiting is None and steps[2].kv_cache_usage is None and steps[2].prefix_cache_hits is None  # unknown, not 0
+    assert steps[0].waiting_by_reason == {"capacity": 2, "deferred": 1} and steps[0].kv_cache_usage == 0.25

@@ -101,3 +101,45 @@ def test_a_bad_record_never_escapes_emit(tmp_path: Path) -> None:
     h.emit(StepRecord(engine="decode-0", ts=2.0, step=1))
     assert h.engines["decode-0"].ring.last() is not None
     assert h.dropped == 1
+
+
+def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Path) -> None:
+    h, _ = hub(tmp_path)
+    finished = [{"request_id": f"r{i}", "finish_reason": "length", "e2e_latency": 1.5} for i in range(3)]
+    h.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=4, finished=3, finished_requests=finished, halves=HALF_STATS))
+    [held] = h.steps("decode-0")
+    assert held.finished == 3 and held.finished_requests == []
+
+
+def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_joins_takes_its_share(tmp_path: Path) -> None:
+    from collector.model import RequestRow  # noqa: PLC0415
+
+    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20,
+                        ring_request_bytes_total=3 << 19)  # fmt: skip
+    h = Hub(settings, clock=lambda: 1000.0)
+    assert h.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
+    rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
+    for n in range(1, 2001):
+        h.emit(StepRecord(engine="e0", ts=float(n), step=n, requests=rows))
+    before = h.engines["e0"].ring.request_bytes
+    assert (1 << 20) - 4096 < before <= 1 << 20
+    h.emit(StepRecord(engine="e1", ts=1.0, step=1, requests=rows))  # a second engine joins
+    for st in h.engines.values():
+        assert st.ring.max_request_bytes == 3 << 18  # half the node's budget each
+    ring = h.engines["e0"].ring
+    assert ring.request_bytes <= 3 << 18 < before  # e0 gave up its oldest blocks at once
+    kept = ring.steps()
+    assert len(kept) == 2000 and kept[-1].request_block is not None and kept[0].request_block is None
+
+
+def test_scrapes_are_kept_as_long_as_their_readers_need_and_no_longer() -> None:
+    from collector.model import MetricsScrape  # noqa: PLC0415
+
+    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")])
+    kept = Hub(settings, clock=lambda: 1000.0, scrape_seconds=60.0)
+    unbounded = Hub(settings, clock=lambda: 1000.0)
+    for i in range(200):
+        for h in (kept, unbounded):
+            h.emit(MetricsScrape(engine="e0", ts=1000.0 + i, values={"num_requests_running": 1.0}))
+    assert [s.ts for s in kept.engines["e0"].scrapes] == [1000.0 + i for i in range(139, 200)]  # the last 60 s
+    assert len(unbounded.engines["e0"].scrapes) == 200  # told nothing: only the count bound (900)

@@ -210,3 +210,26 @@ def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url:
     assert {e["kind"] for e in doc.events} >= {"xid", "cuda_error", "engine_down"}  # the late witnesses, amended in
     assert doc.summary["failed_processes"]["Worker_TP0"]["step"] == 19
     assert [p["engine"] for p in doc.peers] == ["prefill-0"]
+
+
+def test_a_capture_built_after_the_ring_gave_up_its_oldest_blocks_still_holds_them() -> None:
+    from collector.snapshot.freeze import capture  # noqa: PLC0415
+
+    rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(32)]
+    size = RequestBlock.from_rows(1, 1.0, rows).nbytes
+    settings = Settings(engines=[EngineConfig(name="d0", url="http://d")], ring_request_bytes=1 << 16,
+                        ring_request_bytes_total=1 << 16)  # fmt: skip
+    hub = Hub(settings, clock=lambda: 1000.0)
+    for n in range(1, 201):
+        hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
+    held = [s.step for s in hub.steps("d0") if s.request_block is not None]
+    assert 0 < len(held) <= (1 << 16) // size < 200
+    trigger = Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 79", severity=Severity.CRITICAL, engine="d0", xid=79)
+    cap = capture(hub, "d0", trigger, gpu_seconds=60.0)
+    for n in range(201, 401):  # the engine steps on while the snapshot waits to be built
+        hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
+    assert all(s.request_block is None for s in cap.steps if s.step in held)  # the ring gave them up
+    doc = cap.build()
+    assert sorted(set(doc.requests.columns["step"])) == held
+    assert [s["step"] for s in doc.steps if s["has_requests"]] == held
+    assert all(s.request_block is None for s in hub.steps("d0") if s.step in held)  # the ring is not changed back

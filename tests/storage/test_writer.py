@@ -141,3 +141,32 @@ def test_nul_bytes_in_events_are_stored_on_postgres(pg_url: str) -> None:
     assert writer.db_up is True and writer.rejected == 0
     [ev] = repo.list_events()
     assert ev["message"] == "a\ufffdb" and ev["data"]["lines"] == ["x\ufffdy"]
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_every_step_column_is_stored_as_its_value_or_null_on_both_databases(db: str, tmp_path: Path,
+                                                                            request: pytest.FixtureRequest) -> None:  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'f.db'}" if db == "sqlite" else request.getfixturevalue("pg_url")
+    upgrade(url)
+    hub, repo, writer, _ = _setup(url, hold_s=0.0)
+    hub.emit(StepRecord(engine="decode-0", ts=5.5, step=7, run=31, running=3, waiting=2, kv_cache_usage=1,
+                        preemptions=1, prompt_tokens=40, generation_tokens=3, halves=HALF_STATS))  # fmt: skip
+    hub.emit(StepRecord(engine="decode-0", ts=6.5, step=8, run=31, waiting=4, halves=HALF_STATS))
+    asyncio.run(writer.flush())
+    first, second = repo.recent_steps("decode-0", since=0)
+    assert (first["ts"], first["step"], first["running"], first["waiting"], first["preemptions"]) == (5.5, 7, 3, 2, 1)
+    assert (first["prompt_tokens"], first["generation_tokens"]) == (40, 3)
+    assert first["kv_cache_usage"] == 1.0 and isinstance(first["kv_cache_usage"], float)
+    assert second["waiting"] == 4 and second["running"] is None and second["kv_cache_usage"] is None
+    assert second["prompt_tokens"] is None and second["mirror_rows"] is None and second["host_blocks"] is None
+
+
+def test_a_step_row_the_database_refuses_is_set_aside_and_the_other_steps_are_written(pg_url: str) -> None:
+    upgrade(pg_url)
+    hub, repo, writer, _ = _setup(pg_url, hold_s=0.0)
+    hub.emit(StepRecord(engine="decode-0", ts=1.0, step=1, running=1, halves=HALF_STATS))
+    hub.emit(StepRecord(engine="decode-0", ts=2.0, step=2, running=2**40, halves=HALF_STATS))  # too large for INTEGER
+    hub.emit(StepRecord(engine="decode-0", ts=3.0, step=3, running=1, halves=HALF_STATS))
+    asyncio.run(writer.flush())
+    assert writer.db_up is True and writer.rejected == 1
+    assert [s["step"] for s in repo.recent_steps("decode-0", since=0)] == [1, 3]

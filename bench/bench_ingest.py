@@ -1,0 +1,88 @@
+"""The sidecar's per-step ingest in process: ring read, decode, filing into the hub, the writer's
+queue and its rows, for E engines x R running requests, without a clock to keep up with.
+
+    python bench/bench_ingest.py --engines 8 --running 256 --steps 1000 --rounds 5
+
+Each round the simulator's load model writes ``--steps`` steps into every engine's two rings (as
+vLLM's two processes do), then one ``RecorderSource.poll`` files them all into a ``Hub`` whose
+rows go to a ``BatchWriter`` queue; the writer's rows are then built (``step_tuples``) but not
+sent anywhere. ``PYTHONPATH=../other-checkout`` measures that checkout's code. Prints CPU
+microseconds per step (both halves) for the poll and for the rows, best and median of the
+rounds: the node bench's 800 steps/s costs 800 x that per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from collector.ingest.hub import Hub
+from collector.settings import Settings
+from collector.sim.load import EngineLoad, LoadConfig
+from collector.sources.recorder import RecorderSource
+from collector.storage.writer import BatchWriter
+
+try:
+    from collector.storage.writer import step_tuples as rows_of
+except ImportError:  # a checkout before the tuple rows (PYTHONPATH=../other-checkout): its dict rows
+    from collector.storage.writer import step_row
+
+    def rows_of(recs: list[Any]) -> list[Any]:
+        return [step_row(r) for r in recs]
+
+
+class _NoRepo:
+    """The writer's queue only: flush is never called."""
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)  # the rings join no configured engine: said once per ring
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--running", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1000, help="steps per engine per round (a round must fit the rings)")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="flightrec-bench-ingest-") as tmp:
+        folder = Path(tmp)
+        cfg = LoadConfig(recorder_dir=folder, engines=args.engines, running=args.running)
+        t = [1_000_000.0]
+        loads = [EngineLoad(cfg, i, clock=lambda: t[0]) for i in range(args.engines)]
+        writer = BatchWriter(_NoRepo(), interval=1.0, clock=lambda: t[0])  # type: ignore[arg-type]
+        hub = Hub(Settings(engines=[]), rows=writer)
+        source = RecorderSource(folder, alive=lambda pid: True, join_wait=0.0)
+        source.poll(hub)  # the meta and fingerprint records
+        poll_us, rows_us = [], []
+        for _ in range(args.rounds):
+            for _ in range(args.steps):
+                t[0] += 0.01
+                for load in loads:
+                    load.step()
+            c0 = time.process_time()
+            source.poll(hub)
+            c1 = time.process_time()
+            recs = [rec for _, rec in writer._q.steps.values()]
+            rows_of(recs)
+            c2 = time.process_time()
+            writer._q.steps.clear()
+            n = args.steps * args.engines
+            poll_us.append((c1 - c0) / n * 1e6)
+            rows_us.append((c2 - c1) / n * 1e6)
+        for load in loads:
+            load.close()
+    received = sum(st.steps_received for st in hub.engines.values())
+    print(f"bench_ingest: {args.engines} engines x {args.running} running, {args.rounds} rounds of {args.steps} steps each")
+    print(f"half records filed           {received:,} (expected {2 * args.engines * args.steps * args.rounds:,})")
+    print(f"poll (read, decode, file)    best {min(poll_us):.1f} us/step, median {statistics.median(poll_us):.1f}")
+    print(f"writer rows                   best {min(rows_us):.1f} us/step, median {statistics.median(rows_us):.1f}")
+    best = min(poll_us) + min(rows_us)
+    print(f"at 800 steps/s               {best * 800 / 1e4:.1f}% of a core")
+
+
+if __name__ == "__main__":
+    main()
