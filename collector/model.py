@@ -30,9 +30,21 @@ class EventKind(str, enum.Enum):
 
 
 class Severity(str, enum.Enum):
-    CRITICAL = "critical"
-    WARNING = "warning"
+    """The one scale of how bad something is: an event's severity, a detector's state, an
+    alert's ``severity`` label. ``OK`` is a detector's state when nothing is wrong (no event or
+    alert carries it)."""
+
+    OK = "ok"
     INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.OK: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from collector.alerting.labels import ALERT_GPU_LABELS, ENGINE, GPU_BUS, GPU_INDEX, GPU_MODEL, HOSTNAME, gpu_labels
-from collector.detectors.base import DetectorState, Level, Transition
+from collector.detectors.base import DetectorState, Transition
 from collector.model import Event, EventKind, GpuSample, Severity
 from collector.xid.catalog import lookup as xid_lookup
 
@@ -209,8 +209,8 @@ def alert_for_event(
             expires_at=event.ts + hold,
         )
     if event.kind is EventKind.ANOMALY and "detector" in event.data:
-        level = Level(event.data.get("state", event.severity.value))
-        if level is Level.OK:
+        level = Severity(event.data.get("state", event.severity.value))
+        if level is Severity.OK:
             return None
         state = DetectorState(
             name=str(event.data["detector"]),
@@ -261,7 +261,7 @@ def alert_for_state(
 ) -> Alert:
     """The alert of a detector state that is not OK (its severity is the state's level)."""
     gpus = list(gpus)
-    if state.state is Level.OK:
+    if state.state is Severity.OK:
         raise ValueError("an OK detector state has no alert")
     name = DETECTOR_ALERTS.get(state.name) or "".join(p.capitalize() for p in state.name.split("_"))
     path = f"/snapshots/{quote(str(snapshot_id))}" if snapshot_id is not None else "/"
@@ -293,10 +293,10 @@ def alerts_for_transition(
     """
     fire = None
     resolve = None
-    if transition.current.state is not Level.OK:
+    if transition.current.state is not Severity.OK:
         fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base,
                                gpus=gpus)
-    if transition.previous.state is not Level.OK:
+    if transition.previous.state is not Severity.OK:
         resolve = alert_for_state(transition.previous, host=host, public_url=public_url,
                                   runbook_base=runbook_base, gpus=gpus).key
     return fire, resolve

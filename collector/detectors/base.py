@@ -8,29 +8,17 @@ serves as is. ``Hysteresis`` keeps a noisy raw state from flapping.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-
-class Level(str, enum.Enum):
-    OK = "ok"
-    WARNING = "warning"
-    CRITICAL = "critical"
-
-    @property
-    def rank(self) -> int:
-        return _RANK[self]
-
-
-_RANK = {Level.OK: 0, Level.WARNING: 1, Level.CRITICAL: 2}
+from collector.model import Severity  # a detector's state is on the events' scale (OK: nothing wrong)
 
 
 @dataclass(frozen=True, slots=True)
 class DetectorState:
     name: str  # detector name, e.g. "engine_stall"
-    state: Level
+    state: Severity
     reason: str = ""
     suggested_action: str = ""
     value: float | None = None  # the figure the decision was made on
@@ -62,7 +50,7 @@ class Transition:
 
 
 def ok(name: str, labels: dict[str, str], ts: float, reason: str = "", value: float | None = None) -> DetectorState:
-    return DetectorState(name=name, state=Level.OK, reason=reason, value=value, labels=labels, ts=ts)
+    return DetectorState(name=name, state=Severity.OK, reason=reason, value=value, labels=labels, ts=ts)
 
 
 class Hysteresis:
@@ -78,11 +66,11 @@ class Hysteresis:
             raise ValueError("enter_after and exit_after must be at least 1")
         self.enter_after = enter_after
         self.exit_after = exit_after
-        self.level = Level.OK
-        self._worse: list[Level] = []
-        self._better: list[Level] = []
+        self.level = Severity.OK
+        self._worse: list[Severity] = []
+        self._better: list[Severity] = []
 
-    def update(self, raw: Level) -> Level:
+    def update(self, raw: Severity) -> Severity:
         if raw.rank > self.level.rank:
             self._better.clear()
             self._worse.append(raw)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import EccThresholds
-from collector.model import GpuSample
+from collector.model import GpuSample, Severity
 
 NAME = "gpu_memory_errors"
 
@@ -28,24 +28,24 @@ def detect_memory_errors(
     before = [s for s in samples if s.ts < now - thr.window_s][-1:]
     series = before + recent
     found: list[str] = []
-    level = Level.OK
+    level = Severity.OK
     for name in _CRITICAL_FIELDS:
         inc = _increase(series, name)
         if inc:
             found.append(f"{name} +{inc}")
-            level = Level.CRITICAL
+            level = Severity.CRITICAL
     for name in _WARNING_FIELDS:
         inc = _increase(series, name)
         if inc:
             found.append(f"{name} +{inc}")
-            if level is Level.OK:
-                level = Level.WARNING
+            if level is Severity.OK:
+                level = Severity.WARNING
     if recent and recent[-1].remapped_rows_pending:
         found.append("row remap pending (reset the GPU to apply it)")
-        if level is Level.OK:
-            level = Level.WARNING
-    if level is Level.OK:
-        return DetectorState(NAME, Level.OK, "no new memory errors", labels=labels, ts=now)
+        if level is Severity.OK:
+            level = Severity.WARNING
+    if level is Severity.OK:
+        return DetectorState(NAME, Severity.OK, "no new memory errors", labels=labels, ts=now)
     return DetectorState(
         NAME,
         level,

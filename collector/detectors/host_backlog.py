@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level, mean
+from collector.detectors.base import DetectorState, mean
 from collector.detectors.config import HostBacklogThresholds
 from collector.detectors.series import Point, window
+from collector.model import Severity
 
 NAME = "host_backlog"
 ACTION = ("take a snapshot: the HiSparse host side is falling behind; check the host pool size "
@@ -45,7 +46,7 @@ def detect_host_backlog(
         last = usage[-1][1]
         last = last / 100.0 if last > 1.0 else last
         if last >= thr.cache_full:
-            return DetectorState(NAME, Level.WARNING, f"host cache {last:.0%} full", ACTION, last, labels, now)
+            return DetectorState(NAME, Severity.WARNING, f"host cache {last:.0%} full", ACTION, last, labels, now)
     load = window(running, start)
     blocks = window(host_blocks, start)
     if len(blocks) >= thr.min_points and len(load) >= thr.min_points:
@@ -57,7 +58,7 @@ def detect_host_backlog(
             growth = per_last / per_first
             if steady and growth >= thr.growth_ratio:
                 return DetectorState(
-                    NAME, Level.WARNING,
+                    NAME, Severity.WARNING,
                     f"host blocks per running request grew x{growth:.2f} in {thr.window_s:g}s "
                     f"({per_first:.0f} -> {per_last:.0f}) with the load steady ({load_first:.1f} -> {load_last:.1f})",
                     ACTION, growth, labels, now,
@@ -67,8 +68,8 @@ def detect_host_backlog(
         p_first, p_last = _quarters(backlog)
         if p_last >= thr.pending_min and p_last >= p_first * thr.growth_ratio:
             return DetectorState(
-                NAME, Level.WARNING,
+                NAME, Severity.WARNING,
                 f"pending page transfers grew {p_first:.0f} -> {p_last:.0f} in {thr.window_s:g}s",
                 ACTION, p_last, labels, now,
             )  # fmt: skip
-    return DetectorState(NAME, Level.OK, "host side keeping up", labels=labels, ts=now)
+    return DetectorState(NAME, Severity.OK, "host side keeping up", labels=labels, ts=now)

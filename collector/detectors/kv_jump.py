@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import KvJumpThresholds
 from collector.detectors.series import Point, window
+from collector.model import Severity
 
 NAME = "kv_cache_jump"
 
@@ -27,12 +28,12 @@ def detect_kv_jump(
     recent = window(usage, now - thr.window_s)
     rise = largest_rise(recent)
     if rise < thr.delta:
-        return DetectorState(NAME, Level.OK, f"rise {rise:.2f} in {thr.window_s:g}s", labels=labels, ts=now,
+        return DetectorState(NAME, Severity.OK, f"rise {rise:.2f} in {thr.window_s:g}s", labels=labels, ts=now,
                              value=rise)
     last = recent[-1][1]
     return DetectorState(
         NAME,
-        Level.WARNING,
+        Severity.WARNING,
         f"kv_cache_usage rose by {rise:.2f} within {thr.window_s:g}s (now {last:.2f})",
         "look for a burst of long prompts or a prefix import; preemptions follow when usage reaches 1.0",
         rise,

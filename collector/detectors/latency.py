@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import LatencyThresholds
 from collector.detectors.series import Point, value_at
+from collector.model import Severity
 
 NAME = "itl_regression"
 
@@ -30,18 +31,18 @@ def detect_itl_regression(
 ) -> DetectorState:
     """``itl_sum``/``itl_count``: the cumulative histogram sum (seconds) and count."""
     if not itl_count or itl_count[0][0] > now - thr.window_s - thr.baseline_s / 2:
-        return DetectorState(NAME, Level.OK, "not enough history for a baseline", labels=labels, ts=now)
+        return DetectorState(NAME, Severity.OK, "not enough history for a baseline", labels=labels, ts=now)
     current, n_now = _mean_between(itl_sum, itl_count, now - thr.window_s, now)
     baseline, n_base = _mean_between(itl_sum, itl_count, now - thr.window_s - thr.baseline_s, now - thr.window_s)
     if n_now < thr.min_count or n_base < thr.min_count or baseline <= 0:
-        return DetectorState(NAME, Level.OK, "too few tokens to compare", labels=labels, ts=now)
+        return DetectorState(NAME, Severity.OK, "too few tokens to compare", labels=labels, ts=now)
     ratio = current / baseline
     if ratio >= thr.critical_ratio:
-        level = Level.CRITICAL
+        level = Severity.CRITICAL
     elif ratio >= thr.warning_ratio:
-        level = Level.WARNING
+        level = Severity.WARNING
     else:
-        return DetectorState(NAME, Level.OK, f"ITL {current * 1000:.1f} ms, x{ratio:.2f} baseline", labels=labels,
+        return DetectorState(NAME, Severity.OK, f"ITL {current * 1000:.1f} ms, x{ratio:.2f} baseline", labels=labels,
                              ts=now, value=ratio)
     return DetectorState(
         NAME,

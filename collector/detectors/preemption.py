@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import PreemptionThresholds
 from collector.detectors.series import Point, sum_between
+from collector.model import Severity
 
 NAME = "preemption_storm"
 
@@ -18,11 +19,11 @@ def detect_preemption_storm(
     count = sum_between(preemptions, now - thr.window_s, now)
     rate = count / thr.window_s
     if rate >= thr.critical_per_s:
-        level = Level.CRITICAL
+        level = Severity.CRITICAL
     elif rate >= thr.warning_per_s:
-        level = Level.WARNING
+        level = Severity.WARNING
     else:
-        return DetectorState(NAME, Level.OK, f"{count:g} preemptions in {thr.window_s:g}s", labels=labels, ts=now,
+        return DetectorState(NAME, Severity.OK, f"{count:g} preemptions in {thr.window_s:g}s", labels=labels, ts=now,
                              value=rate)
     return DetectorState(
         NAME,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from collector.detectors import series as S
-from collector.detectors.base import DetectorState, Hysteresis, Level, Transition, since
+from collector.detectors.base import DetectorState, Hysteresis, Transition, since
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.ecc import detect_memory_errors
 from collector.detectors.host_backlog import detect_host_backlog
@@ -25,7 +25,7 @@ from collector.detectors.stall import detect_stall
 from collector.detectors.throttling import NAME as THROTTLING
 from collector.detectors.throttling import detect_throttling
 from collector.detectors.throughput import detect_throughput_collapse
-from collector.model import HALF_STATS, GpuSample, MetricsScrape, StepRecord
+from collector.model import HALF_STATS, GpuSample, MetricsScrape, Severity, StepRecord
 
 T = TypeVar("T")
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -70,7 +70,7 @@ class DetectorRunner:
         self._hysteresis: dict[Key, Hysteresis] = {}
         self._published: dict[Key, DetectorState] = {}
         self._last_scrape: dict[str, float] = {}
-        self._last_raw: dict[Key, dict[Level, DetectorState]] = {}
+        self._last_raw: dict[Key, dict[Severity, DetectorState]] = {}
 
     def states(self) -> list[DetectorState]:
         """The published state of every (detector, labels) seen, for the API."""
@@ -176,7 +176,7 @@ class DetectorRunner:
         out = []
         if t.throttling.enabled:
             published = self._published.get((THROTTLING, (("gpu", gpu),)))
-            previous = published.state if published else Level.OK
+            previous = published.state if published else Severity.OK
             out.append(
                 detect_throttling(samples[-1] if samples else None, previous=previous, now=now, labels=labels,
                                   thr=t.throttling)
@@ -195,7 +195,7 @@ class DetectorRunner:
             level = gate.update(state.state)
             seen = self._last_raw.setdefault(key, {})
             seen[state.state] = state
-            previous = self._published.get(key) or DetectorState(state.name, Level.OK, labels=state.labels, ts=state.ts)
+            previous = self._published.get(key) or DetectorState(state.name, Severity.OK, labels=state.labels, ts=state.ts)
             if level is state.state:
                 current = state
             elif level is previous.state:

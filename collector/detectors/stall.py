@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import StallThresholds
 from collector.detectors.series import Point
+from collector.model import Severity
 
 NAME = "engine_stall"
 
@@ -20,18 +21,18 @@ def detect_stall(
 ) -> DetectorState:
     """``waiting``: the waiting-requests gauge; ``tokens``: tokens computed per step/interval."""
     if not waiting or waiting[-1][1] <= 0:
-        return DetectorState(NAME, Level.OK, "no request waiting", labels=labels, ts=now, value=0.0)
+        return DetectorState(NAME, Severity.OK, "no request waiting", labels=labels, ts=now, value=0.0)
     progress = [t for t, v in tokens if v > 0]
     first_seen = min(waiting[0][0], tokens[0][0] if tokens else waiting[0][0])
     last_progress = progress[-1] if progress else first_seen
     idle = now - last_progress
     pending = int(waiting[-1][1])
     if idle >= thr.critical_after_s:
-        level = Level.CRITICAL
+        level = Severity.CRITICAL
     elif idle >= thr.warning_after_s:
-        level = Level.WARNING
+        level = Severity.WARNING
     else:
-        return DetectorState(NAME, Level.OK, f"last token {idle:.1f}s ago", labels=labels, ts=now, value=idle)
+        return DetectorState(NAME, Severity.OK, f"last token {idle:.1f}s ago", labels=labels, ts=now, value=idle)
     return DetectorState(
         NAME,
         level,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.detectors.config import ThrottlingThresholds
-from collector.model import GpuSample
+from collector.model import GpuSample, Severity
 
 NAME = "gpu_throttling"
 
@@ -22,33 +22,33 @@ def reason_names(mask: int) -> list[str]:
 
 
 def detect_throttling(
-    sample: GpuSample | None, *, previous: Level, now: float, labels: dict[str, str], thr: ThrottlingThresholds
+    sample: GpuSample | None, *, previous: Severity, now: float, labels: dict[str, str], thr: ThrottlingThresholds
 ) -> DetectorState:
     """``previous``: the published level, so that temperature leaves a level only below its exit margin."""
     if sample is None:
-        return DetectorState(NAME, Level.OK, "no GPU sample", labels=labels, ts=now)
+        return DetectorState(NAME, Severity.OK, "no GPU sample", labels=labels, ts=now)
     mask = sample.clock_event_reasons or 0
     temp = sample.temperature
     reasons: list[str] = []
-    level = Level.OK
+    level = Severity.OK
     if mask & thr.critical_reasons:
-        level = Level.CRITICAL
+        level = Severity.CRITICAL
         reasons += reason_names(mask & thr.critical_reasons)
     elif mask & thr.warning_reasons:
-        level = Level.WARNING
+        level = Severity.WARNING
         reasons += reason_names(mask & thr.warning_reasons)
     if temp is not None:
         margin = thr.temperature_exit_margin_c
-        crit = thr.temperature_critical_c - (margin if previous is Level.CRITICAL else 0.0)
-        warn = thr.temperature_warning_c - (margin if previous.rank >= Level.WARNING.rank else 0.0)
+        crit = thr.temperature_critical_c - (margin if previous is Severity.CRITICAL else 0.0)
+        warn = thr.temperature_warning_c - (margin if previous.rank >= Severity.WARNING.rank else 0.0)
         if temp >= crit:
-            level = Level.CRITICAL
+            level = Severity.CRITICAL
             reasons.append(f"temperature {temp:.0f}C")
         elif temp >= warn:
-            level = max(level, Level.WARNING, key=lambda lv: lv.rank)
+            level = max(level, Severity.WARNING, key=lambda lv: lv.rank)
             reasons.append(f"temperature {temp:.0f}C")
-    if level is Level.OK:
-        return DetectorState(NAME, Level.OK, "no throttling", labels=labels, ts=now, value=temp)
+    if level is Severity.OK:
+        return DetectorState(NAME, Severity.OK, "no throttling", labels=labels, ts=now, value=temp)
     return DetectorState(
         NAME,
         level,

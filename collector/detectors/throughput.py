@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from collector.detectors.base import DetectorState, Level, mean, median
+from collector.detectors.base import DetectorState, mean, median
 from collector.detectors.config import ThroughputThresholds
 from collector.detectors.series import Point, sum_between, window
+from collector.model import Severity
 
 NAME = "throughput_collapse"
 
@@ -18,7 +19,7 @@ def detect_throughput_collapse(
     start = now - thr.window_s - thr.baseline_s
     recent_tokens = window(tokens, start)
     if not recent_tokens or recent_tokens[0][0] > now - thr.window_s - thr.baseline_s / 2:
-        return DetectorState(NAME, Level.OK, "not enough history for a baseline", labels=labels, ts=now)
+        return DetectorState(NAME, Severity.OK, "not enough history for a baseline", labels=labels, ts=now)
     current = sum_between(recent_tokens, now - thr.window_s, now) / thr.window_s
     # the baseline: the median of the window-long rates before the current window
     rates = []
@@ -28,20 +29,20 @@ def detect_throughput_collapse(
         end -= thr.window_s
     baseline = median(rates) or 0.0
     if baseline < thr.min_baseline_tokens_per_s:
-        return DetectorState(NAME, Level.OK, f"baseline {baseline:.1f} tokens/s too low to judge", labels=labels,
+        return DetectorState(NAME, Severity.OK, f"baseline {baseline:.1f} tokens/s too low to judge", labels=labels,
                              ts=now, value=current)
     demand_now = mean(v for _, v in window(demand, now - thr.window_s)) or 0.0
     demand_before = mean(v for t, v in window(demand, start) if t <= now - thr.window_s) or 0.0
     if demand_now <= 0 or demand_now < thr.min_load_ratio * demand_before:
-        return DetectorState(NAME, Level.OK, "demand fell with throughput", labels=labels, ts=now,
+        return DetectorState(NAME, Severity.OK, "demand fell with throughput", labels=labels, ts=now,
                              value=current / baseline)
     ratio = current / baseline
     if ratio <= thr.critical_ratio:
-        level = Level.CRITICAL
+        level = Severity.CRITICAL
     elif ratio <= thr.warning_ratio:
-        level = Level.WARNING
+        level = Severity.WARNING
     else:
-        return DetectorState(NAME, Level.OK, f"{current:.0f} tokens/s, {ratio:.0%} of baseline", labels=labels,
+        return DetectorState(NAME, Severity.OK, f"{current:.0f} tokens/s, {ratio:.0%} of baseline", labels=labels,
                              ts=now, value=ratio)
     return DetectorState(
         NAME,

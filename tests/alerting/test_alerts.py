@@ -11,7 +11,7 @@ from collector.alerting.alerts import (
     is_uri,
     rfc3339,
 )
-from collector.detectors.base import DetectorState, Level, Transition
+from collector.detectors.base import DetectorState, Transition
 from collector.model import Event, EventKind, GpuSample, Severity
 from collector.xid.catalog import lookup as xid_lookup
 
@@ -100,7 +100,7 @@ def test_payload_is_what_alertmanager_v2_takes() -> None:
 
 
 def test_anomaly_event_and_detector_state_build_the_same_alert() -> None:
-    state = DetectorState("engine_stall", Level.CRITICAL, "3 requests waiting and no token computed for 31s",
+    state = DetectorState("engine_stall", Severity.CRITICAL, "3 requests waiting and no token computed for 31s",
                           "py-spy dump", 31.0, {"engine": "decode-0"}, 100.0)
     event = Event(kind=EventKind.ANOMALY, ts=100.0, source="detector", message=state.reason,
                   severity=Severity.CRITICAL,
@@ -114,9 +114,9 @@ def test_anomaly_event_and_detector_state_build_the_same_alert() -> None:
 
 
 def test_transitions_fire_the_new_level_and_resolve_the_old_one() -> None:
-    ok = DetectorState("preemption_storm", Level.OK, labels={"engine": "d"})
-    warn = DetectorState("preemption_storm", Level.WARNING, "6 preemptions", labels={"engine": "d"}, ts=5.0)
-    crit = DetectorState("preemption_storm", Level.CRITICAL, "60 preemptions", labels={"engine": "d"}, ts=6.0)
+    ok = DetectorState("preemption_storm", Severity.OK, labels={"engine": "d"})
+    warn = DetectorState("preemption_storm", Severity.WARNING, "6 preemptions", labels={"engine": "d"}, ts=5.0)
+    crit = DetectorState("preemption_storm", Severity.CRITICAL, "60 preemptions", labels={"engine": "d"}, ts=6.0)
     fire, resolve = alerts_for_transition(Transition(ok, warn), **KW)
     assert fire is not None and fire.severity is Severity.WARNING and resolve is None
     fire2, resolve2 = alerts_for_transition(Transition(warn, crit), **KW)
@@ -146,7 +146,7 @@ def test_gpu_alerts_carry_dcgm_labels_and_the_catalog_meaning() -> None:
 
 
 def test_a_gpu_detector_alert_names_the_gpu_as_the_xid_alert_does() -> None:
-    state = DetectorState("gpu_throttling", Level.CRITICAL, "HW slowdown", labels={"gpu": H200.gpu}, ts=1.0)
+    state = DetectorState("gpu_throttling", Severity.CRITICAL, "HW slowdown", labels={"gpu": H200.gpu}, ts=1.0)
     alert = alert_for_state(state, gpus=[H200], **KW)
     labels = alert.label_set()
     assert {k: labels[k] for k in ("gpu", "UUID", "pci_bus_id", "Hostname")} == {
@@ -154,7 +154,7 @@ def test_a_gpu_detector_alert_names_the_gpu_as_the_xid_alert_does() -> None:
 
 
 def test_one_name_for_a_gone_scrape_target() -> None:
-    state = DetectorState("scrape_target_gone", Level.CRITICAL, "no /metrics for 30 s", labels={"engine": "decode-0"}, ts=1.0)
+    state = DetectorState("scrape_target_gone", Severity.CRITICAL, "no /metrics for 30 s", labels={"engine": "decode-0"}, ts=1.0)
     assert alert_for_state(state, **KW).name == "VllmScrapeTargetGone"
 
 

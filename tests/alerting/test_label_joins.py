@@ -21,7 +21,7 @@ import yaml
 
 from collector.alerting.alerts import alert_for_event, alert_for_state, rfc3339
 from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary, with_webhook
-from collector.detectors.base import DetectorState, Level
+from collector.detectors.base import DetectorState
 from collector.model import Event, EventKind, GpuSample, Severity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,10 +66,10 @@ def test_the_sidecar_and_the_rules_send_one_label_set_per_fault() -> None:
     assert sidecar_crash() in rule_labels("VllmEngineCrashed")
     xid = sidecar_xid()
     assert {**xid, "UUID": "GPU-abc"} in rule_labels("GpuXidError")
-    stalled = alert_for_state(DetectorState("engine_stall", Level.CRITICAL, "no tokens", labels={"engine": "decode-0"}, ts=1.0),
+    stalled = alert_for_state(DetectorState("engine_stall", Severity.CRITICAL, "no tokens", labels={"engine": "decode-0"}, ts=1.0),
                               host=HOST, public_url="").label_set()  # fmt: skip
     assert stalled in rule_labels("VllmEngineStalled")
-    gone = alert_for_state(DetectorState("scrape_target_gone", Level.CRITICAL, "gone", labels={"engine": "a"}, ts=1.0),
+    gone = alert_for_state(DetectorState("scrape_target_gone", Severity.CRITICAL, "gone", labels={"engine": "a"}, ts=1.0),
                            host=HOST, public_url="").label_set()  # fmt: skip
     assert gone in rule_labels("VllmScrapeTargetGone")
 

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.detectors.base import Hysteresis, Level
+from collector.detectors.base import Hysteresis
+from collector.model import Severity
 
-OK, W, C = Level.OK, Level.WARNING, Level.CRITICAL
+OK, W, C = Severity.OK, Severity.WARNING, Severity.CRITICAL
 
 
 @pytest.mark.parametrize(
@@ -23,13 +24,13 @@ OK, W, C = Level.OK, Level.WARNING, Level.CRITICAL
         ([C, C, W, W, W], [OK, C, C, C, W]),
     ],
 )
-def test_sequences(raw: list[Level], expected: list[Level]) -> None:
+def test_sequences(raw: list[Severity], expected: list[Severity]) -> None:
     gate = Hysteresis(enter_after=2, exit_after=3)
     assert [gate.update(level) for level in raw] == expected
 
 
 @given(st.lists(st.sampled_from([OK, W, C]), max_size=200), st.integers(1, 5), st.integers(1, 5))
-def test_published_changes_are_never_more_than_streaks_allow(raw: list[Level], enter: int, leave: int) -> None:
+def test_published_changes_are_never_more_than_streaks_allow(raw: list[Severity], enter: int, leave: int) -> None:
     gate = Hysteresis(enter_after=enter, exit_after=leave)
     out = [gate.update(level) for level in raw]
     changes = sum(1 for a, b in zip([OK] + out, out, strict=False) if a is not b)

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.detectors.base import Level
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.runner import DetectorRunner
-from collector.model import MetricsScrape
+from collector.model import MetricsScrape, Severity
 
 RECORDING = Path(__file__).parent.parent / "fixtures" / "recordings" / "vllm-cpu-ramp.jsonl"
 
@@ -44,7 +43,7 @@ def replay() -> dict:
 
 
 def fired(replay: dict, name: str) -> list[tuple]:
-    return [tr for tr in replay["transitions"] if tr[1] == name and tr[3] is not Level.OK]
+    return [tr for tr in replay["transitions"] if tr[1] == name and tr[3] is not Severity.OK]
 
 
 def test_the_recording_has_what_the_assertions_rely_on(replay: dict) -> None:
@@ -68,7 +67,7 @@ def test_the_target_gone_pages_only_after_the_kill(replay: dict) -> None:
     gone = fired(replay, "scrape_target_gone")
     last_scrape = replay["scrapes"][-1].ts
     assert len(gone) == 1  # the single missed poll during the run does not page
-    assert gone[0][3] is Level.CRITICAL
+    assert gone[0][3] is Severity.CRITICAL
     assert last_scrape + 5 <= gone[0][0] <= last_scrape + 8
 
 
@@ -98,6 +97,6 @@ def test_nothing_flaps(replay: dict) -> None:
 
 def test_a_published_reason_matches_its_level(replay: dict) -> None:
     for _, name, _, current, reason in replay["transitions"]:
-        if current is not Level.OK:
+        if current is not Severity.OK:
             assert "baseline" not in reason or "%" in reason
             assert not reason.startswith(("rise ", "no request", "no throttling", "0 preemptions")), (name, reason)

@@ -6,10 +6,9 @@ import random
 
 from detector_synth import gpu, noisy, scrapes, steps
 
-from collector.detectors.base import Level
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.runner import DetectorRunner
-from collector.model import HALF_REQUESTS, HALF_STATS, MetricsScrape, StepRecord
+from collector.model import HALF_REQUESTS, HALF_STATS, MetricsScrape, Severity, StepRecord
 
 T0 = 1_000_000.0
 
@@ -42,7 +41,7 @@ def test_a_stall_fires_once_and_resolves_once() -> None:
     runner = DetectorRunner(DetectorThresholds(enter_after=2, exit_after=3))
     out = [e for e in replay(runner, records, until=T0 + 110) if e[1] == "engine_stall"]
     assert [(prev, cur) for _, _, prev, cur in out] == [
-        (Level.OK, Level.WARNING), (Level.WARNING, Level.CRITICAL), (Level.CRITICAL, Level.OK)]
+        (Severity.OK, Severity.WARNING), (Severity.WARNING, Severity.CRITICAL), (Severity.CRITICAL, Severity.OK)]
     fired_at = out[0][0]
     assert 40 <= fired_at <= 43  # 10 s without tokens + 2 evaluations of hysteresis
 
@@ -66,8 +65,8 @@ def test_scrapes_alone_drive_the_engine_detectors_and_scrape_gone() -> None:
     runner = DetectorRunner()
     out = replay(runner, [], scrape_list=scrape_list, until=T0 + 60)
     kinds = [(name, cur) for _, name, _, cur in out]
-    assert ("preemption_storm", Level.WARNING) in kinds  # 2/s >= 1/s
-    gone = [t for t, name, _, cur in out if name == "scrape_target_gone" and cur is Level.CRITICAL]
+    assert ("preemption_storm", Severity.WARNING) in kinds  # 2/s >= 1/s
+    gone = [t for t, name, _, cur in out if name == "scrape_target_gone" and cur is Severity.CRITICAL]
     assert gone and 44 <= gone[0] <= 47
 
 
@@ -82,7 +81,7 @@ def test_steps_with_unknown_figures_are_not_read_as_zeros() -> None:
     records = [StepRecord(engine="decode-0", ts=T0 + i / 5, step=i, running=8, halves=HALF_REQUESTS) for i in range(60 * 5)]
     out = replay(DetectorRunner(), records, scrape_list=scrapes(T0, 60, values=values), until=T0 + 60)
     kinds = [(name, cur) for _, name, _, cur in out]
-    assert ("preemption_storm", Level.WARNING) in kinds
+    assert ("preemption_storm", Severity.WARNING) in kinds
     assert not [k for k in kinds if k[0] == "engine_stall"]
 
 
@@ -90,7 +89,7 @@ def test_gpu_detectors_are_per_gpu() -> None:
     samples = [gpu(T0 + t, temperature=95.0 if t >= 10 else 60.0, clock_event_reasons=0) for t in range(30)]
     runner = DetectorRunner()
     out = replay(runner, [], gpu_samples=samples, until=T0 + 30)
-    assert [(name, cur) for _, name, _, cur in out] == [("gpu_throttling", Level.CRITICAL)]
+    assert [(name, cur) for _, name, _, cur in out] == [("gpu_throttling", Severity.CRITICAL)]
     state = next(s for s in runner.states() if s.name == "gpu_throttling")
     assert state.labels == {"gpu": "0000:00:06.0"} and "95C" in state.reason
 
