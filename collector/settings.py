@@ -24,6 +24,9 @@ from pydantic_settings import (
 from collector.alerting.config import AlertingSettings
 from collector.detectors.config import DetectorThresholds
 from collector.errors import FlightrecError
+from collector.sources.engine_log_settings import EngineLogSettings
+from collector.sources.kmsg_settings import KmsgSettings
+from collector.sources.nvml_settings import NvmlSettings
 
 RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
 ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
@@ -80,7 +83,10 @@ class RetentionConfig(BaseModel):
     interval_s: float = Field(default=300.0, gt=0)
 
 
-class Settings(BaseSettings):
+class Settings(KmsgSettings, NvmlSettings, EngineLogSettings, BaseSettings):
+    """The one settings object. Each source's own settings are defined next to it
+    (``collector/sources/*_settings.py``) and mounted here flat, as flightrec.yaml spells them."""
+
     model_config = SettingsConfigDict(
         env_prefix="FLIGHTREC_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
@@ -113,19 +119,6 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     public_url: str | None = Field(default=None, description="base URL used in alert links")
-    nvml: Literal["auto", "on", "off"] = "auto"
-    gpu_poll_interval: float = Field(default=1.0, gt=0)
-    pcie_interval: float = Field(default=30.0, gt=0, description="PCIe replay is a slow NVML call")
-    gpu_lost_retry: float = Field(default=30.0, gt=0)
-    xid_events: bool = Field(default=True, description="listen for NVML Xid events")
-    event_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
-    kmsg: str = Field(default="auto", description="auto | on | off | a file path to follow")
-    kmsg_from_start: bool = False
-    kmsg_poll_interval: float = Field(default=0.05, gt=0, description="file follow poll, seconds")
-    log_from_start: bool = Field(default=False, description="read existing engine logs from their start")
-    log_poll_interval: float = Field(default=0.05, gt=0)
-    log_idle_flush: float = Field(default=0.2, gt=0, description="a quiet traceback is complete after this")
-    log_keep: Literal["important", "all"] = "important"
     recorder_dir: Path = Field(default_factory=recorder_dir_from_env)
     recorder: Literal["auto", "off"] = "auto"
     write_batch_interval: float = Field(default=0.5, gt=0)
@@ -152,23 +145,6 @@ class Settings(BaseSettings):
         # An empty token would match an empty "Bearer " header: refuse it rather than serve.
         if v is not None and not v.get_secret_value().strip():
             raise ValueError("is empty or blank: set a real token, or leave api_token unset")
-        return v
-
-    @field_validator("nvml", "kmsg", mode="before")
-    @classmethod
-    def _yaml_booleans(cls, v: Any) -> Any:
-        # YAML 1.1 reads a bare `off`/`on` as a boolean.
-        if isinstance(v, bool):
-            return "on" if v else "off"
-        return v
-
-    @field_validator("kmsg")
-    @classmethod
-    def _kmsg(cls, v: str) -> str:
-        if v in ("auto", "on", "off"):
-            return v
-        if not v.strip():
-            raise ValueError("must be auto, on, off or a file path")
         return v
 
     @field_validator("alertmanager", mode="before")

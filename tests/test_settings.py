@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from collector.cli import main
-from collector.settings import SettingsError, load_settings
+from collector.settings import Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -165,3 +165,25 @@ def test_blank_token_never_passes_the_bind_check() -> None:
     s = load_settings().model_copy(update={"host": "0.0.0.0", "api_token": SecretStr("  ")})
     with pytest.raises(SettingsError, match="api_token"):
         _check_bind(s)
+
+
+@pytest.mark.parametrize(("text", "nvml", "kmsg"), [("nvml: off\nkmsg: off\n", "off", "off"), ("nvml: on\nkmsg: on\n", "on", "on"),
+                                                     ("nvml: auto\nkmsg: /var/log/kern.log\n", "auto", "/var/log/kern.log")])  # fmt: skip
+def test_bare_yaml_on_and_off_reach_each_sources_settings(tmp_path: Path, text: str, nvml: str, kmsg: str) -> None:
+    """YAML 1.1 reads a bare on/off as a boolean; each source's own settings (mounted flat in
+    Settings) turn it back, the two sources' validators both applying."""
+    p = tmp_path / "flightrec.yaml"
+    p.write_text(text)
+    s = load_settings(p)
+    assert (s.nvml, s.kmsg) == (nvml, kmsg)
+
+
+def test_each_sources_settings_are_the_settings_defaults() -> None:
+    from collector.sources.engine_log_settings import EngineLogSettings
+    from collector.sources.kmsg_settings import KmsgSettings
+    from collector.sources.nvml_settings import NvmlSettings
+
+    s = Settings()
+    for part in (KmsgSettings, NvmlSettings, EngineLogSettings):
+        assert set(part.model_fields) <= set(Settings.model_fields)
+        assert {k: getattr(s, k) for k in part.model_fields} == part().model_dump()

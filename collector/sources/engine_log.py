@@ -37,8 +37,6 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import IO, Literal
 
-from pydantic import BaseModel, Field
-
 from collector.model import LogLine, MetricsScrape
 from collector.parsers.log_classify import classify
 from collector.parsers.throughput_line import (
@@ -49,24 +47,11 @@ from collector.parsers.throughput_line import (
 from collector.parsers.tracebacks import LogEventizer
 from collector.parsers.vllm_log import LogRecordLine, parse_line
 from collector.sources.base import Sink
+from collector.sources.engine_log_settings import DEFAULT_IDLE_FLUSH, DEFAULT_POLL_INTERVAL
 from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter
-
-DEFAULT_POLL_INTERVAL = 0.25
-DEFAULT_IDLE_FLUSH = 1.0
 
 _UVICORN_QUIET = re.compile(r"^(?:INFO|DEBUG):\s")
 _ALWAYS_KEEP = re.compile(r"\[shutdown\]|Traceback \(most recent call last\)")
-
-
-class EngineLogConfig(BaseModel):
-    """How engine logs are followed (the path itself is ``engines[i].log``)."""
-
-    log_from_start: bool = Field(False, description="read an existing file from its start")
-    log_poll_interval: float = Field(DEFAULT_POLL_INTERVAL, gt=0)
-    log_idle_flush: float = Field(
-        DEFAULT_IDLE_FLUSH, gt=0, description="seconds before a quiet traceback is emitted"
-    )
-    log_keep: Literal["important", "all"] = "important"
 
 
 def keep_line(line: LogRecordLine) -> bool:

@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, Field
-
 from collector.model import Event, EventKind, Severity
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.follow import FileTail
@@ -44,14 +42,6 @@ from collector.xid.parser import GpuUuidRecord, XidParseError, XidRecord, parse_
 
 DEV_KMSG = "/dev/kmsg"
 _READ_SIZE = 8192  # a kmsg record is at most about 1 KiB; one read returns one record
-
-
-class KmsgConfig(BaseModel):
-    """``kmsg: auto | on | off | <path>`` and how it is followed."""
-
-    kmsg: str = Field("auto", description="auto | on | off, or a file path to follow")
-    kmsg_from_start: bool = False
-    kmsg_poll_interval: float = Field(0.25, gt=0)
 
 
 class KmsgSource:

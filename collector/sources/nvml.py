@@ -25,9 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from collector.model import Event, EventKind, GpuSample, Observation, Severity
 from collector.sources.base import Sink, SourceError, SourceUnsupported
@@ -40,26 +38,12 @@ from collector.sources.nvml_backend import (
     NvmlEvent,
     PynvmlBackend,
 )
+from collector.sources.nvml_settings import DEFAULT_EVENT_TIMEOUT_MS, DEFAULT_INTERVAL, DEFAULT_LOST_RETRY, DEFAULT_PCIE_INTERVAL
 from collector.xid.catalog import XidCatalog, default_catalog
 from collector.xid.parser import XidParseError, normalize_bus_id
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 1.0
-DEFAULT_PCIE_INTERVAL = 30.0
-DEFAULT_LOST_RETRY = 30.0
-DEFAULT_EVENT_TIMEOUT_MS = 1000
-
-
-class NvmlConfig(BaseModel):
-    """``nvml: auto | on | off`` and the polling periods."""
-
-    nvml: Literal["auto", "on", "off"] | bool = "auto"  # YAML reads a bare on/off as a bool
-    gpu_poll_interval: float = Field(DEFAULT_INTERVAL, gt=0, description="seconds between GPU samples")
-    pcie_interval: float = Field(DEFAULT_PCIE_INTERVAL, gt=0, description="seconds between PCIe replay reads")
-    gpu_lost_retry: float = Field(DEFAULT_LOST_RETRY, gt=0, description="seconds between retries of a lost GPU")
-    xid_events: bool = True
-    event_timeout_ms: int = Field(DEFAULT_EVENT_TIMEOUT_MS, ge=10, le=60_000)
 
 
 @dataclass

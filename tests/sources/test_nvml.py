@@ -12,7 +12,7 @@ import pytest
 
 from collector.model import Event, EventKind, GpuSample, Severity
 from collector.sources.base import SourceError, SourceUnsupported
-from collector.sources.nvml import NvmlConfig, NvmlSource, nvml_source_from_setting
+from collector.sources.nvml import NvmlSource, nvml_source_from_setting
 from collector.sources.nvml_backend import (
     FakeGpu,
     FakeNvmlBackend,
@@ -23,6 +23,7 @@ from collector.sources.nvml_backend import (
     PynvmlBackend,
     RemappedRows,
 )
+from collector.sources.nvml_settings import NvmlSettings
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 
@@ -298,7 +299,7 @@ def test_setting_off_is_no_source(setting: str | bool) -> None:
 
 
 def test_config_defaults() -> None:
-    cfg = NvmlConfig()
+    cfg = NvmlSettings()
     assert (cfg.nvml, cfg.gpu_poll_interval, cfg.pcie_interval) == ("auto", 1.0, 30.0)
 
 
