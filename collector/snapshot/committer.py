@@ -423,8 +423,12 @@ class SnapshotCommitter:
             o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
             cap = self._capture(it.engine, it.event)
             cut = it.event.ts + self.settle_s
-            kept = [s for s in cap.steps if s.ts <= cut]
-            later, cap.steps = len(cap.steps) - len(kept), kept
+            keep = [i for i, s in enumerate(cap.steps) if s.ts <= cut]
+            later = len(cap.steps) - len(keep)
+            kept = [cap.steps[i] for i in keep]
+            if cap.blocks is not None:  # each step's block as captured, cut with its step
+                cap.blocks = [cap.blocks[i] for i in keep]
+            cap.steps = kept
             cap.events = [e for e in cap.events if e.ts <= cut and e.uid != it.event.uid]
             cap.events.append(it.event)
             cap.events.sort(key=lambda e: e.ts)
