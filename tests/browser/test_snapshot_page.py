@@ -187,7 +187,7 @@ def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Br
     import time
 
     from api_context import make_context
-    from conftest import ServerThread, free_port
+    from browser_server import ServerThread, free_port
 
     from collector.api.app import create_app
     from collector.model import Event, EventKind
@@ -204,7 +204,9 @@ def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Br
     sid, _ = ctx.repo.store_snapshot(doc, incident_window_s=30, incident_key="k")
     with ServerThread(create_app(ctx), free_port()) as srv:
         page = _open(browser, f"{srv.url}/snapshots/{sid}")
+        body = page.evaluate("document.body.innerText")
         note = page.evaluate("document.getElementById('no-recorder') && document.getElementById('no-recorder').textContent")
-        assert note and note.startswith("This manual snapshot of decode-0 holds no engine steps")
+        assert note, body[:2000]
+        assert note.startswith("This manual snapshot of decode-0 holds no engine steps")
         assert "--scheduler-cls collector.vllm.RecordingScheduler" in note and "FLIGHTREC_ENGINE_NAME=decode-0" in note
         assert page.console_errors() == []
