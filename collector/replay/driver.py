@@ -11,7 +11,8 @@ offset. Prompts are token ids (``collector.replay.prompts``), so the target need
 no tokenizer and the lengths are exact.
 
 A failed request (HTTP 5xx, a dropped connection) makes the driver ask the target's
-``/health``; when that fails too (or, for a target without ``/health``, when the connection is
+``/health`` (again for a few seconds: a server fails its requests a moment before its /health
+goes); when that fails too (or, for a target without ``/health``, when the connection is
 refused) the engine has died: nothing more is sent, what is in flight is given a few seconds to
 fail, and the result says where in the load it happened. ``stop`` (Ctrl-C) ends it the same
 way, without calling it a death.
@@ -32,6 +33,11 @@ from collector.replay.prompts import PromptFactory
 
 DRAIN_S = 10.0  # after a death or a stop, how long in-flight requests get to finish or fail
 HEALTH_TIMEOUT_S = 3.0
+# A server fails its requests a moment before its /health goes: vLLM's API server answers
+# EngineDeadError while it is still up, and stops serving after. /health is asked again over
+# this long before a failure is taken for one the engine survived.
+DEATH_CONFIRM_S = 3.0
+DEATH_CONFIRM_EVERY_S = 0.25
 MAX_ERRORS_KEPT = 5
 
 
@@ -247,7 +253,7 @@ class Driver:
                     self.result.errors.append(error)
             res.last_done = self.now()
             self._signal()
-        if fatal and self._has_health and not self._dead.is_set() and not await self._healthy():
+        if fatal and self._has_health and not self._dead.is_set() and not await self._survived():
             self._died(res)
 
     def _died(self, res: PhaseResult) -> None:
@@ -257,6 +263,16 @@ class Driver:
         r.died, r.died_at, r.died_phase, r.done_before_death = True, self.now(), res.number, res.done
         self._dead.set()
         self._signal()
+
+    async def _survived(self) -> bool:
+        """After a fatal failure: whether /health still answers, asked until ``DEATH_CONFIRM_S``."""
+        deadline = self.clock() + DEATH_CONFIRM_S
+        while True:
+            if not await self._healthy():
+                return False
+            if self._dead.is_set() or self.clock() >= deadline:
+                return not self._dead.is_set()
+            await asyncio.sleep(DEATH_CONFIRM_EVERY_S)
 
     async def _healthy(self) -> bool:
         try:

@@ -35,10 +35,13 @@ class FakeEngine:
     sent_at: list[float] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
     peaks_by_len: dict[int, int] = field(default_factory=dict)
+    health_lag: float = 0.0  # /health keeps answering 200 this long after the death
+    dead_since: float | None = None
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
-            return httpx.Response(503 if self.dead else 200)
+            gone = self.dead and self.dead_since is not None and time.monotonic() - self.dead_since >= self.health_lag
+            return httpx.Response(503 if gone else 200)
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "tiny"}]})
         if self.dead:
@@ -57,7 +60,7 @@ class FakeEngine:
             if self.level_reached:
                 self.done_at_level += 1
                 if self.done_at_level > self.die_after_done:
-                    self.dead = True
+                    self.dead, self.dead_since = True, self.dead_since or time.monotonic()
                     return httpx.Response(500, json={"error": "EngineDeadError"})
             return httpx.Response(200, json={"choices": [{"text": ""}], "usage": {"completion_tokens": body["max_tokens"]}})
         finally:
@@ -158,6 +161,15 @@ def test_the_engine_dying_at_the_same_load_point_stops_the_replay_and_says_where
     assert "the original died in the same phase after 5 done there" in text
     assert "new snapshot: 9 (decode-0, trigger cuda_error)" in text
     assert any("500" in e for e in result.errors)
+
+
+def test_a_death_whose_health_goes_a_moment_after_the_errors_is_still_a_death() -> None:
+    """vLLM's API server answers EngineDeadError while it still serves /health: the failures come
+    first, /health goes 0.4 s later. Asked once, right after the errors, /health said alive."""
+    plan = build_plan(ramp_workload(((1, 2), (2, 4), (4, 12)), prompt_len=10, crash_in_last_after=5))
+    engine = FakeEngine(seconds=0.05, die_at_level=4, die_after_done=5, health_lag=0.4)
+    result = run(driver_for(engine, plan, speed=100.0))
+    assert result.died and result.died_phase == 3 and result.done_before_death == 5
 
 
 def test_a_stop_ends_cleanly_with_the_table_so_far() -> None:
