@@ -28,6 +28,7 @@ from typing import Any
 
 from collector.errors import FlightrecError
 from collector.model import Event, EventKind, Severity
+from collector.snapshot import durable
 
 log = logging.getLogger(__name__)
 
@@ -93,43 +94,7 @@ def event_from_dict(e: dict[str, Any]) -> Event:
 
 def write(directory: Path, engine: str, ev: Event, accepted_at: float) -> Path:
     """Atomic and durable; raises OSError (disk full, no permission) for the caller to report."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    name = file_name(engine, ev)
-    path = directory / name
-    tmp = directory / f".{name}.tmp"
-    data = encode(engine, ev, accepted_at)
-    try:
-        tmp.unlink(missing_ok=True)  # a leftover (or planted) temporary name is never followed
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
-    return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return durable.write_file(directory, file_name(engine, ev), [encode(engine, ev, accepted_at)])
 
 
 def read(path: Path) -> Intent:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collector.errors import FlightrecError
+from collector.snapshot import durable
 
 log = logging.getLogger(__name__)
 
@@ -43,28 +44,15 @@ class Spooled:
 
 def write(directory: Path, name: str, header: dict[str, Any], meta: dict[str, Any], blobs: dict[str, bytes]) -> Path:
     """Write atomically; raises OSError (disk full, no permission) for the caller to report."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / name
-    tmp = directory / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC)
-            f.write(json.dumps({"header": header, "meta": meta}, default=str).encode() + b"\n")
-            for part, blob in blobs.items():
-                f.write(part.encode() + b"\n" + str(len(blob)).encode() + b"\n")
-                f.write(blob)
-            f.write(END)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    return path
+    def chunks() -> Iterator[bytes]:
+        yield MAGIC
+        yield json.dumps({"header": header, "meta": meta}, default=str).encode() + b"\n"
+        for part, blob in blobs.items():
+            yield part.encode() + b"\n" + str(len(blob)).encode() + b"\n"
+            yield blob
+        yield END
+
+    return durable.write_file(directory, name, chunks())
 
 
 def read(path: Path) -> Spooled:
