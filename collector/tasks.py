@@ -2,8 +2,8 @@
 retention, heartbeat), each run under a supervisor: a task that raises is logged with its
 traceback and restarted after a backoff (0.5 s doubling to 30 s, back to 0.5 s after a minute
 of good running), so one bug costs a restart, never a dead stage behind an ``ok`` /healthz.
-Sources have their own supervisor (``collector.sources.supervisor``); this is its twin for
-the stages.
+Sources have their own supervisor (``collector.sources.supervisor``: a source may also report
+itself unsupported, and keeps its own statuses); both restart by the same ``Backoff``.
 
 Each task's state is data: ``up``, ``restarts``, ``last_error`` and ``since`` (when it last
 started, or failed), read by /healthz and ``flightrec_task_up`` /
@@ -22,6 +22,23 @@ log = logging.getLogger(__name__)
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a task that ran this long before failing restarts at the shortest backoff
+
+
+class Backoff:
+    """The restart policy both supervisors share (this one and ``collector.sources.supervisor``):
+    ``min_s`` doubling to ``max_s``, back to ``min_s`` after a run of ``healthy_after`` s."""
+
+    def __init__(self, min_s: float = MIN_BACKOFF_S, max_s: float = MAX_BACKOFF_S, healthy_after: float = HEALTHY_AFTER_S) -> None:
+        self.min_s, self.max_s, self.healthy_after = min_s, max_s, healthy_after
+        self.current = min_s
+
+    def after_failure(self, ran_for: float) -> float:
+        """The wait before the next start, for a run that lasted ``ran_for`` seconds."""
+        if ran_for > self.healthy_after:
+            self.current = self.min_s
+        wait = self.current
+        self.current = min(self.current * 2, self.max_s)
+        return wait
 
 
 @dataclass
@@ -44,7 +61,7 @@ class SupervisedTask:
         the others (loops that never end) a return is a failure and is restarted too."""
         self.factory = factory
         self.once = once
-        self.min_backoff, self.max_backoff, self.healthy_after = min_backoff, max_backoff, healthy_after
+        self.backoff = Backoff(min_backoff, max_backoff, healthy_after)
         self._sleep, self._clock = sleep, clock
         self.status = TaskStatus(name=name)
 
@@ -54,7 +71,6 @@ class SupervisedTask:
 
     async def run(self) -> None:
         st = self.status
-        backoff = self.min_backoff
         while True:
             started = self._clock()
             st.up, st.since = True, time.time()
@@ -70,12 +86,10 @@ class SupervisedTask:
             except Exception as exc:
                 st.up, st.since = False, time.time()
                 st.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                if self._clock() - started > self.healthy_after:
-                    backoff = self.min_backoff
-                log.error("task %s failed (%s); restarting in %.1fs", st.name, st.last_error, backoff, exc_info=exc)
-            await self._sleep(backoff)
+                wait = self.backoff.after_failure(self._clock() - started)
+                log.error("task %s failed (%s); restarting in %.1fs", st.name, st.last_error, wait, exc_info=exc)
+            await self._sleep(wait)
             st.restarts += 1
-            backoff = min(backoff * 2, self.max_backoff)
 
 
 class TaskSet:

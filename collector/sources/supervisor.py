@@ -10,6 +10,7 @@ from typing import Any
 
 from collector.model import SourceStatus
 from collector.sources.base import Sink, SourceUnsupported
+from collector.tasks import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,7 @@ class SupervisedSource:
     def __init__(self, source: Any, *, min_backoff: float = 0.5, max_backoff: float = 30.0) -> None:
         self.source = source
         self.name: str = getattr(source, "name", type(source).__name__)
-        self.min_backoff = min_backoff
-        self.max_backoff = max_backoff
+        self.backoff = Backoff(min_backoff, max_backoff)
         self.status = SourceStatus(name=self.name, up=True)
 
     def statuses(self) -> list[SourceStatus]:
@@ -47,7 +47,6 @@ class SupervisedSource:
         return [self.status]
 
     async def run(self, sink: Sink) -> None:
-        backoff = self.min_backoff
         while True:
             started = time.monotonic()
             try:
@@ -65,8 +64,6 @@ class SupervisedSource:
             except Exception as exc:
                 self.status.up, self.status.reason = False, f"{type(exc).__name__}: {exc}"
                 self.status.errors += 1
-                log.warning("source %s failed (%s); restarting in %.1fs", self.name, self.status.reason, backoff)
-            if time.monotonic() - started > 60:
-                backoff = self.min_backoff
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.max_backoff)
+                wait = self.backoff.after_failure(time.monotonic() - started)
+                log.warning("source %s failed (%s); restarting in %.1fs", self.name, self.status.reason, wait)
+                await asyncio.sleep(wait)
