@@ -283,25 +283,22 @@ class SnapshotCommitter:
         counts = sp.meta.get("counts") or {}
         first, dup = o.snapshot_id is None, False
         try:
-            if o.snapshot_id is None and o.trigger.uid and o.retake is None:
-                # The same trigger reported again (a restarted sidecar reading a dead engine's
-                # ring once more): its snapshot is stored; this capture of it holds less (the
-                # logs are followed from their end), so it neither replaces nor amends it.
-                have = await asyncio.to_thread(self.repo.snapshot_for_trigger, o.engine, o.trigger.uid, host=doc.host)
-                if have is not None:
-                    o.snapshot_id, o.amended, first, dup = have, True, False, True
-                    log.info("trigger %s of %s already has snapshot %d; not stored again", o.trigger.kind.value, o.engine, have)
             if o.snapshot_id is None:
-                sid, _ = await asyncio.to_thread(
-                    self.repo.store_snapshot, doc, incident_window_s=self.window_s,
+                sid, _, stored = await asyncio.to_thread(
+                    self.repo.commit_snapshot, doc, incident_window_s=self.window_s,
                     incident_key=str(sp.meta.get("incident_key")), blobs=sp.blobs, counts=counts,
                     trigger_uid=o.trigger.uid or None, trigger_event=event_row(o.trigger),
                 )  # fmt: skip
                 o.snapshot_id = sid
+                if not stored and o.retake is None:
+                    # The same trigger reported again (a restarted sidecar reading a dead engine's
+                    # ring once more): its snapshot is stored; this capture of it holds less (the
+                    # logs are followed from their end), so it neither replaces nor amends it.
+                    o.amended, first, dup = True, False, True
+                    log.info("trigger %s of %s already has snapshot %d; not stored again", o.trigger.kind.value, o.engine, sid)
             else:
                 sid = o.snapshot_id
-                if not dup:  # already stored: only its events are linked below
-                    await asyncio.to_thread(self.repo.amend_snapshot, sid, doc, blobs=sp.blobs, counts=counts)
+                await asyncio.to_thread(self.repo.amend_snapshot, sid, doc, blobs=sp.blobs, counts=counts)
             for ev in (o.trigger, *o.late):
                 ev.data["snapshot_id"] = sid
                 await asyncio.to_thread(self.repo.link_event, event_row(ev), sid)

@@ -267,6 +267,16 @@ class Repository:
                        blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None,
                        trigger_uid: str | None = None, trigger_event: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
+        ``commit_snapshot`` is the same, and also says whether it was stored by this call."""
+        sid, iid, _ = self.commit_snapshot(doc, incident_window_s=incident_window_s, incident_key=incident_key, blobs=blobs,
+                                           counts=counts, trigger_uid=trigger_uid, trigger_event=trigger_event)  # fmt: skip
+        return sid, iid
+
+    def commit_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
+                        blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None,
+                        trigger_uid: str | None = None, trigger_event: dict[str, Any] | None = None) -> tuple[int, int, bool]:  # fmt: skip
+        """Commit a snapshot and file it under an incident: (snapshot id, incident id, stored
+        now), the last False when its trigger's snapshot was already stored.
 
         ``trigger_uid`` makes the commit idempotent: a snapshot of this engine already stored
         for that trigger (a retake after a kill that came after the commit) is returned, not
@@ -294,7 +304,7 @@ class Repository:
                     if trigger_event is not None:
                         self._store_event(conn, trigger_event, have.id)
                     doc.id, doc.incident_id = have.id, have.incident_id
-                    return int(have.id), int(have.incident_id or 0)
+                    return int(have.id), int(have.incident_id or 0), False
             doc.peers = self._peers(conn, doc)
             blobs["peers"] = pack(doc.peers)
             incident_id = self._incident_for(conn, doc, incident_window_s, incident_key)
@@ -321,7 +331,7 @@ class Repository:
             if trigger_event is not None:
                 self._store_event(conn, trigger_event, snap_id)
         doc.id, doc.incident_id = snap_id, incident_id
-        return snap_id, incident_id
+        return snap_id, incident_id, True
 
     def _store_event(self, conn: Connection, ev: dict[str, Any], snapshot_id: int) -> None:
         """The event's row, pointing at the snapshot: inserted when the writer has not written it

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sqlalchemy import event  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
-from collector.snapshot import spool  # noqa: E402
+from collector.snapshot import durable, spool  # noqa: E402
 from collector.storage.repo import Repository  # noqa: E402
 
 POINTS = ("before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
@@ -80,11 +80,11 @@ def install(point: str) -> None:
 
     patched_os = SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
     patched_os.replace = replace
-    setattr(spool, "os", patched_os)  # noqa: B010 - the spool's own os, not everyone's
+    setattr(durable, "os", patched_os)  # noqa: B010 - the durable writer's own os, not everyone's
 
-    original_store, original_amend = Repository.store_snapshot, Repository.amend_snapshot
+    original_store, original_amend = Repository.commit_snapshot, Repository.amend_snapshot
 
-    def store_snapshot(self: Repository, doc: Any, **kw: Any) -> tuple[int, int]:
+    def commit_snapshot(self: Repository, doc: Any, **kw: Any) -> tuple[int, int, bool]:
         mine = _kind(doc.trigger) == TRIGGER
         _local.kill_on_commit = mine and point == "in_commit_tx"
         try:
@@ -102,7 +102,7 @@ def install(point: str) -> None:
         finally:
             _local.kill_on_commit = False
 
-    Repository.store_snapshot = store_snapshot  # type: ignore[method-assign]
+    Repository.commit_snapshot = commit_snapshot  # type: ignore[method-assign]
     Repository.amend_snapshot = amend_snapshot  # type: ignore[method-assign]
 
     def on_commit(conn: Any) -> None:  # before the COMMIT is sent: the transaction is open

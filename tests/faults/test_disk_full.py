@@ -150,7 +150,7 @@ def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(tmp_path: P
     from collector.snapshot import spool
 
     full = False
-    real_write, real_batch, real_store = spool.write, Repository.write_batch, Repository.store_snapshot
+    real_write, real_batch, real_store = spool.write, Repository.write_batch, Repository.commit_snapshot
 
     def spool_write(*a: Any, **k: Any) -> Path:
         if full:
@@ -167,7 +167,7 @@ def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(tmp_path: P
 
     monkeypatch.setattr(spool, "write", spool_write)
     monkeypatch.setattr(Repository, "write_batch", disk_full(real_batch))
-    monkeypatch.setattr(Repository, "store_snapshot", disk_full(real_store))
+    monkeypatch.setattr(Repository, "commit_snapshot", disk_full(real_store))
 
     def fill() -> None:
         nonlocal full
