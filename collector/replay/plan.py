@@ -105,9 +105,10 @@ def _rows(workload: dict[str, Any]) -> list[dict[str, Any]]:
 
 def levels(arrivals: list[float], ends: list[float | None], until: float) -> list[int]:
     """Each request's level: the most requests in flight during its life. Ends at the same
-    time as arrivals count first (a closed-loop client sends when a response returns)."""
+    time as arrivals count first (a closed-loop client sends when a response returns); a request
+    without an end is still in flight at ``until``, so an arrival at ``until`` meets it."""
     events = [(a, 1, i) for i, a in enumerate(arrivals)]
-    events += [(e if e is not None else until, 0, i) for i, e in enumerate(ends)]
+    events += [(e, 0, i) if e is not None else (until, 2, i) for i, e in enumerate(ends)]
     events.sort(key=lambda ev: (ev[0], ev[1]))
     open_: set[int] = set()
     out = [0] * len(arrivals)
@@ -171,7 +172,10 @@ def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None
     base = float(usable[0]["arrival_offset"] or 0.0)
     arrivals = [float(r["arrival_offset"] or 0.0) - base for r in usable]
     ends = [float(r["end_offset"]) - base if r.get("end_offset") is not None else None for r in usable]
-    until = (fault - base) if fault is not None else max([a for a in arrivals] + [e for e in ends if e is not None])
+    # the fault cannot come before what the engine recorded: vLLM's log gives the crash to the
+    # second, and requests that arrived in that second were in flight at the death, not after it
+    latest = max([a for a in arrivals] + [e for e in ends if e is not None])
+    until = max(fault - base, latest) if fault is not None else latest
     lv = levels(arrivals, ends, until)
     reqs: list[PlannedRequest] = []
     for i, r in enumerate(usable):

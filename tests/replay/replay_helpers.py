@@ -17,10 +17,13 @@ def ramp_workload(
     duration: float = 10.0,
     crash_in_last_after: int | None = None,
     cached: int = 0,
+    fault_known_early_by: float = 0.0,
 ) -> dict[str, Any]:
     """Each (concurrency, requests) level runs closed-loop: a request takes ``duration`` s and
     the next one is sent when one returns; the next level starts when the level has drained.
-    With ``crash_in_last_after`` = k the engine dies in the last level after k are done."""
+    With ``crash_in_last_after`` = k the engine dies in the last level after k are done;
+    ``fault_known_early_by`` puts the recorded fault time that much before the true one (vLLM's
+    log gives the crash to the second, so requests may arrive after the recorded fault)."""
     log = WorkloadLog()
     t, seq = 1000.0, 0
     fault = None
@@ -51,4 +54,6 @@ def ramp_workload(
         if fault is not None:
             break
         t += 0.5
+    if fault is not None:
+        fault -= fault_known_early_by
     return log.export(fault if fault is not None else t, crashed=fault is not None)

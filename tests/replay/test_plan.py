@@ -23,6 +23,17 @@ def test_a_closed_loop_ramp_becomes_its_levels() -> None:
     assert all(r.prefix_of is None for r in plan.requests)  # no cache hits: nothing shared
 
 
+def test_requests_arriving_after_a_fault_known_to_the_second_keep_their_level() -> None:
+    # short requests (a GPU step's pace): a whole round of the last level arrives in the second
+    # that vLLM's log time truncates; those requests are in flight until the death, not before
+    wl = ramp_workload(((1, 2), (2, 4), (4, 8), (8, 24)), duration=0.6, crash_in_last_after=9,
+                       fault_known_early_by=0.95)  # fmt: skip
+    plan = build_plan(wl)
+    assert [p.concurrency for p in plan.phases] == [1, 2, 4, 8], [(p.concurrency, len(p.requests)) for p in plan.phases]
+    assert plan.crash_phase is not None and plan.crash_phase.concurrency == 8
+    assert plan.fault_offset is not None and plan.fault_offset >= max(r.offset for r in plan.requests)
+
+
 def test_levels_count_ends_before_arrivals_at_the_same_time() -> None:
     # b arrives exactly when a ends: a closed-loop client of one
     assert levels([0.0, 1.0], [1.0, 2.0], 3.0) == [1, 1]
