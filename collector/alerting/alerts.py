@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit
 from collector.alerting.labels import ALERT_GPU_LABELS, ENGINE, GPU_BUS, GPU_INDEX, GPU_MODEL, HOSTNAME, gpu_labels
 from collector.detectors.base import DetectorState, Transition
 from collector.model import Event, EventKind, GpuSample, Severity
+from collector.redact import redact_text
 from collector.xid.catalog import lookup as xid_lookup
 
 AlertKey = frozenset[tuple[str, str]]
@@ -66,10 +67,12 @@ class Alert:
         return frozenset(self.label_set().items())
 
     def payload(self, ends_at: float) -> dict[str, Any]:
-        """One element of the JSON array POSTed to /api/v2/alerts."""
+        """One element of the JSON array POSTed to /api/v2/alerts. Annotations carry the
+        engine's own words (a log line, a manual reason): they leave redacted, like every copy
+        the sidecar keeps or serves."""
         body: dict[str, Any] = {
             "labels": self.label_set(),
-            "annotations": {k: v for k, v in self.annotations.items() if v},
+            "annotations": {k: redact_text(v) for k, v in self.annotations.items() if v},
             "startsAt": rfc3339(self.starts_at),
             "endsAt": rfc3339(ends_at),
         }

@@ -31,6 +31,7 @@ from collector.cli.common import (
     CliError,
     HelpFormatter,
 )
+from collector.redact import redact_text
 from collector.settings import SettingsError
 
 
@@ -106,10 +107,26 @@ def _defaults_everywhere(parser: argparse.ArgumentParser) -> None:
                 _defaults_everywhere(child)
 
 
+class RedactingFilter(logging.Filter):
+    """The sidecar's own log lines quote what it was given (a trigger's message, a manual
+    reason, an engine's URL): they are redacted like everything else it keeps."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a bad format string: logging reports it itself
+            return True
+        clean = redact_text(text)
+        if clean != text:
+            record.msg, record.args = clean, None
+        return True
+
+
 def setup_logging(verbose: int, quiet: bool) -> None:
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)

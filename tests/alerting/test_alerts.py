@@ -168,3 +168,15 @@ def test_the_runbook_lists_the_catalog_as_it_is() -> None:
     catalog = json.loads((root / "collector" / "xid" / "catalog.json").read_text())
     for code, e in catalog["codes"].items():
         assert f"| {code} | {e['name']} | {e['severity']} | {e['category']} | {e['meaning']} | {e['action']} |" in docs, code
+
+
+def test_alerts_leave_redacted() -> None:
+    # the engine's own words reach Alertmanager (and its receivers) only redacted
+    msg = CUDA_LINE + " while writing to postgresql://u:hunter2@db/x with --api-key sk-live-abcdef123"
+    event = Event(kind=EventKind.CUDA_ERROR, ts=1757760067.5, source="log", message=msg, engine="decode-0",
+                  process="Worker_TP0")
+    alert = alert_for_event(event, snapshot_id=42, **KW)
+    assert alert is not None
+    wire = repr(alert.payload(ends_at=1757760367.5))
+    assert "hunter2" not in wire and "sk-live-abcdef123" not in wire
+    assert "unspecified launch failure" in wire and "u:***@db" in wire

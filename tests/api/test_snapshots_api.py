@@ -96,6 +96,17 @@ def test_secrets_never_leave_in_a_snapshot(client: TestClient, ctx: Any) -> None
     assert "flight:***@db.internal" in doc["log_lines"][0]["line"]
 
 
+def test_engines_are_served_without_secrets_even_as_an_older_sidecar_stored_them(client: TestClient, ctx: Any) -> None:
+    # a row written before redaction reached the engines table (or by another sidecar)
+    ctx.repo.update_engine("decode-0", fingerprint={"env": {"HF_TOKEN": HF_SECRET}, "db": "postgresql://flight:hunter2-pw@db/x",
+                                                    "argv": ["--api-key", "sk-live-abcdef"]}, vllm_version="0.32.0")  # fmt: skip
+    body = client.get("/api/v1/engines", headers={"Accept-Encoding": "identity"}).text
+    for secret in (HF_SECRET, "hunter2-pw", "sk-live-abcdef"):
+        assert secret not in body, secret
+    [eng] = [e for e in client.get("/api/v1/engines").json() if e["name"] == "decode-0"]
+    assert eng["fingerprint"]["env"]["HF_TOKEN"] == "***" and eng["vllm_version"] == "0.32.0"
+
+
 def test_list_filters_by_engine_host_trigger_and_time(client: TestClient, ctx: Any, api_url: str) -> None:
     t = 1_800_000_000.0
     other = Repository(ctx.repo.db, host="node-b")

@@ -170,3 +170,26 @@ def test_a_step_row_the_database_refuses_is_set_aside_and_the_other_steps_are_wr
     asyncio.run(writer.flush())
     assert writer.db_up is True and writer.rejected == 1
     assert [s["step"] for s in repo.recent_steps("decode-0", since=0)] == [1, 3]
+
+
+SECRET_FACTS = {
+    "vllm_version": "0.32.0",
+    "env": {"AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"},
+    "kv_transfer_config": {"kv_connector_extra_config": {"backend": "redis://u:Pa55word@cache:6379", "nested": {"auth": "Bearer abc.def"}}},
+    "argv": ["vllm", "serve", "m", "--api-key", "sk-topsecret-123"],
+}
+
+
+def test_the_engines_table_and_event_rows_keep_no_secret(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    upgrade(url)
+    hub, repo, writer, _ = _setup(url, hold_s=0.0)
+    writer.offer_fingerprint("decode-0", SECRET_FACTS)
+    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", engine="decode-0",
+                   message="non-default args: {'api_key': ['sk-abcdef123456'], 'model': 'm'} password: hunter2"))  # fmt: skip
+    asyncio.run(writer.flush())
+    stored = repr(repo.list_engines()) + repr(repo.list_events())
+    for secret in ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "Pa55word", "abc.def", "sk-topsecret-123", "sk-abcdef123456", "hunter2"):
+        assert secret not in stored, secret
+    [eng] = [e for e in repo.list_engines() if e["name"] == "decode-0"]
+    assert eng["vllm_version"] == "0.32.0" and eng["fingerprint"]["env"]["AWS_SECRET_ACCESS_KEY"] == "***"
