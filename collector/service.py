@@ -162,7 +162,7 @@ class Service:
         log.info("flightrec serving on http://%s:%d (database %s)", settings.host, self.port, _safe_url(settings.database))
         await self.stop_event.wait()
 
-        log.warning("stopping: flushing what is held")
+        log.info("stopping: flushing what is held")
         for t in tasks[:n_sources]:
             t.cancel()
         await asyncio.gather(*tasks[:n_sources], return_exceptions=True)

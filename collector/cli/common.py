@@ -40,7 +40,15 @@ class CliError(FlightrecError):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after every option's help; descriptions keep their line breaks."""
+    """Defaults shown after every option's help; descriptions keep their line breaks. An
+    option whose default comes from the settings (``None`` here) or whose help already says
+    its default gets no second "(default: ...)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or isinstance(action.default, bool) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def positive_int(text: str) -> int:

@@ -141,6 +141,10 @@ def test_every_option_has_help_and_every_help_shows_defaults() -> None:
     lst = subprocess.run([sys.executable, "-m", "collector.cli", "snapshots", "list", "--help"], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout  # fmt: skip
     assert "(default: 20)" in " ".join(lst.split())
+    for cmd in (["serve"], ["demo"], ["replay"], ["simulate"], ["snapshots", "list"]):
+        text = " ".join(subprocess.run([sys.executable, "-m", "collector.cli", *cmd, "--help"], capture_output=True,
+                                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split())  # fmt: skip
+        assert "(default: None)" not in text, (cmd, text)  # a default the settings give is said once, by the help
 
 
 # -- the sidecar's start ---------------------------------------------------------------------
@@ -282,3 +286,18 @@ def test_health_follows_the_configured_port(tmp_path: Path, capsys: pytest.Captu
         server.server_close()
     assert main(["health", "--config", str(config)]) == 1  # nothing listens any more
     assert capsys.readouterr().err.startswith(f"flightrec: http://127.0.0.1:{port}/healthz:")
+
+
+def test_the_sidecars_own_log_lines_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    from collector.cli import setup_logging
+
+    setup_logging(0, False)
+    try:
+        logging.getLogger("collector.snapshot.committer").critical(
+            "SNAPSHOT LOST at stop: trigger manual: %r", "reason password: hunter2 at redis://u:Pa55@cache")
+        logging.getLogger("collector.cli.serve").info("serving on %s", "http://127.0.0.1:1")
+    finally:
+        logging.getLogger().handlers[:] = []
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "Pa55" not in err, err
+    assert "SNAPSHOT LOST at stop" in err and "u:***@cache" in err and "serving on http://127.0.0.1:1" in err
