@@ -67,8 +67,12 @@ class RequestRow:
 STAT_FIELDS = (
     "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
     "finished", "waiting_by_reason", "prefix_cache_queries", "prefix_cache_hits", "connector",
-    "engine_index", "worker", "finished_requests",
+    "engine_index", "worker", "finished_requests", "details",
 )  # fmt: skip
+# what vLLM reports of a step only when asked (``StepRecord.details``): its iteration details
+# (--enable-logging-iteration-details), the CUDA graph it ran (--cudagraph-metrics: runtime_mode,
+# padded and unpadded tokens) and the KV connector's external prefix-cache queries
+STEP_DETAIL_KEYS = ("iteration", "cudagraph", "external_prefix_cache")
 HALF_STATS = 1  # the stat logger's record of the step arrived
 HALF_REQUESTS = 2  # the scheduler's per-request record arrived
 
@@ -105,6 +109,8 @@ class StepRecord:
     finished_requests: list[dict[str, Any]] = field(default_factory=list)
     # the per-request rows as the recorder wrote them (collector.ingest.requests.RequestBlock)
     request_block: Any = field(default=None, repr=False, compare=False)
+    # STEP_DETAIL_KEYS that this step carried, as the recorder wrote them
+    details: dict[str, Any] = field(default_factory=dict)
     halves: int = field(default=0, compare=False)
     run: int = field(default=0, compare=False)  # the writing engine's server pid: step numbers restart with a new run
 

@@ -64,6 +64,7 @@ from collector.errors import InputError
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
+    STEP_DETAIL_KEYS,
     Event,
     EventKind,
     Fingerprint,
@@ -174,6 +175,7 @@ def encode_step(step: StepRecord) -> bytes:
         extras["waiting_by_reason"] = other
     if step.worker is not None:
         extras["worker"] = step.worker
+    extras.update(step.details)
     return encode_step_fields(
         step.step, step.ts, step.engine_index, step.running, step.waiting, deferred,
         step.kv_cache_usage, step.preemptions, step.prompt_tokens, step.generation_tokens,
@@ -381,6 +383,7 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
     connector = extras.get("connector")
     finished_requests = extras.get("finished_requests")
     worker = extras.get("worker")
+    details = {k: v for k in STEP_DETAIL_KEYS if isinstance(v := extras.get(k), dict)}
     rec = StepRecord(
         engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
         preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
@@ -388,7 +391,7 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
         connector=connector if isinstance(connector, dict) else {},
         engine_index=engine_index, worker=worker if isinstance(worker, str) else None,
         finished_requests=finished_requests if isinstance(finished_requests, list) else [],
-        halves=HALF_STATS,
+        halves=HALF_STATS, details=details,
     )  # fmt: skip
     unknown = extras.get("null")
     if isinstance(unknown, list):

@@ -76,7 +76,9 @@ def checklist(header: Mapping[str, Any], peers: Sequence[Mapping[str, Any]], eve
                        recorded=all(v != NOT_RECORDED for v in nccl.values()) and len(nccl) >= 2))  # fmt: skip
     clb, clb_ok = _env(fp, "CUDA_LAUNCH_BLOCKING")
     items.append(_item("cuda_launch_blocking", "CUDA_LAUNCH_BLOCKING", clb, recorded=clb_ok))
-    items.append(_item("cuda_graph_mode", "CUDA graph mode", fp.get("cuda_graph_mode")))
+    # the configured mode, and the mode the last recorded step ran (vLLM's --cudagraph-metrics)
+    items.append(_item("cuda_graph_mode", "CUDA graph mode", fp.get("cuda_graph_mode"),
+                       detail={"at_last_step": s.get("cudagraph_at_last_step")} if s.get("cudagraph_at_last_step") else None))  # fmt: skip
     items.append(_item("load_concurrency", "Load at the crash (peak running + waiting in the ring)", s.get("peak_concurrency"),
                        detail={"at_last_step": s.get("concurrency_at_fault")}))  # fmt: skip
     items.append(_item("running", "Running requests at the last step", s.get("running")))

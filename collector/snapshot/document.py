@@ -9,7 +9,7 @@ The export (``GET /api/v1/snapshots/{id}``, ``GET /api/v1/snapshots/{id}/export`
      "summary": {"last_step": 9120, "running": 16, "kv_cache_usage": 0.032, ...},
      "fingerprint": {"vllm_version": ..., "kv_transfer_config": ..., "env": {...}, ...},
      "steps": [{"step", "ts", "running", "waiting", "kv_cache_usage", "preemptions",
-                "prompt_tokens", "generation_tokens", "mirror_rows", "connector", ...}],
+                "prompt_tokens", "generation_tokens", "mirror_rows", "connector", "details", ...}],
      "requests": {"columns": {"step": [...], "request_id": [...], "prompt_len": [...],
                               "computed_tokens": [...], "output_tokens": [...],
                               "preemptions": [...], "status": [...], "mirror_rows": [...]},

@@ -57,6 +57,7 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
         "prefix_cache_queries": rec.prefix_cache_queries, "prefix_cache_hits": rec.prefix_cache_hits,
         "engine_index": rec.engine_index, "has_requests": rec.request_block is not None,
         "has_stats": bool(rec.halves & HALF_STATS), "requests": rec.request_count,
+        "details": rec.details or None,
     }  # fmt: skip
 
 
@@ -137,6 +138,12 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
             steps_with_stats=sum(1 for s in steps if s.halves & HALF_STATS),
             steps_with_requests=sum(1 for s in steps if s.request_block is not None),
         )  # fmt: skip
+        graph = next((s for s in reversed(steps) if isinstance(s.details.get("cudagraph"), dict)), None)
+        if graph is not None:  # --cudagraph-metrics: the graph the engine's last recorded step ran
+            g = graph.details["cudagraph"]
+            out["cudagraph_at_last_step"] = {"step": graph.step, "runtime_mode": g.get("runtime_mode"),
+                                             "num_padded_tokens": g.get("num_padded_tokens"),
+                                             "num_unpadded_tokens": g.get("num_unpadded_tokens")}  # fmt: skip
         with_reqs = next((s for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
         if with_reqs is not None:
             block = with_reqs.request_block

@@ -114,6 +114,26 @@ def test_summary_takes_each_figure_from_the_last_step_that_knew_it() -> None:
     assert summarize([StepRecord(engine="d", ts=1.0, step=0)], [])["running"] is None
 
 
+def test_the_cuda_graph_a_step_ran_travels_from_the_ring_to_the_summary_and_checklist() -> None:
+    from collector.channel.codec import decode_many, encode_step
+    from collector.snapshot.checklist import checklist
+    from collector.snapshot.freeze import step_row
+
+    graph = {"num_unpadded_tokens": 3, "num_padded_tokens": 8, "num_paddings": 5, "runtime_mode": "FULL"}
+    sent = [StepRecord(engine="d", ts=1000.0, step=1, running=3, waiting=0, halves=HALF_STATS,
+                       details={"cudagraph": graph, "iteration": {"iteration_index": 1, "elapsed_ms": 9.5}}),
+            StepRecord(engine="d", ts=1000.1, step=2, running=3, waiting=0, halves=HALF_STATS)]  # fmt: skip
+    got = [obs for _, obs, _ in decode_many([encode_step(r) for r in sent], engine="d")]
+    assert [g.details for g in got] == [sent[0].details, {}]  # type: ignore[union-attr]
+    s = summarize(got, [])  # type: ignore[arg-type]
+    assert s["cudagraph_at_last_step"] == {"step": 1, "runtime_mode": "FULL", "num_padded_tokens": 8, "num_unpadded_tokens": 3}
+    assert step_row(got[0])["details"]["cudagraph"]["runtime_mode"] == "FULL" and step_row(got[1])["details"] is None  # type: ignore[arg-type]
+    [item] = [i for i in checklist({"engine": "d", "summary": s, "fingerprint": {"cuda_graph_mode": "FULL_AND_PIECEWISE"}}, [], [])
+              if i["key"] == "cuda_graph_mode"]  # fmt: skip
+    assert item["value"] == "FULL_AND_PIECEWISE" and item["detail"]["at_last_step"]["runtime_mode"] == "FULL"
+    assert "cudagraph_at_last_step" not in summarize(got[1:], [])  # type: ignore[arg-type]
+
+
 def test_request_table_reads_as_rows_and_round_trips() -> None:
     table = request_table(steps(3, 2))
     assert len(table) == 6

@@ -19,6 +19,7 @@ os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
 os.environ["FLIGHTREC_ENGINE_NAME"] = "hs"
 
 import torch  # noqa: E402
+from vllm.compilation.cuda_graph import CUDAGraphStat  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.config.attention import HiSparseConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata  # noqa: E402
@@ -42,11 +43,12 @@ from vllm.v1.core.single_type_kv_cache_manager import HiSparseSourceManager  # n
 from vllm.v1.hisparse.coordinator import HiSparseCoordinator  # noqa: E402
 from vllm.v1.hisparse.types import SparseKVRowMirror  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.metrics.stats import SchedulerStats  # noqa: E402
+from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR, REQS_HEAD, STEP_HEAD  # noqa: E402
+from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR, REQS_HEAD, STEP_HEAD, decode_many  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
+from collector.model import StepRecord  # noqa: E402
 from collector.vllm.hisparse import find_hisparse  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
 from collector.vllm.scheduler import _SchedRecorder  # noqa: E402
@@ -156,7 +158,17 @@ multi_stats = MultiKVConnectorStats(data={"NixlConnector": nixl, "HiSparseConnec
 plugin = FlightRecorderStatLogger(cfg, 0)
 plugin.log_engine_initialized()
 plugin.record(SchedulerStats(num_running_reqs=3, kv_cache_usage=0.032, kv_connector_stats=multi_stats.to_dict()), None)
+# a step of an engine started with --enable-logging-iteration-details and --cudagraph-metrics:
+# vLLM's real detail classes, read back through the sidecar's own decoder
+plugin.record(SchedulerStats(num_running_reqs=3, kv_cache_usage=0.033,
+                             iteration_details=SchedulerIterationDetails(
+                                 iteration_index=7, num_ctx_requests=1, num_ctx_tokens=512, num_generation_requests=2,
+                                 num_generation_tokens=2, elapsed_ms=12.5),
+                             cudagraph_stats=CUDAGraphStat(num_unpadded_tokens=3, num_padded_tokens=8, num_paddings=5,
+                                                           runtime_mode="FULL")), None)  # fmt: skip
 stats = [p for path in (work / "rec").glob("hs.stats.*.ring") for p in RingReader(path).read()]
+decoded = [obs for _, obs, _ in decode_many(stats, engine="hs") if isinstance(obs, StepRecord)]
+result["details"] = [d.details for d in decoded]
 result["connector"] = next(json.loads(p[1 + STEP_HEAD.size :]) for p in stats if p[:1] == b"S")["connector"]
 fp = next(json.loads(p[1:]) for p in stats if p[:1] == b"J" and b'"t":"fp"' in p)["facts"]
 result["fingerprint"] = {k: fp.get(k) for k in ("host_pool_gib", "host_pool_size", "hisparse", "nixl",
