@@ -33,6 +33,12 @@ RECORDER_FIX = (
     "loads by itself) and give engine and sidecar the same FLIGHTREC_RECORDER_DIR; add "
     "--scheduler-cls collector.vllm.RecordingScheduler for per-request rows"
 )
+RECORDER_UNJOINED_FIX = (
+    "a recorder writes steps as {names}, which the sidecar could not join to this engine: it joins "
+    "by the URL's port or the process listening on it on this host, so for a URL it cannot see that "
+    "way (another container, a Service name) set FLIGHTREC_ENGINE_NAME={engine} in the engine's "
+    "environment"
+)
 
 
 @dataclass
@@ -75,12 +81,15 @@ class AppContext:
     def recorder_missing(self) -> dict[str, str]:
         """Configured engines that answer /metrics but have no recorder: engine -> the fix."""
         now = time.time()
+        if now - self.started_at < RECORDER_MISSING_AFTER_S:
+            return {}
+        unjoined = sorted(n for n, st in self.hub.engines.items() if not st.configured and st.steps_received)
         out = {}
         for name, st in self.hub.engines.items():
             if not st.configured or st.steps_received or st.last_scrape_ok is None:
                 continue
-            if now - self.started_at >= RECORDER_MISSING_AFTER_S:
-                out[name] = RECORDER_FIX
+            out[name] = (RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=name)
+                         if unjoined else RECORDER_FIX)  # fmt: skip
         return out
 
     def ingest_figures(self) -> dict[str, Any]:

@@ -63,7 +63,8 @@
     clSection.insertBefore(el('p', { class: 'note', id: 'no-recorder' }, why +
       'The items marked ○ come from the recorder (its fingerprint and its steps). Check that this package is installed in vLLM\'s environment, ' +
       'that vLLM runs with --scheduler-cls collector.vllm.RecordingScheduler, that FLIGHTREC_RECORDER_DIR is the same for vLLM and the sidecar, ' +
-      'and that FLIGHTREC_ENGINE_NAME=' + doc.engine + ' is set for vLLM.'), document.getElementById('checklist'));
+      'and that the sidecar can join the recorder to this engine: it does so by the configured URL\'s port on this host; ' +
+      'where it cannot see the engine\'s processes (another container, a Service URL) set FLIGHTREC_ENGINE_NAME=' + doc.engine + ' for vLLM.'), document.getElementById('checklist'));
   }
   clSection.insertBefore(el('p', { class: 'muted legend-line' }, '● recorded (the snapshot holds the value; not a verdict on it) · ○ not recorded'), document.getElementById('checklist'));
   const tbody = document.querySelector('#checklist tbody');
