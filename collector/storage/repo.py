@@ -153,7 +153,7 @@ class Repository:
     def update_engine(self, name: str, **values: Any) -> None:
         with self._tx() as conn:
             eid = self.engine_id(conn, name)
-            conn.execute(update(EngineRow).where(EngineRow.id == eid).values(**values))
+            conn.execute(update(EngineRow).where(EngineRow.id == eid).values(**nul_free(values)))
 
     def gpu_id(self, conn: Connection, gpu: str, *, index: int, bus_id: str | None, name: str | None) -> int:
         cached = self._gpu_ids.get(gpu)
@@ -401,7 +401,7 @@ class Repository:
         title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
         return int(conn.execute(
             insert(IncidentRow).values(
-                key=key, title=title, opened_at=t, updated_at=t,
+                key=key, title=nul_free(title), opened_at=t, updated_at=t,
                 trigger_kind=str(doc.trigger.get("kind")), hosts=[doc.host],
                 engines=[f"{doc.host}/{doc.engine}"], snapshot_count=0,
             ).returning(IncidentRow.id)

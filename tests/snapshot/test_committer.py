@@ -128,6 +128,35 @@ def test_manual_snapshots_are_each_their_own_with_an_id(migrated_url: str, tmp_p
     assert len(rows) == 3 and sorted(ids) == sorted(r["id"] for r in rows)  # type: ignore[type-var]
 
 
+def test_nul_bytes_in_a_trigger_and_its_evidence_neither_wedge_nor_block_later_snapshots(pg_url: str, tmp_path: Path) -> None:
+    # Postgres refuses \x00 in text and JSON: a manual reason, a log line and an engine's
+    # fingerprint with one were retried forever and held every later snapshot behind them
+    upgrade(pg_url)
+    hub, repo, c, _ = setup(pg_url, tmp_path)
+    ids: list[int | None] = []
+
+    async def body() -> None:
+        hub.emit(step(1))
+        hub.emit(LogLine("decode-0", time.time(), "ERROR bad\x00line"))
+        hub.engines["decode-0"].fingerprint.update({"model": "m\x00", "env\x00": {"K": "v\x00"}})
+        for reason in ("nul\x00reason", "after it"):
+            ev = Event(kind=EventKind.MANUAL, ts=time.time(), source="api", message=reason, engine="decode-0")
+            hub.emit(ev)
+            [o] = c.opens_for(ev)
+            assert o.committed is not None
+            ids.append(await asyncio.wait_for(o.committed, 10))
+
+    asyncio.run(_run(c, body))
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert len(rows) == 2 and None not in ids
+    first = repo.get_snapshot(min(r["id"] for r in rows))
+    assert first.trigger["message"] == "nul\ufffdreason" or first.trigger["message"] == "nul\x00reason"
+    assert {r["trigger_message"] for r in rows} == {"nul\ufffdreason", "after it"}
+    [incident] = repo.list_incidents()
+    assert "nul\ufffdreason" in incident["title"]
+    assert not spool.pending(tmp_path / "spool") and c.backlog == 0
+
+
 def test_database_down_spools_and_commits_when_back_with_the_fault_time_rings(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'db' / 'f.db'}"
     (tmp_path / "db").mkdir()

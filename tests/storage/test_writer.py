@@ -137,8 +137,11 @@ def test_nul_bytes_in_events_are_stored_on_postgres(pg_url: str) -> None:
     hub, repo, writer, _ = _setup(pg_url, hold_s=0.0)
     hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", message="a\x00b", engine="decode-0",
                    lines=["x\x00y"], data={"k\x00": "v\x00"}))
+    writer.offer_fingerprint("decode-0", {"vllm_version": "0.32\x00", "model": "m\x00"})
     asyncio.run(writer.flush())
-    assert writer.db_up is True and writer.rejected == 0
+    assert writer.db_up is True and writer.rejected == 0 and writer.last_error in (None, "")
+    [eng] = [e for e in repo.list_engines() if e["name"] == "decode-0"]
+    assert eng["fingerprint"]["model"] == "m\ufffd"
     [ev] = repo.list_events()
     assert ev["message"] == "a\ufffdb" and ev["data"]["lines"] == ["x\ufffdy"]
 
