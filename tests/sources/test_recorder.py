@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from collector.channel.codec import encode, encode_requests, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
@@ -238,3 +240,23 @@ def test_a_restarted_sidecar_reports_the_same_death_with_the_same_id(tmp_path: P
     other.append(encode_requests("decode-0", 1, 1031.0, [RequestRow("r", 5, 1)]))
     uids = {e.uid for e in report(1032.0)}
     assert len(uids) == 2 and first[0].uid in uids
+
+
+def test_a_bad_ring_header_is_logged_once_not_every_poll(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    bad = tmp_path / ring_file_name("decode-0", "stats", os.getpid())
+    bad.write_bytes(b"NOTARING" + b"\x00" * 4096)
+    os.chmod(bad, 0o600)
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    with caplog.at_level(logging.WARNING, logger="collector.sources.recorder"):
+        for _ in range(40):  # two seconds of polls at 50 ms
+            src.poll(ListSink())
+    skipped = [r for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 1 and bad.name in skipped[0].getMessage()
+    bad.unlink()
+    src.poll(ListSink())
+    bad.write_bytes(b"NOTARING" + b"\x00" * 4096)  # a new bad file of that name is news again
+    with caplog.at_level(logging.WARNING, logger="collector.sources.recorder"):
+        src.poll(ListSink())
+    assert len([r for r in caplog.records if "skipping" in r.getMessage()]) == 2
