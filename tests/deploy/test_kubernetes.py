@@ -64,10 +64,35 @@ def test_manifests_validate_against_the_kubernetes_schemas(form: str) -> None:
 
 
 def test_servicemonitor_has_the_operator_shape() -> None:
-    [sm] = build("components/servicemonitor")
+    sm, _ = build("components/servicemonitor")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["kind"] == "ServiceMonitor"
     [ep] = sm["spec"]["endpoints"]
     assert ep["port"] == "flightrec" and ep["authorization"]["credentials"] == {"name": "flightrec-secrets", "key": "api-token"}
+
+
+@pytest.mark.parametrize("form", ["base", "daemonset"])
+def test_the_vllm_scrape_gets_the_labels_the_rules_join_on(form: str, tmp_path: Path) -> None:
+    # a rule alert and the sidecar's alert of one fault must carry the same engine and Hostname
+    _, vllm_sm = build("components/servicemonitor")
+    assert vllm_sm["kind"] == "ServiceMonitor"
+    [ep] = vllm_sm["spec"]["endpoints"]
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in ep["relabelings"]}
+    assert relabel == {"flightrec_engine": ["__meta_kubernetes_service_label_flightrec_io_engine"],
+                       "Hostname": ["__meta_kubernetes_pod_node_name"]}  # fmt: skip
+    docs = build(form)
+    settings = config_of(docs, "flightrec-config" if form == "base" else "flightrec-node", tmp_path)
+    [engine] = settings.engines
+    port = int(engine.url.rsplit(":", 1)[1])
+    [svc] = [d for d in docs if d["kind"] == "Service" and any(p["port"] == port for p in d["spec"]["ports"])
+             and "flightrec" not in d["metadata"]["name"]]  # fmt: skip
+    [expr] = vllm_sm["spec"]["selector"]["matchExpressions"]
+    assert expr == {"key": "flightrec.io/engine", "operator": "Exists"}
+    assert svc["metadata"]["labels"]["flightrec.io/engine"] == engine.name
+    assert any(p["name"] == ep["port"] for p in svc["spec"]["ports"])
+    # the sidecar names its host by the node, as the relabelling does
+    pod = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet"))["spec"]["template"]["spec"]
+    side = container(pod, "flightrec")
+    assert env(side)["FLIGHTREC_HOST_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_the_pod_form_shares_the_recorder_folder_and_names_the_engine(tmp_path: Path) -> None:
