@@ -289,10 +289,14 @@ def test_the_spool_is_a_volume_at_a_configurable_path() -> None:
     side = services()["flightrec"]
     spool_env = side["environment"]["FLIGHTREC_SPOOL_DIR"]
     assert spool_env == "${FLIGHTREC_SPOOL_DIR:-/var/lib/flightrec/spool}"
-    assert f"spool:{spool_env}" in side["volumes"]
+    # the volume sits on a folder the image made and gave the sidecar's uid (a named volume
+    # copies its owner; a path the image lacks would be root's, and the spool unwritable),
+    # and the default spool folder is inside it
+    assert "spool:/var/lib/flightrec" in side["volumes"]
     assert "spool" in load_yaml(ROOT / "docker-compose.yml")["volumes"]
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "mkdir -p /var/lib/flightrec/spool" in dockerfile  # a named volume copies the image's owner
+    assert "mkdir -p /var/lib/flightrec/spool" in dockerfile and "chown -R flightrec:flightrec /var/lib/flightrec" in dockerfile
+    assert spool_env.split(":-", 1)[1].rstrip("}").startswith("/var/lib/flightrec/")
 
 
 def test_the_image_health_check_reads_the_settings_not_a_fixed_port() -> None:
