@@ -69,6 +69,7 @@ class DemoRun:
     db: str  # SQLite URL holding the demo's snapshots
     output: str
     seconds: float
+    cwd: Path | None = None  # where it ran
 
 
 @pytest.fixture(scope="session")
@@ -89,4 +90,4 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         env=env, capture_output=True, text=True, timeout=240, cwd=workdir,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return DemoRun(db, proc.stdout + proc.stderr, time.monotonic() - t0)
+    return DemoRun(db, proc.stdout + proc.stderr, time.monotonic() - t0, cwd=workdir)

@@ -48,6 +48,10 @@ def test_demo_stores_the_crash_snapshot_and_exits_0(demo_run: Any) -> None:
     rows, _ = Repository(make_engine(demo_run.db), host="x").list_snapshots(SnapshotFilter(engine="decode-0"))
     assert rows and rows[0]["step_count"] > 1000
     assert rows[0]["summary"]["kv_cache_usage"] == pytest.approx(0.032)  # the report's figure
+    if demo_run.cwd is not None:  # it leaves its database where it ran, and nothing else there
+        left = {p.name for p in demo_run.cwd.iterdir()} - {"wd"}
+        assert left <= {"demo.db", "demo.db-wal", "demo.db-shm"}, left
+        assert "database " + str(demo_run.cwd / "demo.db") in demo_run.output
 
 
 def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

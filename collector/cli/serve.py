@@ -20,6 +20,7 @@ from collector.cli.common import (
     add_settings_options,
     require_writable_database,
     settings_from,
+    sqlite_path,
 )
 from collector.settings import Settings, SettingsError
 
@@ -123,8 +124,12 @@ def run_demo(args: argparse.Namespace) -> int:
     if recorder_dir.is_dir():  # rings of an earlier demo run are history, not this pair
         for old in recorder_dir.glob("*.ring"):
             old.unlink()
-    print(f"flightrec demo: simulated logs and rings in {workdir} "
-          f"({'kept' if keep else 'removed at exit; --workdir DIR keeps them'}); database {_safe(base.database)}",
+    if base.spool_dir is None:  # the demo's spool is its own, not a folder left beside the database
+        base = base.model_copy(update={"spool_dir": workdir / "spool"})
+    db_file = sqlite_path(base.database)
+    where = f"{db_file.resolve()} (kept: flightrec snapshots list --db {_safe(base.database)})" if db_file else _safe(base.database)
+    print(f"flightrec demo: simulated logs, rings and spool in {workdir} "
+          f"({'kept' if keep else 'removed at exit; --workdir DIR keeps them'}); database {where}",
           flush=True)  # fmt: skip
     try:
         return asyncio.run(_demo(args, base, workdir, recorder_dir))
