@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import TAG_REQS, decode_request_rows
+from collector.channel.codec import TAG_REQS, decode_many, decode_request_rows
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
 from collector.model import StepRecord
@@ -104,6 +104,16 @@ class SchedRing:
                 if payload[:1] == TAG_REQS:
                     self.steps.append(decode_request_rows(ENGINE, payload))
         return self.steps
+
+
+def stats_ring(recorder_dir: Path) -> dict[int, StepRecord]:
+    """The stat logger's steps as it wrote them, by step number (every figure it knew)."""
+    out: dict[int, StepRecord] = {}
+    for path in recorder_dir.glob("*.stats.*.ring"):
+        for _, obs, _ in decode_many(list(RingReader(path).read()), engine=ENGINE):
+            if isinstance(obs, StepRecord):
+                out[obs.step] = obs
+    return out
 
 
 @pytest.fixture
@@ -201,6 +211,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
         assert snap is not None, "no snapshot with steps: " + (tmp_path / "sidecar.log").read_text()[-3000:]
         time.sleep(3.0)  # every witness of the death (log, scrape, silent ring) has arrived
         engines = get_json(f"{side_base}/api/v1/engines")
+        written = stats_ring(recorder_dir)
         all_snaps = get_json(f"{side_base}/api/v1/snapshots")["items"]
         for t in threads:
             t.join(timeout=5)
@@ -225,6 +236,17 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     at = snap["summary"]["at_step"]["kv_cache_usage"]
     assert at == with_stats[-1]["step"] and snap["summary"]["kv_cache_usage"] == with_stats[-1]["kv_cache_usage"]
     assert snap["summary"]["kv_cache_usage"] > 0  # the engine reported a value: the summary has it
+    # and each stored figure is the one the engine wrote for that step: no 0 (or null) where it
+    # had a value, whatever the value was
+    compared = 0
+    for s in with_stats:
+        w = written.get(s["step"])
+        if w is None:
+            continue
+        for name in ("running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens"):
+            assert s[name] == getattr(w, name), (name, s, w)
+        compared += 1
+    assert compared >= len(with_stats) * 0.9, (compared, len(with_stats))
 
     # The steps up to the kill: the last one is the last the engine reached, with no gap
     # before it, and the recorder's step numbers agree between stats and per-request rows.
@@ -233,6 +255,8 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     assert snap["summary"]["last_step"] == reached
     assert numbers[-1] == reached
     assert numbers == list(range(numbers[0], reached + 1))
+    # every step the engine core recorded (its ring holds them all: fewer than ring_steps)
+    assert {s.step for s in recorded} <= set(numbers), sorted({s.step for s in recorded} - set(numbers))[:10]
     assert max(s["ts"] for s in steps) <= kill_ts + 1.0
     assert any(s["running"] >= 4 for s in steps[-20:])
 
@@ -252,4 +276,9 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     # every request the engine core ran is in the snapshot's rows
     ran = {r.request_id for s in recorded if s.step >= numbers[0] for r in s.requests or []}
     assert ran <= {r["request_id"] for r in rows} and len(ran) >= 4
+    # and every request sent reached the snapshot's workload, with the prompt length sent
+    cols = ((snap.get("workload") or {}).get("requests") or {}).get("columns") or {}
+    got = {int(m.group(1)): plen for rid, plen in zip(cols.get("id", []), cols.get("prompt_len", []), strict=True)
+           if (m := re.search(r"e2e(\d{3})", str(rid)))}  # fmt: skip
+    assert got == {i: len(prompt_for(i)) for i in range(sent)}, sorted(set(range(sent)) - set(got))
     assert matched == len(rows)
