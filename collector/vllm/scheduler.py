@@ -41,6 +41,7 @@ from collector.vllm.hisparse import HostBlocks, find_hisparse, mirror_rows_colum
 from collector.vllm.server import server_identity
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
+_MAX_CACHED = 65536  # requests scheduled and not ended yet whose prefix-cache hits are held
 # vLLM's finished statuses, as the workload record's ``finish`` names them.
 _FINISH = {"length_capped": "length"}
 
@@ -80,6 +81,9 @@ class _SchedRecorder:
         self.step = 0
         self.current = 0
         self.in_flight: dict[int, int] = {}
+        # request id -> tokens it found computed when first scheduled (prefix cache, local or
+        # through the connector): vLLM 0.32's Request keeps no such figure to its end
+        self.cached: dict[str, int] = {}
         if self.channel.active:
             guarded(self.channel, "fingerprint", self._fingerprint, vllm_config, base)
 
@@ -95,6 +99,13 @@ class _SchedRecorder:
         if len(flight) >= _MAX_IN_FLIGHT:
             flight.clear()
         flight[id(output)] = self.step
+        new = getattr(output, "scheduled_new_reqs", None)
+        if new:  # a few a step: their computed tokens at first scheduling are the cache hits
+            cached = self.cached
+            for nr in new:
+                cached.setdefault(nr.req_id, nr.num_computed_tokens)
+            while len(cached) > _MAX_CACHED:
+                del cached[next(iter(cached))]
         cols = self.columns
         computed, out = cols.read(running, changed=bool(getattr(output, "preempted_req_ids", None)))
         mirror = host = None
@@ -127,11 +138,14 @@ class _SchedRecorder:
         )
 
     def ended(self, request: Any) -> None:
+        rid = str(request.request_id)
+        at_start = self.cached.pop(rid, None)  # None: never scheduled (aborted while waiting)
+        cached = getattr(request, "num_cached_tokens", None)  # a later vLLM's own figure, when set
         self.recorder.write_end(
-            str(request.request_id),
+            rid,
             output_len=getattr(request, "num_output_tokens", None),
             finish=finish_name(getattr(request, "status", "unknown")),
-            cached_tokens=getattr(request, "num_cached_tokens", None),  # not on vLLM 0.32's Request
+            cached_tokens=cached if isinstance(cached, int) and cached >= 0 else at_start,
         )
 
 

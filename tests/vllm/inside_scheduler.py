@@ -40,10 +40,10 @@ model.joinpath("config.json").write_text(json.dumps({
     "vocab_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))  # fmt: skip
 
 
-def build(async_scheduling: bool, tag: str) -> Any:
+def build(async_scheduling: bool, tag: str, prefix_caching: bool = False) -> Any:
     os.environ["FLIGHTREC_ENGINE_NAME"] = tag
     cfg = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                     dtype="bfloat16", block_size=BLOCK, enable_prefix_caching=False,
+                     dtype="bfloat16", block_size=BLOCK, enable_prefix_caching=prefix_caching,
                      scheduler_cls="collector.vllm.RecordingScheduler").create_engine_config()  # fmt: skip
     # The CPU platform hook turns async scheduling off; on a GPU vLLM leaves it on by default.
     cfg.scheduler_config.async_scheduling = async_scheduling
@@ -139,5 +139,28 @@ def _stats_extras(tag: str) -> list[Any]:
     return out
 
 
-result = {"async": drive(True), "sync": drive(False)}
+def drive_prefix() -> list[Any]:
+    """Prefix caching on: a second request sharing the first one's first 48 tokens (3 blocks),
+    sent once the first has run, finds them cached; a third shares nothing."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    tag = "prefix"
+    cfg, _, sched = build(False, tag, prefix_caching=True)
+    hash_fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)  # as EngineCore sets it up
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(BLOCK, hash_fn)
+    shared = list(range(1, 49))
+    prompts = (shared + list(range(100, 116)), shared + list(range(200, 216)), list(range(300, 364)))
+    for i, prompt in enumerate(prompts):
+        sched.add_request(Request(f"cmpl-{tag}{i}-0-abcdef12", prompt, SamplingParams(max_tokens=2, ignore_eos=True),
+                                  None, arrival_time=2000.0 + i, block_hasher=hasher))  # fmt: skip
+        for _ in range(3):  # prefill and two tokens: the request ends, its blocks stay cached
+            so = sched.schedule()
+            if so.num_scheduled_tokens:
+                sched.update_from_output(so, output_for(so, 7))
+    return [o.data for o in ring(tag, "sched") if isinstance(o, WorkloadRecord) and o.data["ev"] == "end"]
+
+
+result = {"async": drive(True), "sync": drive(False), "prefix_ends": drive_prefix()}
 print(MARKER + json.dumps(result, default=str))

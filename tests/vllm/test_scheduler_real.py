@@ -64,4 +64,12 @@ def test_workload_records_once_per_request(report: dict[str, Any], mode: str) ->
     assert [(w["id"], w["ts"], w["prompt_len"], w["max_tokens"], w["n"], w["ignore_eos"], w["has_stop"])
             for w in arrive] == [(f"cmpl-{mode}0-0-abcdef12", 1000.0, 40, 3, 1, True, False),
                                  (f"cmpl-{mode}1-0-abcdef12", 1001.0, 70, 3, 1, True, False)]  # fmt: skip
-    assert [(w["output_len"], w["finish"], w["cached_tokens"]) for w in end] == [(3, "length", None)] * 2
+    # no prefix caching in this engine: nothing was cached, a measured 0 (not unknown)
+    assert [(w["output_len"], w["finish"], w["cached_tokens"]) for w in end] == [(3, "length", 0)] * 2
+
+
+def test_prefix_cache_hits_are_each_requests_tokens_found_computed_at_its_first_schedule(report: dict[str, Any]) -> None:
+    # vLLM's Request keeps no cached-token figure to its end (0.32 and 0.33): the recorder takes
+    # it from the step's NewRequestData, as the replay's prefix reuse needs
+    ends = {e["id"]: e["cached_tokens"] for e in report["prefix_ends"]}
+    assert ends == {"cmpl-prefix0-0-abcdef12": 0, "cmpl-prefix1-0-abcdef12": 48, "cmpl-prefix2-0-abcdef12": 0}
