@@ -162,12 +162,13 @@ async def _find_snapshot(args: argparse.Namespace, settings: Settings, snap: dic
     # snapshot is reported (an anomaly's, a manual one)
     wait = SNAPSHOT_WAIT_S if result.died else 0.0
     exclude = snap.get("id") if origin != "file" else None
+    engine = snap.get("engine") if isinstance(snap.get("engine"), str) else None
     if args.sidecar:
         return await source.new_snapshot_from_sidecar(args.sidecar, result.started_at, wait_s=wait,
-                                                      token=_token(settings), exclude=exclude)  # fmt: skip
+                                                      token=_token(settings), exclude=exclude, engine=engine)  # fmt: skip
     if origin == "db" or args.database:
         return await source.new_snapshot_from_db(settings.database, result.started_at, host=_host(settings),
-                                                 wait_s=wait, exclude=exclude)  # fmt: skip
+                                                 wait_s=wait, exclude=exclude, engine=engine)  # fmt: skip
     return None
 
 

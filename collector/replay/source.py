@@ -65,10 +65,27 @@ def from_sidecar(base: str, snap_id: int, *, token: str | None = None) -> dict[s
     return data
 
 
+# what a death leaves: a snapshot of an anomaly or a manual one taken during the replay is not it
+NOT_A_DEATH = frozenset({"anomaly", "manual"})
+
+
+def pick(items: list[dict[str, Any]], *, exclude: int | None, engine: str | None, final: bool) -> dict[str, Any] | None:
+    """The replay's snapshot among those stored since it started: the first of the original's
+    engine (when known) whose trigger is a fault, not an anomaly or a manual one. Only when
+    ``final`` (no more waiting) does any snapshot do, so an anomaly committed before the death
+    is not taken for it."""
+    items = [i for i in items if i.get("id") != exclude]
+    if engine is not None and any(i.get("engine") == engine for i in items):
+        items = [i for i in items if i.get("engine") == engine]
+    faults = [i for i in items if str(i.get("trigger_kind")) not in NOT_A_DEATH]
+    chosen = faults or (items if final else [])
+    return min(chosen, key=lambda i: (i.get("created_at") or 0, i.get("id") or 0)) if chosen else None
+
+
 async def new_snapshot_from_sidecar(base: str, since: float, *, wait_s: float, token: str | None = None,
-                                    exclude: int | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """The first snapshot the sidecar stored after ``since`` (unix seconds), waiting up to
-    ``wait_s`` for one to appear; None when none did."""
+                                    exclude: int | None = None, engine: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The replay's snapshot (``pick``) among those the sidecar stored after ``since`` (unix
+    seconds), waiting up to ``wait_s`` for one to appear; None when none did."""
     deadline = time.monotonic() + wait_s
     async with httpx.AsyncClient(timeout=10.0, headers=_headers(token)) as client:
         while True:
@@ -77,18 +94,18 @@ async def new_snapshot_from_sidecar(base: str, since: float, *, wait_s: float, t
                 items = resp.json().get("items", []) if resp.status_code == 200 else []
             except (httpx.HTTPError, ValueError, AttributeError):
                 items = []
-            items = [i for i in items if i.get("id") != exclude]
-            if items:
-                first = min(items, key=lambda i: (i.get("created_at") or 0, i.get("id") or 0))
+            final = time.monotonic() >= deadline
+            first = pick(items, exclude=exclude, engine=engine, final=final)
+            if first is not None:
                 first["url"] = f"{base.rstrip('/')}/snapshots/{first['id']}"
                 return dict(first)
-            if time.monotonic() >= deadline:
+            if final:
                 return None
             await asyncio.sleep(1.0)
 
 
 async def new_snapshot_from_db(database: str, since: float, *, host: str, wait_s: float,
-                               exclude: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+                               exclude: int | None = None, engine: str | None = None) -> dict[str, Any] | None:  # fmt: skip
     from collector.storage.db import make_engine
     from collector.storage.repo import Repository, SnapshotFilter
 
@@ -99,10 +116,11 @@ async def new_snapshot_from_db(database: str, since: float, *, host: str, wait_s
             rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter(since=since), limit=50)
         except StorageError:
             rows = []
-        rows = [r for r in rows if r["id"] != exclude]
-        if rows:
-            return dict(min(rows, key=lambda r: (r["created_at"], r["id"])))
-        if time.monotonic() >= deadline:
+        final = time.monotonic() >= deadline
+        first = pick(rows, exclude=exclude, engine=engine, final=final)
+        if first is not None:
+            return dict(first)
+        if final:
             return None
         await asyncio.sleep(1.0)
 
