@@ -1,13 +1,16 @@
 """The FastAPI application. Everything it serves comes from the hub (live state) or the
-repository (stored snapshots, incidents, events); handlers that touch the database run in
-FastAPI's thread pool (plain ``def``) so a slow query never stalls the event loop."""
+repository (stored snapshots, incidents, events). A handler's database work runs in a thread
+(``_stored``), so a slow query never stalls the event loop, and is waited for at most
+``STORE_WAIT_S``: a hung database is a 503 within that time, not a request held until the
+watchdog cuts its statement and the pool has connected again (10 s in the outage run)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import zlib
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -42,6 +45,19 @@ Write = Depends(require_write)
 # hold the live answer: past this, the answer is the live state only (the read goes on in its
 # thread until the database answers or the watchdog cuts it).
 STORED_WAIT_S = 2.0
+# A read of stored snapshots, incidents or events: past this a 503 (above Postgres's own
+# statement_timeout, 5 s, so a statement the server cancels reports its own error first).
+STORE_WAIT_S = 6.0
+T = TypeVar("T")
+
+
+async def _stored(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn`` in a thread, waited for at most ``STORE_WAIT_S`` (the thread runs on until the
+    database answers or the watchdog cuts it; the caller has its 503)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_WAIT_S)
+    except TimeoutError:
+        raise StorageError(f"the database did not answer within {STORE_WAIT_S:.0f} s") from None
 
 
 def _accepts_gzip(request: Request) -> bool:
@@ -150,7 +166,7 @@ def create_app(ctx: AppContext) -> FastAPI:
         return out
 
     @app.get("/api/v1/snapshots", response_model=schemas.SnapshotList)
-    def list_snapshots(
+    async def list_snapshots(
         request: Request,
         engine: Annotated[str | None, Query(max_length=128)] = None,
         host: Annotated[str | None, Query(max_length=255)] = None,
@@ -163,7 +179,8 @@ def create_app(ctx: AppContext) -> FastAPI:
         _: None = Read,
     ) -> Response:
         lo, hi = time_range(since, until)
-        rows, nxt = ctx.repo.list_snapshots(
+        rows, nxt = await _stored(
+            ctx.repo.list_snapshots,
             SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=lo, until=hi),
             limit=limit, cursor=cursor,
         )  # fmt: skip
@@ -174,13 +191,14 @@ def create_app(ctx: AppContext) -> FastAPI:
         responses={200: {"description": "the snapshot (export schema flightrec.snapshot/v1); gzip-encoded "
                          "when the client accepts it"}, 404: {"description": "no such snapshot"}},
     )  # fmt: skip
-    def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
-        body = _export(snapshot_id)
+    async def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
+        body = cache.get(snapshot_id) or await _stored(_export, snapshot_id)
         # The stored parts are spliced into one gzip stream (no decode, no re-encode): a
         # 4096x64 snapshot is 262k request rows, which would cost seconds to re-serialise.
         if _accepts_gzip(request):
             return Response(body, media_type="application/json", headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
-        return Response(zlib.decompress(body, 31), media_type="application/json", headers={"Vary": "Accept-Encoding"})
+        plain = await asyncio.to_thread(zlib.decompress, body, 31)
+        return Response(plain, media_type="application/json", headers={"Vary": "Accept-Encoding"})
 
     @app.get(
         "/api/v1/snapshots/{snapshot_id}/export",
@@ -188,15 +206,15 @@ def create_app(ctx: AppContext) -> FastAPI:
         responses={200: {"content": {"application/gzip": {}}, "description": "one gzip JSON file, schema flightrec.snapshot/v1"},
                    404: {"description": "no such snapshot"}},
     )  # fmt: skip
-    def export_snapshot(snapshot_id: Annotated[int, PathId], _: None = Read) -> Response:
+    async def export_snapshot(snapshot_id: Annotated[int, PathId], _: None = Read) -> Response:
         return Response(
-            _export(snapshot_id), media_type="application/gzip",
+            cache.get(snapshot_id) or await _stored(_export, snapshot_id), media_type="application/gzip",
             headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
         )  # fmt: skip
 
     @app.get("/api/v1/snapshots/{snapshot_id}/checklist", response_model=schemas.Checklist)
-    def snapshot_checklist(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
-        doc, blobs = ctx.repo.get_snapshot_blobs(snapshot_id, parts=("peers", "events"))
+    async def snapshot_checklist(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
+        doc, blobs = await _stored(ctx.repo.get_snapshot_blobs, snapshot_id, parts=("peers", "events"))
         peers = unpack(blobs["peers"]) if "peers" in blobs else []
         events = unpack(blobs["events"]) if "events" in blobs else []
         return {"snapshot_id": snapshot_id, "engine": doc.engine, "host": doc.host, "peers": [p.get("engine") for p in peers],
@@ -245,25 +263,25 @@ def create_app(ctx: AppContext) -> FastAPI:
         return {"snapshot_id": snapshot_id, "replays": replays}
 
     @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
-    def incidents(
+    async def incidents(
         response: Response,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: CursorQuery = None,
         before_id: BeforeIdQuery = None,
         _: None = Read,
     ) -> list[dict[str, Any]]:
-        rows = ctx.repo.list_incidents(limit=limit, before_id=id_cursor(cursor, before_id))
+        rows = await _stored(ctx.repo.list_incidents, limit=limit, before_id=id_cursor(cursor, before_id))
         _next_cursor(response, rows, limit)
         return rows
 
     @app.get("/api/v1/incidents/{incident_id}", response_model=schemas.IncidentOut)
-    def incident(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> dict[str, Any]:
-        out = ctx.repo.get_incident(incident_id)
+    async def incident(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> dict[str, Any]:
+        out = await _stored(ctx.repo.get_incident, incident_id)
         out["snapshots"] = [_summary(r, request) for r in out["snapshots"]]
         return out
 
     @app.get("/api/v1/events", response_model=list[schemas.EventOut])
-    def events(
+    async def events(
         response: Response,
         kind: Annotated[EventKind | None, Query()] = None,
         engine: Annotated[str | None, Query(max_length=128)] = None,
@@ -275,8 +293,8 @@ def create_app(ctx: AppContext) -> FastAPI:
         _: None = Read,
     ) -> list[dict[str, Any]]:
         lo, hi = time_range(since, until)
-        rows = ctx.repo.list_events(kind=kind.value if kind else None, engine=engine, since=lo, until=hi, limit=limit,
-                                    before_id=id_cursor(cursor, before_id))  # fmt: skip
+        rows = await _stored(ctx.repo.list_events, kind=kind.value if kind else None, engine=engine, since=lo, until=hi,
+                             limit=limit, before_id=id_cursor(cursor, before_id))  # fmt: skip
         _next_cursor(response, rows, limit)
         return rows
 

@@ -65,3 +65,34 @@ def test_a_blank_token_opens_nothing(api_url: str, token: str) -> None:
         for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": "Bearer  "}):
             assert c.get("/api/v1/snapshots", headers=headers).status_code in (401, 403)
             assert c.post("/api/v1/snapshots", json={"reason": "x"}, headers=headers).status_code in (401, 403)
+
+
+def test_a_database_that_does_not_answer_is_a_503_within_the_reads_bound(migrated_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a hung database (SIGSTOPped Postgres) held each read until the watchdog cut its statement
+    # and the pool connected again: 10 s in the outage run; now the read's bound, then 503
+    import threading
+    import time as _time
+
+    import collector.api.app as app_module
+
+    monkeypatch.setattr(app_module, "STORE_WAIT_S", 0.3)
+    ctx = make_context(migrated_url)
+    release = threading.Event()
+
+    def hung(*_: object, **__: object) -> None:
+        release.wait(10)
+
+    for name in ("list_snapshots", "list_incidents", "list_events", "get_snapshot_blobs", "get_incident"):
+        monkeypatch.setattr(ctx.repo, name, hung)
+    try:
+        with TestClient(create_app(ctx)) as client:
+            for path in ("/api/v1/snapshots", "/api/v1/incidents", "/api/v1/events", "/api/v1/snapshots/1",
+                         "/api/v1/snapshots/1/export", "/api/v1/snapshots/1/checklist", "/api/v1/incidents/1"):
+                t0 = _time.monotonic()
+                r = client.get(path)
+                took = _time.monotonic() - t0
+                assert r.status_code == 503 and "did not answer" in r.json()["detail"], (path, r.status_code, r.text)
+                assert took < 2.0, (path, took)
+            assert client.get("/healthz").status_code == 200  # the live answers go on
+    finally:
+        release.set()
