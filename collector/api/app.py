@@ -192,7 +192,7 @@ def create_app(ctx: AppContext) -> FastAPI:
                          "when the client accepts it"}, 404: {"description": "no such snapshot"}},
     )  # fmt: skip
     async def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
-        body = cache.get(snapshot_id) or await _stored(_export, snapshot_id)
+        body: bytes = cache.get(snapshot_id) or await _stored(_export, snapshot_id)
         # The stored parts are spliced into one gzip stream (no decode, no re-encode): a
         # 4096x64 snapshot is 262k request rows, which would cost seconds to re-serialise.
         if _accepts_gzip(request):
