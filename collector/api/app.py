@@ -192,7 +192,7 @@ def create_app(ctx: AppContext) -> FastAPI:
                          "when the client accepts it"}, 404: {"description": "no such snapshot"}},
     )  # fmt: skip
     async def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
-        body: bytes = cache.get(snapshot_id) or await _stored(_export, snapshot_id)
+        body = await _body(snapshot_id)
         # The stored parts are spliced into one gzip stream (no decode, no re-encode): a
         # 4096x64 snapshot is 262k request rows, which would cost seconds to re-serialise.
         if _accepts_gzip(request):
@@ -208,7 +208,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     )  # fmt: skip
     async def export_snapshot(snapshot_id: Annotated[int, PathId], _: None = Read) -> Response:
         return Response(
-            cache.get(snapshot_id) or await _stored(_export, snapshot_id), media_type="application/gzip",
+            await _body(snapshot_id), media_type="application/gzip",
             headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
         )  # fmt: skip
 
@@ -222,6 +222,11 @@ def create_app(ctx: AppContext) -> FastAPI:
 
     cache = ExportCache()
     app.state.export_cache = cache
+
+    async def _body(snapshot_id: int) -> bytes:
+        """A settled snapshot from the export cache, on the loop; any other read in a thread."""
+        cached = cache.get(snapshot_id)
+        return cached if cached is not None else await _stored(_export, snapshot_id)
 
     def _export(snapshot_id: int) -> bytes:
         body = cache.get(snapshot_id)
