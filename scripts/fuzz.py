@@ -42,6 +42,7 @@ from collector.channel.ringfile import RingCorrupt, RingReader, RingWriter  # no
 from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord  # noqa: E402
 from collector.parsers import crash_dump, prom_text, throughput_line, tracebacks, vllm_log  # noqa: E402
 from collector.redact import redact_text  # noqa: E402
+from collector.snapshot import intent, spool  # noqa: E402
 from collector.sources.vllm_metrics import WANTED  # noqa: E402
 from collector.xid import parser as xid  # noqa: E402
 
@@ -143,6 +144,39 @@ def _ring(text: str) -> object:
         os.unlink(name)
 
 
+def _decode_many(text: str) -> object:
+    """A poll's batch: the mutated record beside a plain S record (the batch path's fast lane),
+    and its first half; errors come back per record, never raised."""
+    raw = text.encode("latin-1")
+    good = codec.encode_step_fields(1, 1.7e9, 0, 4, 7, 2, 0.032, 1, 300, 16, 2, 640, 128)
+    return codec.decode_many([raw, good, raw[: len(raw) // 2], good], engine="d")
+
+
+def _file_reader(read: Callable[[Path], object], suffix: str) -> Callable[[str], object]:
+    def run(text: str) -> object:
+        fd, name = tempfile.mkstemp(suffix=suffix)
+        try:
+            os.write(fd, text.encode("latin-1"))
+            os.close(fd)
+            return read(Path(name))
+        finally:
+            os.unlink(name)
+
+    return run
+
+
+def _spool_seed() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = spool.write(Path(tmp), "snapshot-1.0-decode-0-x.spool", {"engine": "decode-0", "trigger": {"kind": "xid"}},
+                           {"incident_key": "k", "trigger_uid": "u"}, {"steps": b"\x1f\x8b" + b"x" * 40, "events": b"[]"})  # fmt: skip
+        return path.read_bytes().decode("latin-1")
+
+
+def _intent_seed() -> str:
+    ev = Event(kind=EventKind.XID, ts=1.7e9, source="kmsg", message="NVRM: Xid 43", engine="decode-0", uid="abc", xid=43)
+    return intent.encode("decode-0", ev, 1.7e9).decode("latin-1")
+
+
 def _eventize(text: str) -> object:
     ev = tracebacks.LogEventizer("decode-0", reference_clock=lambda: 1.7e9)
     out = [e for line in text.split("\n") for e in ev.feed(line)]
@@ -185,6 +219,9 @@ def targets() -> list[Target]:
         Target("codec.decode (binary S/R)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] != "J"],
                binary=True),
         Target("ringfile.RingReader", _ring, (RingCorrupt,), [_ring_seed()], binary=True),
+        Target("codec.decode_many", _decode_many, (), codec_seeds, binary=True),
+        Target("spool.read", _file_reader(spool.read, ".spool"), (spool.SpoolError,), [_spool_seed()], binary=True),
+        Target("intent.read", _file_reader(intent.read, ".intent"), (intent.IntentError,), [_intent_seed()], binary=True),
         Target("redact.redact_text", redact_text, (), SECRETS + log_lines[:200]),
     ]
 
