@@ -15,8 +15,8 @@ import random
 import statistics
 import time
 
+from collector.channel.blocks import pack_blocks
 from collector.ingest.hub import Hub
-from collector.ingest.requests import pack_blocks
 from collector.model import HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.document import RequestTable

@@ -107,7 +107,7 @@ class StepRecord:
     # requests that finished in this step, with vLLM's per-request figures (request_id,
     # finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens, ...)
     finished_requests: list[dict[str, Any]] = field(default_factory=list)
-    # the per-request rows as the recorder wrote them (collector.ingest.requests.RequestBlock)
+    # the per-request rows as the recorder wrote them (collector.channel.blocks.RequestBlock)
     request_block: Any = field(default=None, repr=False, compare=False)
     # STEP_DETAIL_KEYS that this step carried, as the recorder wrote them
     details: dict[str, Any] = field(default_factory=dict)

@@ -412,7 +412,7 @@ def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
     """An ``R`` record as a step half holding the record's bytes: no row objects."""
     global _block_type  # noqa: PLW0603 - imported once, on first use (requests imports this module)
     if _block_type is None:
-        from collector.ingest.requests import RequestBlock  # noqa: PLC0415
+        from collector.channel.blocks import RequestBlock  # noqa: PLC0415
 
         _block_type = RequestBlock
     block = _block_type.from_payload(payload)

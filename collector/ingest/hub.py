@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from collector.channel.blocks import RequestBlock
 from collector.ingest.pidmap import PidMap
-from collector.ingest.requests import RequestBlock
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.ingest.workload import WorkloadLog
 from collector.model import (

@@ -12,21 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from collector.procfs import parent_pid
+
+__all__ = ["MAX_DEPTH", "PidMap", "owner", "parent_pid"]
+
 MAX_DEPTH = 8
-
-
-def parent_pid(pid: int, proc: Path = Path("/proc")) -> int | None:
-    try:
-        text = (proc / str(pid) / "status").read_text()
-    except (OSError, ValueError):
-        return None
-    for line in text.splitlines():
-        if line.startswith("PPid:"):
-            try:
-                return int(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return None
 
 
 def owner(pid: int, engine_pids: Mapping[int, str], proc: Path = Path("/proc")) -> str | None:

@@ -4,7 +4,7 @@
 halves from two processes (the stat logger's aggregates and the scheduler's per-request
 block), so records with the same step number are merged, whichever comes first; a figure no
 half carried stays None. Per-request blocks are the recorder's own bytes
-(``collector.ingest.requests``) and are bounded by ``max_request_bytes`` as well: at 256
+(``collector.channel.blocks``) and are bounded by ``max_request_bytes`` as well: at 256
 running requests a step's block is ~5-16 KB, so the oldest steps give up their blocks (and
 keep their aggregates) first.
 """

@@ -55,7 +55,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     """Per-request rows held as columns; reads as a sequence of row dicts.
 
     A table frozen from the rings holds the recorder's own blocks
-    (``collector.ingest.requests.RequestBlock``) and decodes them into columns only when
+    (``collector.channel.blocks.RequestBlock``) and decodes them into columns only when
     something reads them; its stored form is those blocks, compressed (``stored_blob``)."""
 
     __slots__ = ("_columns", "sparse", "_n", "_blocks")
@@ -91,7 +91,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     @property
     def columns(self) -> dict[str, list[Any]]:
         if self._columns is None:
-            from collector.ingest.requests import decode_columns
+            from collector.channel.blocks import decode_columns
 
             self._columns = decode_columns(self._blocks or [])
         return self._columns
@@ -103,7 +103,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     def stored_blob(self) -> bytes:
         """The stored form: the recorder's blocks compressed, else this table's JSON gzip."""
         if self._blocks is not None:
-            from collector.ingest.requests import pack_blocks
+            from collector.channel.blocks import pack_blocks
 
             return pack_blocks(self._blocks)
         return pack(self)
@@ -126,7 +126,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     @classmethod
     def from_stored(cls, blob: bytes) -> RequestTable:
         """A stored ``requests`` part, in either form."""
-        from collector.ingest.requests import is_block_blob, unpack_blocks
+        from collector.channel.blocks import is_block_blob, unpack_blocks
 
         if is_block_blob(blob):
             return cls.from_blocks(unpack_blocks(blob))

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from collector.channel.blocks import RequestBlock
 from collector.ingest.hub import Hub
-from collector.ingest.requests import RequestBlock
 from collector.model import HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc

@@ -23,9 +23,9 @@ from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.secure import ensure_private_dir
-from collector.ingest.join import EngineJoin, Joined
 from collector.model import Event, EventKind, GpuSample, Observation, Severity, SourceStatus, StepRecord
 from collector.sources.base import Sink
+from collector.sources.join import EngineJoin, Joined
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class _Tail:
 
 class RecorderSource:
     """``join`` maps a recorder's engine name and meta record to the sidecar's engine name
-    (``collector.ingest.join.EngineJoin``). A ring that does not join a configured engine yet
+    (``collector.sources.join.EngineJoin``). A ring that does not join a configured engine yet
     (its API server has not bound its port) holds its records for up to ``join_wait`` seconds
     while a configured engine still lacks a recorder, so the engine's first records (the
     fingerprint) land under the right name; after that it is shown as an engine nobody

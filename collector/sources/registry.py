@@ -67,7 +67,7 @@ def _recorder(settings: Settings) -> list[Any]:
 
     if settings.recorder == "off":
         return []
-    from collector.ingest.join import EngineJoin
+    from collector.sources.join import EngineJoin
 
     return [RecorderSource(settings.recorder_dir, join=EngineJoin(settings.engines), join_wait=settings.recorder_join_wait)]
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.ingest.requests import RequestBlock
+from collector.channel.blocks import RequestBlock
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.model import (
     HALF_REQUESTS,

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
+from collector.channel.blocks import decode_columns
 from collector.channel.codec import decode
-from collector.ingest.requests import decode_columns
 from collector.model import HALF_REQUESTS, HALF_STATS, Fingerprint, StepRecord
 from collector.sim.engine import SimEngine
 from collector.sim.pair import PairConfig, SimPair

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
+from collector.channel.blocks import decode_columns
 from collector.channel.codec import decode
 from collector.channel.naming import parse_ring_file_name
 from collector.cli import build_parser
 from collector.cli.simulate import main as simulate_main
-from collector.ingest.requests import decode_columns
 from collector.model import HALF_REQUESTS, Fingerprint, StepRecord, WorkloadRecord
 from collector.settings import load_settings
 from collector.sim.load import EngineLoad, Lanes, LoadConfig, Pacer, api_pid

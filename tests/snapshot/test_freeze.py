@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collector.channel.blocks import RequestBlock
 from collector.ingest.hub import Hub
-from collector.ingest.requests import RequestBlock
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,

@@ -12,7 +12,6 @@ from collector.channel.codec import encode, encode_requests, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.ingest.hub import Hub
-from collector.ingest.join import EngineJoin
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
@@ -23,6 +22,7 @@ from collector.model import (
     StepRecord,
 )
 from collector.settings import EngineConfig, Settings
+from collector.sources.join import EngineJoin
 from collector.sources.recorder import RecorderSource
 
 

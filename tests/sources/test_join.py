@@ -4,8 +4,8 @@ from pathlib import Path
 
 from procfake import fake_proc, tcp_row
 
-from collector.ingest.join import EngineJoin, Joined, listening_pids
 from collector.settings import EngineConfig
+from collector.sources.join import EngineJoin, Joined, listening_pids
 
 ENGINES = [
     EngineConfig(name="decode-0", url="http://127.0.0.1:8000"),

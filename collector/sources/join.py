@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from collector.ingest.pidmap import parent_pid
+from collector.procfs import parent_pid
 
 _DEFAULT_NAME = re.compile(r"^vllm-(\d{1,10})(?:/dp(\d{1,4}))?$")
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""}

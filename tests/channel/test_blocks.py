@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from collector.channel.blocks import RequestBlock, decode_columns, pack_blocks, unpack_blocks
 from collector.channel.codec import CodecError
-from collector.ingest.requests import RequestBlock, decode_columns, pack_blocks, unpack_blocks
 from collector.model import RequestRow
 
 

@@ -1,0 +1,79 @@
+"""The folders are the pipeline's stages and data flows one way through them (README,
+"Architecture"): a stage imports only what lies below it, the stages it hands data to (the
+committer calls storage) or reads (detectors read ingest's rings), never one that would call
+back up into it. Read from the source with ``ast``, every import, lazy ones in functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "collector"
+
+# A stage may import the stages of a lower rank (and itself). Shared ground first: types, errors,
+# redaction, pure /proc reads; then the format both sides of the ring share and the pure
+# parsers; the engine side; the sources; ingest; the stores and consumers in the order they call
+# each other; the settings that mount each stage's own; the wiring and the interfaces last.
+RANK = {
+    "errors": 0, "model": 0, "redact": 0, "procfs": 0, "malloc": 0, "__init__": 0,
+    "channel": 1, "parsers": 1, "xid": 1,
+    "recorder": 2,  # engine side: writes the channel
+    "vllm": 3,  # vLLM's adapters over the recorder
+    "tasks": 3,  # the supervisor every long-running stage runs under
+    "sources": 4,
+    "ingest": 5,
+    "storage": 6,
+    "detectors": 7,  # read ingest's rings, emit anomaly events
+    "snapshot": 8,  # reads ingest's rings, commits through storage
+    "alerting": 9,  # consumes events, detector states and commits
+    "settings": 10,  # mounts each stage's own settings
+    "context": 11, "replay": 11, "sim": 11,
+    "api": 12, "web": 12,
+    "service": 13,  # wires the stages once
+    "cli": 14,
+}
+# Imports against the ranks, each with why it is not a call back up the pipeline.
+ALLOWED = {
+    # the stored form of a snapshot is the document's format (snapshot/document.py, pure):
+    # storage packs and unpacks it; the committer is what calls storage
+    ("storage", "snapshot.document"),
+    # a stage reads its own settings class, which sits next to it and is mounted in Settings
+    ("sources", "settings"), ("ingest", "settings"), ("detectors", "settings"), ("recorder", "settings"),
+    ("alerting", "settings"), ("snapshot", "settings"),
+}
+
+
+def _stage(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    return rel[0]
+
+
+def _imports(path: Path) -> set[tuple[str, str]]:
+    """(stage, module within collector) of each import."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "collector" and len(parts) > 1:
+                out.add((parts[1], ".".join(parts[1:])))
+    return out
+
+
+def test_every_stage_has_a_rank() -> None:
+    stages = {_stage(p) for p in ROOT.rglob("*.py")}
+    assert stages <= set(RANK), sorted(stages - set(RANK))
+
+
+def test_no_module_imports_a_later_stage() -> None:
+    against = []
+    for path in sorted(ROOT.rglob("*.py")):
+        src = _stage(path)
+        for dst, module in _imports(path):
+            if dst != src and RANK.get(dst, 0) > RANK[src] and (src, dst) not in ALLOWED and (src, module) not in ALLOWED:
+                against.append(f"{path.relative_to(ROOT.parent)} imports collector.{module}")
+    assert not against, "\n".join(against)
