@@ -8,10 +8,11 @@ per-step path and must cost microseconds; the rare records are JSON.
     <QdHIIIdIIIIQQ  step, ts, engine_index, running, waiting, deferred, kv_cache_usage,
                     preemptions, prompt_tokens, generation_tokens, finished,
                     prefix_cache_queries, prefix_cache_hits
-    [JSON object]   only when there is more: {"connector": {...}, "finished_requests": [...],
-                    "waiting_by_reason": {...}, "worker": ..., "null": [...],
+    [JSON object]   only when there is more: {"connector": {...}, "waiting_by_reason": {...},
+                    "worker": ..., "null": [...],
                     "iteration": {...}, "cudagraph": {...}, "external_prefix_cache": {...}}
-                    (the last three as docs/recorder.md describes them)
+                    (the last three as docs/recorder.md describes them; an older recorder's
+                    "finished_requests" list is still read, and ingest drops it)
 
 ``waiting`` counts every waiting request; ``waiting_by_reason`` is rebuilt from ``waiting -
 deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` uses.

@@ -13,8 +13,10 @@ other engine or a load simulator calls to write steps the way vLLM's adapter doe
 Every fixed field is keyword-only and required: pass None for a value the engine did not give
 (the record names it in ``"null"`` and the sidecar stores null, never 0). ``extras`` keys, as
 the codec documents them: ``connector`` (per connector, ``collector.vllm.extract``),
-``finished_requests``, ``waiting_by_reason`` (beyond capacity/deferred), ``worker``,
-``iteration`` (vLLM's iteration details), ``cudagraph`` (the step's CUDA graph use).
+``waiting_by_reason`` (beyond capacity/deferred), ``worker``, ``iteration`` (vLLM's iteration
+details), ``cudagraph`` (the step's CUDA graph use), ``external_prefix_cache``. A step's finished
+requests are the ``finished`` count; each one's end is a workload record
+(``collector.recorder.requests``).
 """
 
 from __future__ import annotations

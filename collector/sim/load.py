@@ -144,13 +144,11 @@ class EngineLoad:
         self._grow = 0  # a 1 in the lane of every decoding request
         self.held_tokens = 0  # sum of the computed column
         self.prefilling: dict[int, int] = {}  # slot -> prompt tokens computed so far
-        self.arrival: dict[int, float] = {}
         self._ends: list[tuple[int, int]] = []  # (step it is gone from running, slot) heap
         self._ids_blob = b""
         self._prompt_bytes = b""
         self._zeros = bytes(4 * n)
         self._status = bytes([_RUNNING]) * n
-        self._finished_rows: list[dict[str, Any]] = []
         now = clock()
         for slot in range(n):
             # Start in steady state: requests at every stage of decoding, as on a busy server.
@@ -169,7 +167,6 @@ class EngineLoad:
         self.ids[slot] = rid
         self.prompt[slot] = prompt
         self.max_tokens[slot] = max_tokens
-        self.arrival[slot] = now
         self.counters.arrived += 1
         if progress > 0.0:  # already decoding, with `done` output tokens (the last not computed)
             done = max(1, min(max_tokens - 1, int(progress * max_tokens)))
@@ -188,18 +185,12 @@ class EngineLoad:
         heapq.heappush(self._ends, (self.step_no + self.max_tokens[slot] - output + 1, slot))
 
     def _finish(self, slot: int, now: float) -> None:
-        rid, prompt, out = self.ids[slot], self.prompt[slot], self.max_tokens[slot]
-        arrived = self.arrival.pop(slot, now)
+        rid, out = self.ids[slot], self.max_tokens[slot]
         self.counters.finished += 1
         self._grow -= 1 << (32 * slot)
         self.held_tokens -= self.computed.get(slot)
         self.computed.set(slot, 0)
         self.output.set(slot, 0)
-        self._finished_rows.append({
-            "request_id": rid, "e2e_latency": now - arrived, "num_prompt_tokens": prompt,
-            "num_generation_tokens": out, "num_preemptions": 0, "num_cached_tokens": 0,
-            "max_tokens_param": out, "finish_reason": "length",
-        })  # fmt: skip
         self.rings.end(rid, now, out, "length")
 
     def _encode_static(self) -> None:
@@ -239,12 +230,9 @@ class EngineLoad:
         generation_tokens = n - len(self.prefilling)
         kv = min(1.0, -(-self.held_tokens // cfg.block_size) * cfg.block_size / self.kv_capacity_tokens)
         self.last_kv_usage = kv
-        extras: dict[str, Any] | None = None
-        if self._finished_rows:
-            extras = {"finished_requests": self._finished_rows}
-            self._finished_rows = []
+        # the stat logger counts a step's finished requests; their ends are the workload records
         self.rings.step(step, now, running=n, kv_cache_usage=kv, prompt_tokens=prompt_tokens,
-                        generation_tokens=generation_tokens, finished=finished_n, extras=extras)  # fmt: skip
+                        generation_tokens=generation_tokens, finished=finished_n, extras=None)  # fmt: skip
         self.rings.requests(step, now, n, self._ids_blob, self._prompt_bytes, self.computed.tobytes(),
                             self.output.tobytes(), self._zeros, self._status)  # fmt: skip
         c = self.counters

@@ -10,8 +10,10 @@ cannot do without stops the recorder (``RecorderError``). What is read, as of vL
   num_kv_fetch_reqs_by_stage, step_counter, kv_cache_usage, prefix_cache_stats.{queries,hits},
   kv_connector_stats (``connector_stats``), connector_prefix_cache_stats, iteration_details
   (``--enable-logging-iteration-details``), cudagraph_stats (``--cudagraph-metrics``).
-- ``IterationStats``: num_prompt_tokens, num_generation_tokens, num_preempted_reqs,
-  finished_requests (``FinishedRequestStats``).
+- ``IterationStats``: num_prompt_tokens, num_generation_tokens, num_preempted_reqs, and how many
+  finished_requests (counted, not listed: each request's end reaches the sidecar once, in the
+  scheduler's workload record; listing them cost a JSON encode in almost every step at load and
+  a parse in the sidecar, which kept nothing of it: BENCHMARKS.md, "Where it stands").
 - ``Request`` (engine core): request_id, num_prompt_tokens, num_computed_tokens,
   len(_output_token_ids) (else num_output_tokens), num_preemptions, status. Host-mirror rows and
   host blocks are not on the Request: ``collector.vllm.hisparse``.
@@ -27,11 +29,6 @@ from typing import Any
 from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS
 from collector.errors import FlightrecError
 
-FINISHED_FIELDS = (
-    "request_id", "e2e_latency", "num_prompt_tokens", "num_generation_tokens", "num_preemptions",
-    "num_cached_tokens", "queued_time", "prefill_time", "decode_time", "inference_time",
-    "max_tokens_param",
-)  # fmt: skip
 # What each connector's stat lists mean (vLLM 0.32/0.33: hisparse/stats.py, nixl/stats.py).
 # Levels: gauges, the last observation is the value (vLLM's own aggregate keeps only the last).
 # Deltas: counts since the previous report, summed. Any other list is samples (durations,
@@ -95,19 +92,6 @@ def connector_stats(stats: Mapping[str, Any], *, connector: str | None = None) -
     return out
 
 
-def finished_row(stats: Any) -> dict[str, Any]:
-    """One ``FinishedRequestStats`` as a plain dict (fields that exist)."""
-    row: dict[str, Any] = {}
-    for name in FINISHED_FIELDS:
-        value = getattr(stats, name, None)
-        if value is not None:
-            row[name] = value
-    reason = getattr(stats, "finish_reason", None)
-    if reason is not None:
-        row["finish_reason"] = str(getattr(reason, "name", reason)).lower()
-    return row
-
-
 def _plain(obj: Any) -> dict[str, Any] | None:
     """A small stats dataclass (vLLM's ``SchedulerIterationDetails``, ``CUDAGraphStat``) as a
     dict of its scalar fields."""
@@ -125,15 +109,13 @@ def _plain(obj: Any) -> dict[str, Any] | None:
     return out
 
 
-def step_extras(s: Any, finished: Sequence[Any], *, connector: str | None = None) -> dict[str, Any] | None:
+def step_extras(s: Any, *, connector: str | None = None) -> dict[str, Any] | None:
     """The JSON part of a step record: what only some steps have (``collector.recorder.stats``).
     ``connector``: the configured connector's class name (``kv_transfer_config.kv_connector``)."""
     extras: dict[str, Any] = {}
     kvc = getattr(s, "kv_connector_stats", None)
     if kvc:
         extras["connector"] = connector_stats(kvc, connector=connector)
-    if finished:
-        extras["finished_requests"] = [finished_row(f) for f in finished]
     fetch = getattr(s, "num_kv_fetch_reqs_by_stage", None)
     if fetch and any(fetch.values()):
         extras["waiting_by_reason"] = {f"kv_fetch_{k}": v for k, v in fetch.items()}

@@ -43,7 +43,9 @@ class FlightRecorderStatLogger(StatLoggerBase):
         self._pending_prompt = 0
         self._pending_gen = 0
         self._pending_preempt = 0
-        self._pending_finished: list[Any] = []
+        # finished requests since the last step: counted, not listed (each request's end and
+        # output length reach the sidecar once, through the scheduler's workload record)
+        self._pending_finished = 0
 
     # -- vLLM's interface -------------------------------------------------------------------
     def record(
@@ -77,7 +79,7 @@ class FlightRecorderStatLogger(StatLoggerBase):
             self._pending_preempt += getattr(it, "num_preempted_reqs", 0) or 0
             fin = getattr(it, "finished_requests", None)
             if fin:
-                self._pending_finished.extend(fin)
+                self._pending_finished += len(fin)
         if s is None:
             return
         if not self._fp_written:
@@ -89,8 +91,8 @@ class FlightRecorderStatLogger(StatLoggerBase):
         else:
             self._own_step = step
         fin = self._pending_finished
-        extras = step_extras(s, fin, connector=self.connector)
-        self._pending_finished = []
+        extras = step_extras(s, connector=self.connector)
+        self._pending_finished = 0
         waiting = getattr(s, "num_waiting_reqs", None)
         deferred = getattr(s, "num_skipped_waiting_reqs", None)
         pcs = getattr(s, "prefix_cache_stats", None)
@@ -105,7 +107,7 @@ class FlightRecorderStatLogger(StatLoggerBase):
             preemptions=self._pending_preempt,
             prompt_tokens=self._pending_prompt,
             generation_tokens=self._pending_gen,
-            finished=len(fin),
+            finished=fin,
             prefix_cache_queries=getattr(pcs, "queries", None),
             prefix_cache_hits=getattr(pcs, "hits", None),
             extras=extras,

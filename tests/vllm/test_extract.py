@@ -12,7 +12,7 @@ import pytest
 
 from collector.channel.codec import decode_request_rows, encode_request_columns
 from collector.model import RequestRow
-from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, finished_row, step_extras
+from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, step_extras
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -134,25 +134,11 @@ def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
     s = SimpleNamespace(iteration_details=Details(), cudagraph_stats=Graph(), kv_connector_stats=None,
                         num_kv_fetch_reqs_by_stage={"in_progress": 0},
                         connector_prefix_cache_stats=SimpleNamespace(queries=640, hits=600))  # fmt: skip
-    assert step_extras(s, []) == {
+    assert step_extras(s) == {
         "external_prefix_cache": {"queries": 640, "hits": 600},
         "iteration": {"iteration_index": 9, "num_ctx_requests": 1, "num_generation_tokens": 15, "elapsed_ms": 24.5},
         "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
     }  # fmt: skip
-    assert step_extras(SimpleNamespace(), []) is None
+    assert step_extras(SimpleNamespace()) is None
 
 
-def test_finished_row() -> None:
-    class Reason(enum.IntEnum):
-        LENGTH = 1
-
-    @dataclass
-    class Fin:
-        finish_reason: Reason
-        request_id: str = "cmpl-1"
-        e2e_latency: float = 1.5
-        num_prompt_tokens: int = 300
-
-    assert finished_row(Fin(Reason.LENGTH)) == {
-        "request_id": "cmpl-1", "e2e_latency": 1.5, "num_prompt_tokens": 300, "finish_reason": "length",
-    }  # fmt: skip
