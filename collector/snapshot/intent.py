@@ -74,8 +74,8 @@ def decode(path: Path, data: bytes) -> Intent:
         doc = json.loads(body)
         ev = event_from_dict(doc["event"])
         engine, accepted_at = str(doc["engine"]), float(doc["accepted_at"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IntentError(f"{path.name}: bad record: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # deep nesting: json.loads recurses
+        raise IntentError(f"{path.name}: bad record: {type(exc).__name__}: {str(exc)[:200]}") from exc
     if not ev.uid:
         raise IntentError(f"{path.name}: the event has no id")
     return Intent(path, engine, accepted_at, ev)

@@ -69,8 +69,8 @@ def read(path: Path) -> Spooled:
     try:
         head = json.loads(data[pos:nl])
         header, meta = dict(head["header"]), dict(head["meta"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpoolError(f"{path.name}: bad header: {exc}") from exc
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # deep nesting: json.loads recurses
+        raise SpoolError(f"{path.name}: bad header: {type(exc).__name__}: {str(exc)[:200]}") from exc
     pos = nl + 1
     blobs: dict[str, bytes] = {}
     end = len(data) - len(END)

@@ -78,3 +78,22 @@ def test_a_symlinked_intent_is_neither_listed_nor_read(tmp_path: Path) -> None:
     assert intent.pending(spool_dir) == []
     with pytest.raises(intent.IntentError):
         intent.read(link)
+
+
+def test_a_deeply_nested_record_is_an_intent_or_spool_error_not_a_recursion(tmp_path: Path) -> None:
+    # found by scripts/fuzz.py (spool.read): json.loads recurses on 100,000 nested arrays and
+    # its RecursionError escaped the reader, which the committer's recovery does not expect
+    import zlib
+
+    from collector.snapshot import spool
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    body = b'{"engine": "decode-0", "accepted_at": 1.0, "event": ' + deep + b"}"
+    bad = tmp_path / "x.intent"
+    bad.write_bytes(intent.MAGIC + body + b"\n" + f"{zlib.crc32(body):08x}".encode() + b"\n" + intent.END)
+    with pytest.raises(intent.IntentError, match="RecursionError"):
+        intent.read(bad)
+    sp = tmp_path / "x.spool"
+    sp.write_bytes(spool.MAGIC + b'{"header": ' + deep + b', "meta": {}}\n' + spool.END)
+    with pytest.raises(spool.SpoolError, match="RecursionError"):
+        spool.read(sp)
