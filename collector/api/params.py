@@ -60,6 +60,7 @@ def id_cursor(cursor: str | None, before_id: int | None) -> int | None:
     """The id pages of events and incidents continue below (cursor wins over before_id)."""
     if cursor is None:
         return before_id
-    if not cursor.isdigit() or len(cursor) > 19 or not 1 <= int(cursor) <= 2**62:
+    # ASCII digits only: str.isdigit() admits "²", which int() refuses (a 500, found by schemathesis)
+    if not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 19 or not 1 <= int(cursor) <= 2**62:
         raise HTTPException(400, f"cursor: {cursor[:40]!r} is not a cursor this endpoint gave")
     return int(cursor)

@@ -91,7 +91,7 @@ def listening_pids(port: int, proc: Path = Path("/proc")) -> set[int]:
     except OSError:
         return pids
     for entry in entries:
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):
             continue
         fd_dir = proc / entry / "fd"
         try:

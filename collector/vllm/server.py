@@ -79,7 +79,7 @@ def parse_server_args(argv: Sequence[str]) -> tuple[str | None, int | None]:
     port: int | None = None
     raw = opts.get("--port")
     if raw is not None:
-        port = int(raw) if raw.isdigit() else None
+        port = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 5 else None  # "²".isdigit() is true
     elif is_server and not ({"--uds", "--config"} & opts.keys()) and "--headless" not in flags:
         port = VLLM_DEFAULT_PORT
     return host, port

@@ -115,3 +115,11 @@ def test_docs_are_served_from_local_assets(client: TestClient) -> None:
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript") and len(js.content) > 100_000
     assert client.get("/docs/assets/swagger-ui.css").status_code == 200
     assert client.get("/docs/assets/..%2Fsecret").status_code == 404
+
+
+@pytest.mark.parametrize("cursor", ["\u00b2", "\u0663", "12\u00b9", "-1", "0", "9" * 20])
+def test_a_cursor_that_is_not_ascii_digits_is_400(client: TestClient, cursor: str) -> None:
+    # "\u00b2".isdigit() is true and int() of it raises: a 500 before (found by schemathesis)
+    for path in ("/api/v1/incidents", "/api/v1/events"):
+        r = client.get(path, params={"cursor": cursor})
+        assert r.status_code == 400 and "cursor" in r.json()["detail"], (path, cursor, r.status_code)
