@@ -7,9 +7,11 @@ watchdog cuts its statement and the pool has connected again (10 s in the outage
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
@@ -48,14 +50,23 @@ STORED_WAIT_S = 2.0
 # A read of stored snapshots, incidents or events: past this a 503 (above Postgres's own
 # statement_timeout, 5 s, so a statement the server cancels reports its own error first).
 STORE_WAIT_S = 6.0
+# The reads' own threads, as many as FastAPI's thread pool gave the plain handlers they were
+# (40): the loop's default executor is sized by the host (6 threads on 2 cores outside `serve`),
+# and 20 clients fetching at once queued behind it (bench_snapshot_api: fetch p99 2.6 s).
+READ_THREADS = 40
+_readers: ThreadPoolExecutor | None = None
 T = TypeVar("T")
 
 
 async def _stored(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn`` in a thread, waited for at most ``STORE_WAIT_S`` (the thread runs on until the
-    database answers or the watchdog cuts it; the caller has its 503)."""
+    """``fn`` in a reader thread, waited for at most ``STORE_WAIT_S`` (the thread runs on until
+    the database answers or the watchdog cuts it; the caller has its 503)."""
+    global _readers  # noqa: PLW0603 - one pool per process, made on first use
+    if _readers is None:
+        _readers = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="flightrec-api")
+    call = asyncio.get_running_loop().run_in_executor(_readers, functools.partial(fn, *args, **kwargs))
     try:
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_WAIT_S)
+        return await asyncio.wait_for(call, STORE_WAIT_S)
     except TimeoutError:
         raise StorageError(f"the database did not answer within {STORE_WAIT_S:.0f} s") from None
 
@@ -223,10 +234,23 @@ def create_app(ctx: AppContext) -> FastAPI:
     cache = ExportCache()
     app.state.export_cache = cache
 
+    building: dict[int, asyncio.Future[bytes]] = {}
+
     async def _body(snapshot_id: int) -> bytes:
-        """A settled snapshot from the export cache, on the loop; any other read in a thread."""
+        """A settled snapshot from the export cache, on the loop; any other read in a thread,
+        one at a time per snapshot: the first read of a snapshot builds its request columns
+        (hundreds of ms at 4,096 x 64), and 20 clients asking for a snapshot nobody had read
+        yet each built it, the last answered after seconds (bench_snapshot_api: fetch p99
+        4.8 s); now they wait for the one build and share it."""
         cached = cache.get(snapshot_id)
-        return cached if cached is not None else await _stored(_export, snapshot_id)
+        if cached is not None:
+            return cached
+        fut = building.get(snapshot_id)
+        if fut is None:
+            fut = asyncio.ensure_future(_stored(_export, snapshot_id))
+            building[snapshot_id] = fut
+            fut.add_done_callback(lambda _: building.pop(snapshot_id, None))
+        return await asyncio.shield(fut)
 
     def _export(snapshot_id: int) -> bytes:
         body = cache.get(snapshot_id)
