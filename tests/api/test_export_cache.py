@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from collector.api.export_cache import ExportCache
 
 
