@@ -159,7 +159,10 @@ def run_sidecar_mode(am_url: str, faults: int, gap: float, startup: float) -> di
                     line = XID_LINE.format(uptime=time.monotonic(), bus=bus)
 
                     def match(a: dict, bus: int = bus) -> bool:
-                        return a["labels"].get("alertname") == "GpuXidError" and f":{bus:02x}:00" in a["labels"].get("gpu", "")
+                        # dcgm-exporter's labels: the bus id is pci_bus_id (gpu is the index),
+                        # in NVML's upper-case hex (00000000:0A:00.0)
+                        return (a["labels"].get("alertname") == "GpuXidError"
+                                and f":{bus:02x}:00" in a["labels"].get("pci_bus_id", "").lower())
                     kind, target = "xid", kmsg
                 else:
                     token = f"f{i}-{time.time_ns()}"
