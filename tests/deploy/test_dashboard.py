@@ -59,6 +59,17 @@ def sql_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 # -- structure -------------------------------------------------------------------------------
+def test_every_sql_panel_says_it_needs_postgres_and_where_else_to_look() -> None:
+    # with SQLite (one node's default) Grafana has no datasource for them: they stay empty and
+    # must say why, not look like "no faults"
+    sql_panels = {label.split(" '")[1].split("'")[0] for label, _ in sql_queries(load()) if label.startswith("panel")}
+    assert len(sql_panels) >= 5
+    for panel in all_panels(load()):
+        if panel.get("title") in sql_panels:
+            text = panel.get("description") or ""
+            assert "Postgres" in text and "SQLite" in text, panel["title"]
+
+
 def test_provisionable_no_import_placeholders() -> None:
     text = DASHBOARD.read_text()
     dash = json.loads(text)
