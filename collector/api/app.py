@@ -58,17 +58,19 @@ _readers: ThreadPoolExecutor | None = None
 T = TypeVar("T")
 
 
-async def _stored(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn`` in a reader thread, waited for at most ``STORE_WAIT_S`` (the thread runs on until
-    the database answers or the watchdog cuts it; the caller has its 503)."""
+async def _stored(fn: Callable[..., T], *args: Any, wait_s: float | None = None, **kwargs: Any) -> T:
+    """``fn`` in a reader thread, waited for at most ``wait_s`` (default ``STORE_WAIT_S``); past it
+    a ``StorageError`` (a 503, or the live routes' degraded answer), while the thread runs on until
+    the database answers or the watchdog cuts it."""
+    wait = STORE_WAIT_S if wait_s is None else wait_s
     global _readers  # noqa: PLW0603 - one pool per process, made on first use
     if _readers is None:
         _readers = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="flightrec-api")
     call = asyncio.get_running_loop().run_in_executor(_readers, functools.partial(fn, *args, **kwargs))
     try:
-        return await asyncio.wait_for(call, STORE_WAIT_S)
+        return await asyncio.wait_for(call, wait)
     except TimeoutError:
-        raise StorageError(f"the database did not answer within {STORE_WAIT_S:.0f} s") from None
+        raise StorageError(f"the database did not answer within {wait:g} s") from None
 
 
 def _accepts_gzip(request: Request) -> bool:
@@ -146,8 +148,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     async def engines(_: None = Read) -> list[dict[str, Any]]:
         out = ctx.engines_live()
         try:
-            stored = await asyncio.wait_for(asyncio.to_thread(ctx.repo.list_engines), STORED_WAIT_S)
-        except (StorageError, TimeoutError):
+            stored = await _stored(ctx.repo.list_engines, wait_s=STORED_WAIT_S)
+        except StorageError:
             stored = []  # degraded: live state only
         by_key = {(e["host"], e["name"]): e for e in stored}
         for row in out:
@@ -168,8 +170,8 @@ def create_app(ctx: AppContext) -> FastAPI:
                         "last_sample": s.to_dict()})  # fmt: skip
         live = {g["gpu"] for g in out}
         try:
-            stored_gpus = await asyncio.wait_for(asyncio.to_thread(ctx.repo.list_gpus), STORED_WAIT_S)
-        except (StorageError, TimeoutError):
+            stored_gpus = await _stored(ctx.repo.list_gpus, wait_s=STORED_WAIT_S)
+        except StorageError:
             stored_gpus = []
         for row in stored_gpus:
             if row["gpu"] not in live or row["host"] != ctx.hub.host:
@@ -253,9 +255,6 @@ def create_app(ctx: AppContext) -> FastAPI:
         return await asyncio.shield(fut)
 
     def _export(snapshot_id: int) -> bytes:
-        body = cache.get(snapshot_id)
-        if body is not None:
-            return body
         doc, blobs = ctx.repo.get_snapshot_blobs(snapshot_id)
         header = doc.header()
         try:
