@@ -14,8 +14,6 @@ from pathlib import Path
 
 from collector.procfs import parent_pid
 
-__all__ = ["MAX_DEPTH", "PidMap", "owner", "parent_pid"]
-
 MAX_DEPTH = 8
 
 

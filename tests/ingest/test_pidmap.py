@@ -3,8 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from collector.ingest.hub import Hub
-from collector.ingest.pidmap import PidMap, owner, parent_pid
+from collector.ingest.pidmap import PidMap, owner
 from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
+from collector.procfs import parent_pid
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.freeze import freeze
