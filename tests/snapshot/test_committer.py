@@ -76,11 +76,18 @@ def test_four_witnesses_one_snapshot_amended_with_the_late_evidence(migrated_url
         hub.emit(fault(EventKind.CUDA_ERROR, "log", "CUDA error: unspecified launch failure"))
         hub.emit(fault(EventKind.ENGINE_FATAL, "log", "EngineCore encountered a fatal error."))
         hub.emit(fault(EventKind.ENGINE_DOWN, "scrape", "health failing"))
-        await asyncio.sleep(0.6)
+        # the amendment comes settle_s (0.2 s) after the trigger: wait for it, not a fixed time
+        # (a loaded machine once read the first commit after a 0.6 s sleep)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter())
+            if rows and rows[0]["summary"].get("amended_at"):
+                break
+            await asyncio.sleep(0.05)
 
     asyncio.run(_run(c, body))
     rows, _ = repo.list_snapshots(SnapshotFilter())
-    assert len(rows) == 1 and committed == [rows[0]["id"]]
+    assert len(rows) == 1 and committed == [rows[0]["id"]] and rows[0]["summary"].get("amended_at")
     doc = repo.get_snapshot(rows[0]["id"])
     assert doc.trigger["kind"] == "xid"
     assert doc.steps[-1]["step"] == 52  # the amendment holds the steps that came after the trigger
