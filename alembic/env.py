@@ -22,8 +22,7 @@ def _url() -> str:
 
 def run_migrations_offline() -> None:
     url = _url()
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=is_sqlite(url))
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=is_sqlite(url))
     with context.begin_transaction():
         context.run_migrations()
 
@@ -41,8 +40,7 @@ def run_migrations_online() -> None:
 
 
 def _run(connection, url: str) -> None:  # type: ignore[no-untyped-def]
-    context.configure(connection=connection, target_metadata=target_metadata,
-                      render_as_batch=is_sqlite(url))
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=is_sqlite(url))
     with context.begin_transaction():
         context.run_migrations()
 

@@ -84,13 +84,20 @@ def run_client_mode(am_url: str, faults: int, gap: float) -> list[float]:
             for i in range(faults):
                 gpu = f"0000:{i % 256:02x}:{i // 256:02x}.0"
                 seen: list[float | None] = []
-                waiter = threading.Thread(target=lambda: seen.append(
-                    watcher.wait(lambda a: a["labels"].get("gpu") == gpu and a["labels"].get("bench") == "client")))
+                waiter = threading.Thread(
+                    target=lambda: seen.append(watcher.wait(lambda a: a["labels"].get("gpu") == gpu and a["labels"].get("bench") == "client"))
+                )
                 waiter.start()
                 t0 = time.time()
-                client.fire(Alert(name="GpuXidError", severity=Severity.CRITICAL,
-                                  labels={"gpu": gpu, "xid": "43", "host": "bench", "bench": "client"},
-                                  annotations={"summary": f"bench fault {i}"}, starts_at=t0))
+                client.fire(
+                    Alert(
+                        name="GpuXidError",
+                        severity=Severity.CRITICAL,
+                        labels={"gpu": gpu, "xid": "43", "host": "bench", "bench": "client"},
+                        annotations={"summary": f"bench fault {i}"},
+                        starts_at=t0,
+                    )
+                )
                 await asyncio.to_thread(waiter.join)
                 if seen[0] is not None:
                     latencies.append(seen[0] - t0)
@@ -119,8 +126,10 @@ port: {port}
 public_url: http://127.0.0.1:{port}
 """
 
-CUDA_LINE = ("(Worker_TP0 pid=3107) ERROR {stamp} [multiproc_executor.py:1063] "
-             "torch.AcceleratorError: CUDA error: unspecified launch failure (bench {token})\n")
+CUDA_LINE = (
+    "(Worker_TP0 pid=3107) ERROR {stamp} [multiproc_executor.py:1063] "
+    "torch.AcceleratorError: CUDA error: unspecified launch failure (bench {token})\n"
+)
 XID_LINE = "[{uptime:.6f}] NVRM: Xid (PCI:0000:{bus:02x}:00): 31, pid=444, name=python3, channel 0x0000000a\n"
 
 
@@ -133,12 +142,14 @@ def run_sidecar_mode(am_url: str, faults: int, gap: float, startup: float) -> di
         engine_log.touch()
         port = free_port()
         config = root / "flightrec.yml"
-        config.write_text(SIDECAR_CONFIG.format(engine_port=free_port(), engine_log=engine_log, db=root / "fr.db",
-                                                am_url=am_url, kmsg=kmsg, port=port))
+        config.write_text(
+            SIDECAR_CONFIG.format(engine_port=free_port(), engine_log=engine_log, db=root / "fr.db", am_url=am_url, kmsg=kmsg, port=port)
+        )
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from collector.cli import main; sys.exit(main())",
-             "serve", "--config", str(config)],
-            cwd=tmp, stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT,
+            [sys.executable, "-c", "import sys; from collector.cli import main; sys.exit(main())", "serve", "--config", str(config)],
+            cwd=tmp,
+            stdout=open(root / "serve.log", "w"),
+            stderr=subprocess.STDOUT,
             env={k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")},
         )
         watcher = Watcher(am_url)
@@ -161,16 +172,16 @@ def run_sidecar_mode(am_url: str, faults: int, gap: float, startup: float) -> di
                     def match(a: dict, bus: int = bus) -> bool:
                         # dcgm-exporter's labels: the bus id is pci_bus_id (gpu is the index),
                         # in NVML's upper-case hex (00000000:0A:00.0)
-                        return (a["labels"].get("alertname") == "GpuXidError"
-                                and f":{bus:02x}:00" in a["labels"].get("pci_bus_id", "").lower())
+                        return a["labels"].get("alertname") == "GpuXidError" and f":{bus:02x}:00" in a["labels"].get("pci_bus_id", "").lower()
+
                     kind, target = "xid", kmsg
                 else:
                     token = f"f{i}-{time.time_ns()}"
                     line = CUDA_LINE.format(stamp=time.strftime("%m-%d %H:%M:%S"), token=token)
 
                     def match(a: dict, token: str = token) -> bool:
-                        return token in a.get("annotations", {}).get("description", "") + a.get(
-                            "annotations", {}).get("summary", "")
+                        return token in a.get("annotations", {}).get("description", "") + a.get("annotations", {}).get("summary", "")
+
                     kind, target = "cuda", engine_log
                 t0 = time.time()
                 with open(target, "a") as fh:
@@ -199,8 +210,7 @@ def report(label: str, latencies: list[float], faults: int, markdown: bool) -> N
         return
     ms = [x * 1000 for x in latencies]
     p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
-    print(f"{label}: {len(ms)}/{faults} faults seen; p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-          f"mean {statistics.fmean(ms):.1f} ms, max {max(ms):.1f} ms")
+    print(f"{label}: {len(ms)}/{faults} faults seen; p50 {p50:.1f} ms, p99 {p99:.1f} ms, mean {statistics.fmean(ms):.1f} ms, max {max(ms):.1f} ms")
     if markdown:
         print(f"| {label} | {len(ms)} | {p50:.1f} | {p99:.1f} | {max(ms):.1f} |")
 
@@ -225,8 +235,7 @@ def main() -> int:
         am_url = am.url
     try:
         if args.mode == "client":
-            report("client fire -> Alertmanager API", run_client_mode(am_url, args.faults, args.gap), args.faults,
-                   args.markdown)
+            report("client fire -> Alertmanager API", run_client_mode(am_url, args.faults, args.gap), args.faults, args.markdown)
         else:
             result = run_sidecar_mode(am_url, args.faults, args.gap, args.startup)
             report("Xid line -> Alertmanager API", result["xid"], (args.faults + 1) // 2, args.markdown)

@@ -62,10 +62,7 @@ def main() -> None:
         start = time.perf_counter()
         rows = parse_scheduler_output(dump)["requests"]
         times.append(time.perf_counter() - start)
-    print(
-        f"crash dump of {len(rows)} requests ({len(dump) / 1e6:.2f} MB): "
-        f"median {statistics.median(times) * 1000:.1f} ms"
-    )
+    print(f"crash dump of {len(rows)} requests ({len(dump) / 1e6:.2f} MB): median {statistics.median(times) * 1000:.1f} ms")
 
 
 if __name__ == "__main__":

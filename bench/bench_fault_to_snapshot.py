@@ -44,8 +44,9 @@ class FullRing:
     def _rec(self, i: int) -> StepRecord:
         now = time.time()
         reqs = [RequestRow(f"cmpl-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(self.requests)]
-        return StepRecord(engine=ENGINE, ts=now, step=i, running=self.requests, waiting=0, kv_cache_usage=0.032,
-                          generation_tokens=self.requests, requests=reqs)  # fmt: skip
+        return StepRecord(
+            engine=ENGINE, ts=now, step=i, running=self.requests, waiting=0, kv_cache_usage=0.032, generation_tokens=self.requests, requests=reqs
+        )
 
     async def run(self, sink: Any) -> None:
         for i in range(self.steps):
@@ -71,9 +72,16 @@ async def main(args: argparse.Namespace) -> None:
     kmsg = work / "kmsg.log"
     kmsg.write_text("")
     settings = Settings(
-        database=args.db, port=0, kmsg=str(kmsg), nvml="off", recorder="off", ring_steps=args.steps,
-        incident_window_s=0.3, snapshot_settle_s=args.settle, host_name="bench-host",
-    )  # fmt: skip
+        database=args.db,
+        port=0,
+        kmsg=str(kmsg),
+        nvml="off",
+        recorder="off",
+        ring_steps=args.steps,
+        incident_window_s=0.3,
+        snapshot_settle_s=args.settle,
+        host_name="bench-host",
+    )
     ring = FullRing(args.steps, args.requests, rate=args.rate)
     svc = Service(settings, extra_sources=[ring], spool_dir=work / "spool")
     committed: dict[str, float] = {}
@@ -113,11 +121,15 @@ async def main(args: argparse.Namespace) -> None:
     backend = args.db.split(":", 1)[0]
     print(f"backend {backend}: ring {args.steps} steps x {args.requests} requests; {len(lat)} faults")
     if lat:
-        print(f"  kmsg line written -> snapshot committed: p50 {pct(lat, 50) * 1e3:.0f} ms  p99 {pct(lat, 99) * 1e3:.0f} ms  "
-              f"max {max(lat) * 1e3:.0f} ms")  # fmt: skip
+        print(
+            f"  kmsg line written -> snapshot committed: p50 {pct(lat, 50) * 1e3:.0f} ms  p99 {pct(lat, 99) * 1e3:.0f} ms  "
+            f"max {max(lat) * 1e3:.0f} ms"
+        )
     if inner:
-        print(f"  trigger seen by the hub -> committed:    p50 {pct(inner, 50) * 1e3:.0f} ms  p99 {pct(inner, 99) * 1e3:.0f} ms  "
-              f"max {max(inner) * 1e3:.0f} ms")  # fmt: skip
+        print(
+            f"  trigger seen by the hub -> committed:    p50 {pct(inner, 50) * 1e3:.0f} ms  p99 {pct(inner, 99) * 1e3:.0f} ms  "
+            f"max {max(inner) * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -32,14 +32,28 @@ def main() -> None:
     p.add_argument("--request-bytes", type=int, default=8 << 20, help="ring_request_bytes")
     p.add_argument("--random-ids", action="store_true", help="vLLM-like ids (cmpl-<32 random hex>-0), new every step")
     args = p.parse_args()
-    hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps,
-                       ring_request_bytes=args.request_bytes))  # fmt: skip
+    hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps, ring_request_bytes=args.request_bytes))
     for i in range(args.steps):  # what the recorder delivers: a stats half and a requests half
-        hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, running=args.requests, waiting=0,
-                            kv_cache_usage=0.03, preemptions=0, prompt_tokens=0, generation_tokens=args.requests,
-                            connector={"mirror_rows": 10}, halves=HALF_STATS))  # fmt: skip
-        ids = ([f"cmpl-{random.getrandbits(128):032x}-0" for _ in range(args.requests)] if args.random_ids
-               else [f"cmpl-{j:04d}-abcdef12" for j in range(args.requests)])  # fmt: skip
+        hub.emit(
+            StepRecord(
+                engine="d",
+                ts=1000 + i * 0.025,
+                step=i,
+                running=args.requests,
+                waiting=0,
+                kv_cache_usage=0.03,
+                preemptions=0,
+                prompt_tokens=0,
+                generation_tokens=args.requests,
+                connector={"mirror_rows": 10},
+                halves=HALF_STATS,
+            )
+        )
+        ids = (
+            [f"cmpl-{random.getrandbits(128):032x}-0" for _ in range(args.requests)]
+            if args.random_ids
+            else [f"cmpl-{j:04d}-abcdef12" for j in range(args.requests)]
+        )
         rows = [RequestRow(ids[j], 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
         hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, requests=rows))
     trigger = Event(kind=EventKind.XID, ts=1000 + args.steps * 0.025, source="kmsg", message="Xid 43")
@@ -64,8 +78,10 @@ def main() -> None:
         read_t.append(t4 - t3)
     size = sum(len(b) for b in blobs.values())
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.1f} ms"  # noqa: E731
-    print(f"ring {args.steps} steps x {args.requests} requests: {len(doc.requests)} request rows held "
-          f"({args.request_bytes >> 20} MiB of blocks), {args.runs} runs")
+    print(
+        f"ring {args.steps} steps x {args.requests} requests: {len(doc.requests)} request rows held "
+        f"({args.request_bytes >> 20} MiB of blocks), {args.runs} runs"
+    )
     print(f"  capture (on the loop):       median {ms(cap_t)}")
     print(f"  build the document (thread): median {ms(build_t)}")
     print(f"  encode the parts (thread):   median {ms(pack_t)}  ({size / 1e3:.0f} kB stored)")

@@ -33,9 +33,17 @@ def main() -> None:
     times = []
     size = 0
     for i in range(args.n):
-        ev = Event(kind=EventKind.XID, ts=time.time(), source="kmsg", severity=Severity.CRITICAL, xid=79, pid=3107,
-                   gpu="0000:18:00.0", message="NVRM: Xid (PCI:0000:18:00): 79, pid=3107, GPU has fallen off the bus.",
-                   uid=f"{i:032x}")  # fmt: skip
+        ev = Event(
+            kind=EventKind.XID,
+            ts=time.time(),
+            source="kmsg",
+            severity=Severity.CRITICAL,
+            xid=79,
+            pid=3107,
+            gpu="0000:18:00.0",
+            message="NVRM: Xid (PCI:0000:18:00): 79, pid=3107, GPU has fallen off the bus.",
+            uid=f"{i:032x}",
+        )
         t0 = time.perf_counter()
         path = intent.write(folder, "decode-0", ev, time.time())
         times.append(time.perf_counter() - t0)
@@ -44,8 +52,7 @@ def main() -> None:
     times.sort()
     ms = [t * 1000 for t in times]
     print(f"intent writes: {args.n}, {size} bytes each, in {folder}")
-    print(f"  median {statistics.median(ms):.2f} ms, p90 {ms[int(0.9 * len(ms))]:.2f} ms, "
-          f"p99 {ms[int(0.99 * len(ms))]:.2f} ms, max {ms[-1]:.2f} ms")  # fmt: skip
+    print(f"  median {statistics.median(ms):.2f} ms, p90 {ms[int(0.9 * len(ms))]:.2f} ms, p99 {ms[int(0.99 * len(ms))]:.2f} ms, max {ms[-1]:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -171,9 +171,7 @@ class SnapshotPoller(threading.Thread):
         while not self.stop.is_set():
             try:
                 conn = conn or self.db.connect()
-                rows = conn.execute(
-                    f"SELECT id, engine, trigger_kind FROM snapshots WHERE id > {last} ORDER BY id"
-                ).fetchall()
+                rows = conn.execute(f"SELECT id, engine, trigger_kind FROM snapshots WHERE id > {last} ORDER BY id").fetchall()
                 now = time.time()
                 for sid, engine, trigger in rows:
                     self.seen.append((now, int(sid), str(engine), str(trigger)))
@@ -247,8 +245,7 @@ def raw_insert_best(db: Database, rows: int = 100_000, repeats: int = 3) -> dict
 # -- the sidecar's own figures -----------------------------------------------------------------
 def scrape_sidecar(base: str) -> dict[str, Any]:
     """Counters from the sidecar's /metrics and /healthz: what it says it received, lost, lags."""
-    out: dict[str, Any] = {"steps_received": None, "request_rows_received": None, "lost": None,
-                           "lag_s": None, "healthz": None}  # fmt: skip
+    out: dict[str, Any] = {"steps_received": None, "request_rows_received": None, "lost": None, "lag_s": None, "healthz": None}
     try:
         text = httpx.get(base + "/metrics", timeout=30).text
         out["healthz"] = httpx.get(base + "/healthz", timeout=30).json()
@@ -310,10 +307,27 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
     kmsg.write_text("")
     env = {**os.environ, "PYTHONPATH": str(cfg.tree), "PYTHONUNBUFFERED": "1"}
     sim_args = [
-        "--engines", str(cfg.engines), "--running", str(cfg.running), "--steps-per-second", str(cfg.steps_per_second),
-        "--duration", str(cfg.warmup + cfg.duration), "--recorder-dir", str(recorder), "--write-config", str(sim_config),
-        "--serve-metrics", "--start-delay", "8", "--linger", "--summary-json", str(summary), "--progress-every", "30",
-    ]  # fmt: skip
+        "--engines",
+        str(cfg.engines),
+        "--running",
+        str(cfg.running),
+        "--steps-per-second",
+        str(cfg.steps_per_second),
+        "--duration",
+        str(cfg.warmup + cfg.duration),
+        "--recorder-dir",
+        str(recorder),
+        "--write-config",
+        str(sim_config),
+        "--serve-metrics",
+        "--start-delay",
+        "8",
+        "--linger",
+        "--summary-json",
+        str(summary),
+        "--progress-every",
+        "30",
+    ]
     if not reads_workload_records(cfg.tree):
         sim_args.append("--no-workload-records")
     if has_simulate(cfg.tree):
@@ -327,8 +341,15 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
     sim = subprocess.Popen(sim_cmd, cwd=cfg.tree, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
     side: subprocess.Popen[bytes] | None = None
     poller = SnapshotPoller(db)
-    fig: dict[str, Any] = {"engines": cfg.engines, "running": cfg.running, "steps_per_second": cfg.steps_per_second,
-                           "duration_s": cfg.duration, "db": cfg.db, "driver": driver, "tree": str(cfg.tree)}  # fmt: skip
+    fig: dict[str, Any] = {
+        "engines": cfg.engines,
+        "running": cfg.running,
+        "steps_per_second": cfg.steps_per_second,
+        "duration_s": cfg.duration,
+        "db": cfg.db,
+        "driver": driver,
+        "tree": str(cfg.tree),
+    }
     try:
         t_sim = time.time()
         while not sim_config.exists():
@@ -337,12 +358,20 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             time.sleep(0.05)
         doc = yaml.safe_load(sim_config.read_text())
         port = free_port()
-        doc.update(database=db.url, port=port, host="127.0.0.1", kmsg=str(kmsg), nvml="off",
-                   incident_window_s=max(1.0, cfg.fault_interval * cfg.engines / 2), host_name="bench-node")  # fmt: skip
+        doc.update(
+            database=db.url,
+            port=port,
+            host="127.0.0.1",
+            kmsg=str(kmsg),
+            nvml="off",
+            incident_window_s=max(1.0, cfg.fault_interval * cfg.engines / 2),
+            host_name="bench-node",
+        )
         side_config = work / "sidecar.yaml"
         side_config.write_text(yaml.safe_dump(doc))
-        side = subprocess.Popen([PY, "-m", "collector.cli", "serve", "--config", str(side_config)], cwd=cfg.tree,
-                                env=env, stdout=side_log, stderr=subprocess.STDOUT)  # fmt: skip
+        side = subprocess.Popen(
+            [PY, "-m", "collector.cli", "serve", "--config", str(side_config)], cwd=cfg.tree, env=env, stdout=side_log, stderr=subprocess.STDOUT
+        )
         base = f"http://127.0.0.1:{port}"
         while True:
             with contextlib.suppress(httpx.HTTPError):
@@ -370,8 +399,10 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             engine_i = k % cfg.engines
             seq += 1
             bus = f"0000:{(k % 200) + 16:02x}:00"
-            line = (f"4,{seq},{int(time.monotonic() * 1e6)},c;NVRM: Xid (PCI:{bus}): 43, "
-                    f"pid={FIRST_PID + 100 * engine_i}, name=python3, channel 0x0000000a")  # fmt: skip
+            line = (
+                f"4,{seq},{int(time.monotonic() * 1e6)},c;NVRM: Xid (PCI:{bus}): 43, "
+                f"pid={FIRST_PID + 100 * engine_i}, name=python3, channel 0x0000000a"
+            )
             t0 = time.time()
             with open(kmsg, "a") as f:
                 f.write(line + "\n")
@@ -386,8 +417,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             fig["sidecar_cpu_share_faults"] = round((cpu_b - cpu_m) / max(wall_b - wall_m, 1e-9), 4)
         fig["sidecar_rss_now_mib"] = round((proc_status_kib(side.pid, "VmRSS") or 0) / 1024, 1)
         at_end = scrape_sidecar(base)  # while the load still runs: how far behind is it?
-        fig["at_window_end"] = {k: at_end.get(k) for k in ("steps_received", "request_rows_received", "lag_s",
-                                                           "loop_lag_s", "lost_bytes")}  # fmt: skip
+        fig["at_window_end"] = {k: at_end.get(k) for k in ("steps_received", "request_rows_received", "lag_s", "loop_lag_s", "lost_bytes")}
         # the load ends (idle engines, still up); give the sidecar time to catch up
         t_end = time.time()
         while not summary.exists() and time.time() - t_end < 60:
@@ -436,8 +466,10 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             lat.append(hit[0] - t0)
         fig["faults"] = len(faults)
         fig["faults_without_snapshot"] = missing
-        fig["fault_to_snapshot_ms"] = {q: (None if pct(lat, p) is None else round(1000 * pct(lat, p), 1))  # type: ignore[operator]
-                                       for q, p in (("p50", 50), ("p99", 99))}  # fmt: skip
+        fig["fault_to_snapshot_ms"] = {
+            q: (None if pct(lat, p) is None else round(1000 * pct(lat, p), 1))  # type: ignore[operator]
+            for q, p in (("p50", 50), ("p99", 99))
+        }
         fig["fault_to_snapshot_ms"]["max"] = round(1000 * max(lat), 1) if lat else None
         fig["snapshots_by_trigger"] = {}
         for s in poller.seen:
@@ -488,38 +520,68 @@ def table(fig: dict[str, Any]) -> str:
     f2s = fig.get("fault_to_snapshot_ms") or {}
     raw = fig.get("raw_driver_rows_per_s") or {}
     rows = [
-        ("load", (f"{fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s, "
-                 f"{fig['duration_s']:g} s, {fig['db']}")),
+        (
+            "load",
+            (f"{fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s, {fig['duration_s']:g} s, {fig['db']}"),
+        ),
         ("driver", fig["driver"]),
-        ("load achieved", (f"{fmt(load.get('steps_per_s'))} steps/s, {fmt(load.get('rows_per_s'), digits=0)} request rows/s, "
-                          f"simulator CPU {fmt(load.get('cpu_share'), '%', 100)}")),
+        (
+            "load achieved",
+            (
+                f"{fmt(load.get('steps_per_s'))} steps/s, {fmt(load.get('rows_per_s'), digits=0)} request rows/s, "
+                f"simulator CPU {fmt(load.get('cpu_share'), '%', 100)}"
+            ),
+        ),
         ("machine load (uptime)", f"{fig.get('load_start')} -> {fig.get('load_end')}"),
-        ("sidecar CPU, share of one core", (f"{fmt(fig.get('sidecar_cpu_share'), '%', 100)} (steady "
-                                           f"{fmt(fig.get('sidecar_cpu_share_steady'), '%', 100)}, with faults "
-                                           f"{fmt(fig.get('sidecar_cpu_share_faults'), '%', 100)})")),
+        (
+            "sidecar CPU, share of one core",
+            (
+                f"{fmt(fig.get('sidecar_cpu_share'), '%', 100)} (steady "
+                f"{fmt(fig.get('sidecar_cpu_share_steady'), '%', 100)}, with faults "
+                f"{fmt(fig.get('sidecar_cpu_share_faults'), '%', 100)})"
+            ),
+        ),
         ("sidecar peak RSS (VmHWM)", fmt(fig.get("sidecar_rss_peak_mib"), " MiB")),
-        ("step records received / written", (f"{fmt(fig.get('step_records_received'), digits=0)} / "
-                                            f"{fmt(fig.get('step_records_written'), digits=0)}")),
-        ("request rows received / written", (f"{fmt(fig.get('request_rows_received'), digits=0)} / "
-                                            f"{fmt(fig.get('written_request_rows'), digits=0)}")),
-        ("engine_steps rows (distinct) / steps written", (f"{fmt(fig.get('db_step_rows'), digits=0)} "
-                                                         f"({fmt(fig.get('db_distinct_steps'), digits=0)}) / "
-                                                         f"{fmt(fig.get('written_steps'), digits=0)}")),
-        ("recorder lag / loop lag / lost ring bytes", (f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
-                                                      f"{fmt((fig.get('sidecar') or {}).get('loop_lag_s'), ' s', digits=2)} / "
-                                                      f"{fmt((fig.get('sidecar') or {}).get('lost_bytes'), digits=0)}")),
-        ("at the window's end: recorder lag / loop lag", (f"{fmt((fig.get('at_window_end') or {}).get('lag_s'), ' s', digits=2)} / "
-                                                         f"{fmt((fig.get('at_window_end') or {}).get('loop_lag_s'), ' s', digits=2)}")),
+        (
+            "step records received / written",
+            (f"{fmt(fig.get('step_records_received'), digits=0)} / {fmt(fig.get('step_records_written'), digits=0)}"),
+        ),
+        (
+            "request rows received / written",
+            (f"{fmt(fig.get('request_rows_received'), digits=0)} / {fmt(fig.get('written_request_rows'), digits=0)}"),
+        ),
+        (
+            "engine_steps rows (distinct) / steps written",
+            (f"{fmt(fig.get('db_step_rows'), digits=0)} ({fmt(fig.get('db_distinct_steps'), digits=0)}) / {fmt(fig.get('written_steps'), digits=0)}"),
+        ),
+        (
+            "recorder lag / loop lag / lost ring bytes",
+            (
+                f"{fmt((fig.get('sidecar') or {}).get('lag_s'), ' s', digits=2)} / "
+                f"{fmt((fig.get('sidecar') or {}).get('loop_lag_s'), ' s', digits=2)} / "
+                f"{fmt((fig.get('sidecar') or {}).get('lost_bytes'), digits=0)}"
+            ),
+        ),
+        (
+            "at the window's end: recorder lag / loop lag",
+            (
+                f"{fmt((fig.get('at_window_end') or {}).get('lag_s'), ' s', digits=2)} / "
+                f"{fmt((fig.get('at_window_end') or {}).get('loop_lag_s'), ' s', digits=2)}"
+            ),
+        ),
         ("caught up after the load stopped", fmt(fig.get("caught_up_after_load_end_s"), " s")),
-        ("fault -> durable snapshot", (f"p50 {fmt(f2s.get('p50'), ' ms')}, p99 {fmt(f2s.get('p99'), ' ms')}, "
-                                      f"max {fmt(f2s.get('max'), ' ms')} over {fig.get('faults', 0)} faults "
-                                      f"({fig.get('faults_without_snapshot', 0)} without a snapshot)")),
+        (
+            "fault -> durable snapshot",
+            (
+                f"p50 {fmt(f2s.get('p50'), ' ms')}, p99 {fmt(f2s.get('p99'), ' ms')}, "
+                f"max {fmt(f2s.get('max'), ' ms')} over {fig.get('faults', 0)} faults "
+                f"({fig.get('faults_without_snapshot', 0)} without a snapshot)"
+            ),
+        ),
         ("snapshots by trigger", json.dumps(fig.get("snapshots_by_trigger") or {})),
-        ("ingest step rows/s: sidecar / offered", (f"{fmt(fig.get('ingest_step_rows_per_s'))} / "
-                                                  f"{fmt(fig.get('offered_step_rows_per_s'))}")),
-        ("raw driver best rows/s (executemany / COPY)", (f"{fmt(raw.get('executemany'), digits=0)} / "
-                                                        f"{fmt(raw.get('copy'), digits=0)}")),
-    ]  # fmt: skip
+        ("ingest step rows/s: sidecar / offered", (f"{fmt(fig.get('ingest_step_rows_per_s'))} / {fmt(fig.get('offered_step_rows_per_s'))}")),
+        ("raw driver best rows/s (executemany / COPY)", (f"{fmt(raw.get('executemany'), digits=0)} / {fmt(raw.get('copy'), digits=0)}")),
+    ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -536,9 +598,12 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             fig = run_once(config(args, engines=n_engines, running=n_running, faults=0))
         except Exception as exc:  # noqa: BLE001 - one bad point must not lose the sweep
             fig = {"engines": n_engines, "running": n_running, "error": repr(exc)}
-        print(f"engines {n_engines:>2} x running {n_running:>3}: CPU {fmt(fig.get('sidecar_cpu_share'), '%', 100)}, "
-              f"peak RSS {fmt(fig.get('sidecar_rss_peak_mib'), ' MiB')}, load {fig.get('load_start')}"
-              f"{'  ERROR ' + fig['error'] if 'error' in fig else ''}", flush=True)  # fmt: skip
+        print(
+            f"engines {n_engines:>2} x running {n_running:>3}: CPU {fmt(fig.get('sidecar_cpu_share'), '%', 100)}, "
+            f"peak RSS {fmt(fig.get('sidecar_rss_peak_mib'), ' MiB')}, load {fig.get('load_start')}"
+            f"{'  ERROR ' + fig['error'] if 'error' in fig else ''}",
+            flush=True,
+        )
         out.append(fig)
         if args.json:  # partial results survive an interrupted sweep
             Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
@@ -546,17 +611,21 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def sweep_table(figs: list[dict[str, Any]]) -> str:
-    lines = ["| engines | running | steps/s (all) | sidecar CPU | peak RSS | records received / written | load (1 min) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines = [
+        "| engines | running | steps/s (all) | sidecar CPU | peak RSS | records received / written | load (1 min) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for f in figs:
         if "error" in f:
             lines.append(f"| {f['engines']} | {f['running']} | failed: {f['error'][:60]} | | | | |")
             continue
         load = f.get("load") or {}
-        lines.append(f"| {f['engines']} | {f['running']} | {fmt(load.get('steps_per_s'))} | "
-                     f"{fmt(f.get('sidecar_cpu_share'), '%', 100)} | {fmt(f.get('sidecar_rss_peak_mib'), ' MiB')} | "
-                     f"{fmt(f.get('step_records_received'), digits=0)} / {fmt(f.get('step_records_written'), digits=0)} | "
-                     f"{f.get('load_start')} |")  # fmt: skip
+        lines.append(
+            f"| {f['engines']} | {f['running']} | {fmt(load.get('steps_per_s'))} | "
+            f"{fmt(f.get('sidecar_cpu_share'), '%', 100)} | {fmt(f.get('sidecar_rss_peak_mib'), ' MiB')} | "
+            f"{fmt(f.get('step_records_received'), digits=0)} / {fmt(f.get('step_records_written'), digits=0)} | "
+            f"{f.get('load_start')} |"
+        )
     return "\n".join(lines)
 
 
@@ -573,8 +642,9 @@ def plot(figs: list[dict[str, Any]], path: Path, title: str) -> bool:
     by_engines = sorted((f for f in ok if f["running"] == 256), key=lambda f: f["engines"])
     by_running = sorted((f for f in ok if f["engines"] == 8), key=lambda f: f["running"])
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, (series, key, label) in enumerate(((by_engines, "engines", "engines (256 running each)"),
-                                                (by_running, "running", "running requests (8 engines)"))):  # fmt: skip
+    for col, (series, key, label) in enumerate(
+        ((by_engines, "engines", "engines (256 running each)"), (by_running, "running", "running requests (8 engines)"))
+    ):
         xs = [f[key] for f in series]
         axes[0][col].plot(xs, [100 * (f.get("sidecar_cpu_share") or 0) for f in series], "o-")
         axes[0][col].set_ylabel("sidecar CPU, % of one core")
@@ -591,17 +661,26 @@ def plot(figs: list[dict[str, Any]], path: Path, title: str) -> bool:
 
 
 def config(args: argparse.Namespace, **over: Any) -> RunConfig:
-    base = {"tree": Path(args.tree).resolve(), "engines": args.engines, "running": args.running,
-                "steps_per_second": args.steps_per_second, "duration": args.duration, "warmup": args.warmup, "db": args.db,
-                "faults": args.faults, "fault_interval": args.fault_interval, "pg_admin": args.pg_admin, "keep": args.keep}  # fmt: skip
+    base = {
+        "tree": Path(args.tree).resolve(),
+        "engines": args.engines,
+        "running": args.running,
+        "steps_per_second": args.steps_per_second,
+        "duration": args.duration,
+        "warmup": args.warmup,
+        "db": args.db,
+        "faults": args.faults,
+        "fault_interval": args.fault_interval,
+        "pg_admin": args.pg_admin,
+        "keep": args.keep,
+    }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
 
 
 def tree_commit(tree: Path) -> str:
     try:
-        return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
+        return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -615,8 +694,9 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=120.0, help="measured seconds, after the warm-up")
     p.add_argument("--warmup", type=float, default=10.0)
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
-    p.add_argument("--pg-admin", default=os.environ.get("FLIGHTREC_BENCH_PG", PG_ADMIN),
-                   help="a Postgres URL allowed to CREATE DATABASE (a scratch one per run)")
+    p.add_argument(
+        "--pg-admin", default=os.environ.get("FLIGHTREC_BENCH_PG", PG_ADMIN), help="a Postgres URL allowed to CREATE DATABASE (a scratch one per run)"
+    )
     p.add_argument("--faults", type=int, default=20, help="Xid faults in the second half of the window")
     p.add_argument("--fault-interval", type=float, default=2.5, help="seconds between faults (engines in turn)")
     p.add_argument("--sweep", action="store_true", help="engines 1..16 at 256 running, running 16..512 at 8 engines")
@@ -627,8 +707,7 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, config, database)")
     args = p.parse_args()
     tree = Path(args.tree).resolve()
-    print(f"bench_node: tree {tree.name} @ {tree_commit(tree)}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
-          f"load {loadavg()}", flush=True)  # fmt: skip
+    print(f"bench_node: tree {tree.name} @ {tree_commit(tree)}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load {loadavg()}", flush=True)
     if args.sweep:
         figs = sweep(args)
         out = Path(args.out)
@@ -636,8 +715,9 @@ def main() -> int:
         md = sweep_table(figs)
         (out / "bench_node_sweep.md").write_text(md + "\n")
         print(md)
-        if plot(figs, out / "bench_node_sweep.png", f"flightrec serve @ {tree_commit(tree)}, {args.db}, "
-                                                     f"{args.steps_per_second:g} steps/s per engine"):  # fmt: skip
+        if plot(
+            figs, out / "bench_node_sweep.png", f"flightrec serve @ {tree_commit(tree)}, {args.db}, {args.steps_per_second:g} steps/s per engine"
+        ):
             print(f"plot: {out / 'bench_node_sweep.png'}")
         result: Any = figs
     else:

@@ -76,8 +76,7 @@ def main() -> None:
     if not pages:
         raise SystemExit(f"no pages given and none in {FIXTURES}")
 
-    print(f"{'page':32} {'KB':>6} {'samples':>7} {'kept':>5} {'ours ms':>8} {'prom ms':>8} "
-          f"{'ratio':>6} {'scrape ms':>9}")
+    print(f"{'page':32} {'KB':>6} {'samples':>7} {'kept':>5} {'ours ms':>8} {'prom ms':>8} {'ratio':>6} {'scrape ms':>9}")
     ratios = []
     for path in pages:
         text = path.read_text()
@@ -87,10 +86,11 @@ def main() -> None:
         theirs = _median_seconds(lambda: list(text_string_to_metric_families(text)), max(20, args.repeat // 10))
         scrape = _scrape_cost(text, max(20, args.repeat // 4))
         ratios.append(theirs / ours)
-        print(f"{path.name:32} {len(text) / 1024:6.1f} {samples:7d} {kept:5d} {ours * 1e3:8.3f} "
-              f"{theirs * 1e3:8.2f} {theirs / ours:6.1f} {scrape * 1e3:9.3f}")
-    print(f"median ratio prometheus_client / ours: {statistics.median(ratios):.1f}x "
-          f"(min {min(ratios):.1f}x) over {len(pages)} pages")
+        print(
+            f"{path.name:32} {len(text) / 1024:6.1f} {samples:7d} {kept:5d} {ours * 1e3:8.3f} "
+            f"{theirs * 1e3:8.2f} {theirs / ours:6.1f} {scrape * 1e3:9.3f}"
+        )
+    print(f"median ratio prometheus_client / ours: {statistics.median(ratios):.1f}x (min {min(ratios):.1f}x) over {len(pages)} pages")
 
 
 if __name__ == "__main__":

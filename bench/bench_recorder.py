@@ -33,11 +33,18 @@ from pathlib import Path
 from typing import Any
 
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 4096,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 
 
 def vllm_config(folder: Path) -> Any:
@@ -52,9 +59,12 @@ def step_stats(n: int, step: int) -> tuple[Any, Any]:
     from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
 
     sched = SchedulerStats(
-        num_running_reqs=n, num_waiting_reqs=3, kv_cache_usage=0.4, step_counter=step,
+        num_running_reqs=n,
+        num_waiting_reqs=3,
+        kv_cache_usage=0.4,
+        step_counter=step,
         prefix_cache_stats=PrefixCacheStats(requests=0, queries=0, hits=0),
-    )  # fmt: skip
+    )
     it = IterationStats()
     it.num_generation_tokens = n
     it.inter_token_latencies_iter = [0.025] * n
@@ -95,10 +105,8 @@ def hisparse_setup(reqs: list[Any], blocks_per_request: int) -> tuple[Any, Any]:
 
     total = len(reqs) * blocks_per_request + 1
     spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
-    kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
-                       hisparse_host_num_blocks=total)  # fmt: skip
-    host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=64),
-                                 False, 0, 64)  # fmt: skip
+    kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)], hisparse_host_num_blocks=total)
+    host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=64), False, 0, 64)
     coordinator = HiSparseCoordinator(kv, (host,), 1 << 20, num_reprefillable_tokens=0)
     hs_sched = HiSparseConnectorScheduler(async_speculative=False)
     hs_sched.bind_coordinator(coordinator)

@@ -40,8 +40,7 @@ CAPACITY = 16 << 20
 
 def _records(step: int) -> tuple[bytes, bytes]:
     rows = [RequestRow(f"cmpl-{step}-{i}", 32000, 32000 + step, step, 0, "running", 8) for i in range(256)]
-    return (encode_step_fields(step, 1.7e9 + step, 0, 256, 4, 0, 0.5, 0, 0, 256, 0, 0, 0),
-            encode_requests("d", step, 1.7e9 + step, rows))
+    return (encode_step_fields(step, 1.7e9 + step, 0, 256, 4, 0, 0.5, 0, 0, 256, 0, 0, 0), encode_requests("d", step, 1.7e9 + step, rows))
 
 
 def _stats(samples: list[float]) -> str:
@@ -77,12 +76,11 @@ def main() -> None:
             step += 1
         records = 0
         for i in range(args.repeat):
-            for name, impl in (list(impls.items()) if i % 2 else list(reversed(impls.items()))):
+            for name, impl in list(impls.items()) if i % 2 else list(reversed(impls.items())):
                 start = time.perf_counter()
                 reader = impl.RingReader(path)
                 records = len(reader.read(max_records=1_000_000))
-                results[name].setdefault(f"catch_up ({records} records, 16 MiB)", []).append(
-                    (time.perf_counter() - start) * 1e6)
+                results[name].setdefault(f"catch_up ({records} records, 16 MiB)", []).append((time.perf_counter() - start) * 1e6)
                 reader.close()
         for steps in (1, 10):  # a poll per step, or per ten steps (50 ms at 200 steps/s)
             readers = {name: impl.RingReader(path) for name, impl in impls.items()}
@@ -93,11 +91,10 @@ def main() -> None:
                     for payload in _records(step):
                         writer.append(payload)
                     step += 1
-                for name, reader in (list(readers.items()) if i % 2 else list(reversed(readers.items()))):
+                for name, reader in list(readers.items()) if i % 2 else list(reversed(readers.items())):
                     start = time.perf_counter()
                     got = reader.read()
-                    results[name].setdefault(f"poll ({2 * steps} records, ~{5.7 * steps:.0f} KB)", []).append(
-                        (time.perf_counter() - start) * 1e6)
+                    results[name].setdefault(f"poll ({2 * steps} records, ~{5.7 * steps:.0f} KB)", []).append((time.perf_counter() - start) * 1e6)
                     assert len(got) == 2 * steps
             for reader in readers.values():
                 reader.close()

@@ -41,17 +41,31 @@ PORT_RANGE = range(18570, 18599)
 
 def big_doc(engine: str, steps: int, requests: int, ts: float) -> Any:
     recs = [
-        StepRecord(engine=engine, ts=ts - (steps - i) * 0.025, step=100_000 + i, running=requests, waiting=2,
-                   kv_cache_usage=0.032, generation_tokens=requests,
-                   requests=[RequestRow(f"cmpl-c16-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64)
-                             for j in range(requests)])
+        StepRecord(
+            engine=engine,
+            ts=ts - (steps - i) * 0.025,
+            step=100_000 + i,
+            running=requests,
+            waiting=2,
+            kv_cache_usage=0.032,
+            generation_tokens=requests,
+            requests=[RequestRow(f"cmpl-c16-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(requests)],
+        )
         for i in range(steps)
-    ]  # fmt: skip
-    trig = Event(kind=EventKind.XID, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43,
-                 severity=Severity.CRITICAL)  # fmt: skip
+    ]
+    trig = Event(kind=EventKind.XID, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43, severity=Severity.CRITICAL)
     gpu = [GpuSample(gpu="GPU-1", index=1, ts=ts - 300 + k, utilization=90.0, temperature=60.0, power_w=500.0) for k in range(300)]
-    return build_snapshot(host="bench-host", engine=engine, trigger=trig, steps=recs, gpu_samples=gpu, events=[trig],
-                          log_lines=[], fingerprint={"block_size": 64}, created_at=ts)  # fmt: skip
+    return build_snapshot(
+        host="bench-host",
+        engine=engine,
+        trigger=trig,
+        steps=recs,
+        gpu_samples=gpu,
+        events=[trig],
+        log_lines=[],
+        fingerprint={"block_size": 64},
+        created_at=ts,
+    )
 
 
 def free_port() -> int:
@@ -74,8 +88,7 @@ def serve(db: str, port: int) -> None:
 
     from collector.api.app import create_app
 
-    uvicorn.run(create_app(make_context(db, host_name="bench-host")), host="127.0.0.1", port=port,
-                log_level="warning", access_log=False)  # fmt: skip
+    uvicorn.run(create_app(make_context(db, host_name="bench-host")), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 def pct(values: list[float], q: int) -> float:
@@ -140,9 +153,11 @@ def main() -> None:
     # the list: copy the big snapshots' summary rows (the list reads the snapshots table only)
     with repo.db.begin() as conn:
         proto = dict(conn.execute(select(SnapshotRow).where(SnapshotRow.id == ids[0])).mappings().one())
-        inc = conn.execute(insert(IncidentRow).values(key="bench", title="bench", opened_at=t, updated_at=t, trigger_kind="xid",
-                                                      hosts=["bench-host"], engines=[], snapshot_count=0)
-                           .returning(IncidentRow.id)).scalar_one()  # fmt: skip
+        inc = conn.execute(
+            insert(IncidentRow)
+            .values(key="bench", title="bench", opened_at=t, updated_at=t, trigger_kind="xid", hosts=["bench-host"], engines=[], snapshot_count=0)
+            .returning(IncidentRow.id)
+        ).scalar_one()
         have = conn.execute(select(SnapshotRow.id)).all()
         rows = []
         for n in range(max(0, args.list_rows - len(have))):
@@ -171,21 +186,35 @@ def main() -> None:
         print(f"backend {backend}; {args.clients} concurrent clients; command: {' '.join(sys.argv)}")
         print(f"  store {args.steps}x{args.requests} snapshot through the Repository: median {statistics.median(store_s) * 1e3:.0f} ms")
         lat, size = hammer(base, [f"/api/v1/snapshots/{i}" for i in ids], args.clients, args.rounds)
-        print(f"  GET /snapshots/{{id}} ({args.steps} steps x {args.requests} requests, {size / 1e3:.0f} kB gzip): "
-              f"p50 {pct(lat, 50) * 1e3:.1f} ms  p99 {pct(lat, 99) * 1e3:.1f} ms  (n={len(lat)})")  # fmt: skip
+        print(
+            f"  GET /snapshots/{{id}} ({args.steps} steps x {args.requests} requests, {size / 1e3:.0f} kB gzip): "
+            f"p50 {pct(lat, 50) * 1e3:.1f} ms  p99 {pct(lat, 99) * 1e3:.1f} ms  (n={len(lat)})"
+        )
         if shutil.which("wrk"):
             # The Python clients above share the 2 cores and a GIL with each other; wrk (C) is a
             # load generator that costs the server's cores almost nothing.
-            out = subprocess.run(["wrk", "-t2", f"-c{args.clients}", "-d10s", "--latency", "-H", "Accept-Encoding: gzip",
-                                  f"{base}/api/v1/snapshots/{ids[0]}"], capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                ["wrk", "-t2", f"-c{args.clients}", "-d10s", "--latency", "-H", "Accept-Encoding: gzip", f"{base}/api/v1/snapshots/{ids[0]}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             dist = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", out, re.M))
             rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-            print(f"  GET /snapshots/{{id}} with wrk, {args.clients} connections, 10 s: p50 {dist.get('50')}  p99 {dist.get('99')}  "
-                  f"({rps.group(1) if rps else '?'} requests/s)")  # fmt: skip
-        lat, size = hammer(base, ["/api/v1/snapshots?limit=50", "/api/v1/snapshots?limit=50&engine=decode-3",
-                                  "/api/v1/snapshots?limit=50&host=node-2&trigger=xid"], args.clients, args.rounds * 3)  # fmt: skip
-        print(f"  GET /snapshots (list, {args.list_rows} stored, 50 per page): p50 {pct(lat, 50) * 1e3:.1f} ms  "
-              f"p99 {pct(lat, 99) * 1e3:.1f} ms  (n={len(lat)})")  # fmt: skip
+            print(
+                f"  GET /snapshots/{{id}} with wrk, {args.clients} connections, 10 s: p50 {dist.get('50')}  p99 {dist.get('99')}  "
+                f"({rps.group(1) if rps else '?'} requests/s)"
+            )
+        lat, size = hammer(
+            base,
+            ["/api/v1/snapshots?limit=50", "/api/v1/snapshots?limit=50&engine=decode-3", "/api/v1/snapshots?limit=50&host=node-2&trigger=xid"],
+            args.clients,
+            args.rounds * 3,
+        )
+        print(
+            f"  GET /snapshots (list, {args.list_rows} stored, 50 per page): p50 {pct(lat, 50) * 1e3:.1f} ms  "
+            f"p99 {pct(lat, 99) * 1e3:.1f} ms  (n={len(lat)})"
+        )
         lat, _ = hammer(base, ["/api/v1/snapshots?limit=50"], 1, 50)
         print(f"  GET /snapshots (list, one client): p50 {pct(lat, 50) * 1e3:.1f} ms  p99 {pct(lat, 99) * 1e3:.1f} ms")
     finally:

@@ -46,11 +46,20 @@ from pathlib import Path
 from typing import Any
 
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-    "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 4096,
-    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 MARK = "FLIGHTREC-BENCH "
 
 
@@ -105,10 +114,18 @@ def _serve_inprocess(args: argparse.Namespace) -> None:
         extra["scheduler_cls"] = "collector.vllm.RecordingScheduler"
         loggers.append(FlightRecorderStatLogger)
     engine = LLMEngine.from_engine_args(
-        EngineArgs(model=args.model, load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                   dtype="bfloat16", enforce_eager=args.eager, disable_log_stats=False, **extra),
+        EngineArgs(
+            model=args.model,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            max_model_len=2048,
+            dtype="bfloat16",
+            enforce_eager=args.eager,
+            disable_log_stats=False,
+            **extra,
+        ),
         stat_loggers=loggers,
-    )  # fmt: skip
+    )
     sp = SamplingParams(max_tokens=args.output, ignore_eos=True, temperature=0.0)
 
     def one_round(round_no: int) -> dict[str, float]:
@@ -138,9 +155,14 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.worker == "with":
         extra["scheduler_cls"] = "collector.vllm.RecordingScheduler"
     engine_args = AsyncEngineArgs(
-        model=args.model, load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-        dtype="bfloat16", enforce_eager=args.eager, **extra,
-    )  # fmt: skip
+        model=args.model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=2048,
+        dtype="bfloat16",
+        enforce_eager=args.eager,
+        **extra,
+    )
     engine = AsyncLLM.from_engine_args(engine_args)
     await _round(engine, args, -1)  # warm-up, not reported
     print(MARK + json.dumps({"ready": True}), flush=True)
@@ -167,16 +189,37 @@ def _start(mode: str, args: argparse.Namespace, model: Path, recdir: Path, log: 
     # One OpenMP thread per engine: with two on a machine whose cores other work takes, a
     # descheduled thread leaves the other spinning at barriers, which made identical rounds
     # differ ten-fold in wall and CPU time alike.
-    env.update({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if args.engine == "inprocess" else "1",
-                "VLLM_PLUGINS": "flightrec" if mode == "with" else "", "FLIGHTREC_RECORDER_DIR": str(recdir)})  # fmt: skip
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if args.engine == "inprocess" else "1",
+            "VLLM_PLUGINS": "flightrec" if mode == "with" else "",
+            "FLIGHTREC_RECORDER_DIR": str(recdir),
+        }
+    )
     env.pop("FLIGHTREC_ENGINE_NAME", None)
-    cmd = [sys.executable, __file__, "--worker", mode, "--model", str(model), "--concurrency", str(args.concurrency),
-           "--prompt", str(args.prompt), "--output", str(args.output), "--engine", args.engine,
-           ] + (["--eager"] if args.eager else [])  # fmt: skip
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env,
-                            start_new_session=True)  # its own group: the engine core goes with it
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--model",
+        str(model),
+        "--concurrency",
+        str(args.concurrency),
+        "--prompt",
+        str(args.prompt),
+        "--output",
+        str(args.output),
+        "--engine",
+        args.engine,
+    ] + (["--eager"] if args.eager else [])
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env, start_new_session=True
+    )  # its own group: the engine core goes with it
 
 
 def _count_records(recdir: Path) -> dict[str, Any]:
@@ -186,10 +229,15 @@ def _count_records(recdir: Path) -> dict[str, Any]:
     for path in sorted(recdir.glob("*.ring")):
         payloads = RingReader(path).read(1_000_000)
         meta = json.loads(payloads[0][1:]) if payloads and payloads[0][:1] == b"J" else {}
-        out["files"].append({
-            "name": path.name, "engine": meta.get("engine"), "server_pid": meta.get("server_pid"),
-            "S": sum(1 for p in payloads if p[:1] == b"S"), "R": sum(1 for p in payloads if p[:1] == b"R"),
-        })  # fmt: skip
+        out["files"].append(
+            {
+                "name": path.name,
+                "engine": meta.get("engine"),
+                "server_pid": meta.get("server_pid"),
+                "S": sum(1 for p in payloads if p[:1] == b"S"),
+                "R": sum(1 for p in payloads if p[:1] == b"R"),
+            }
+        )
     return out
 
 
@@ -200,11 +248,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--eager", action="store_true", help="enforce_eager (faster start, same for both)")
-    ap.add_argument("--engine", choices=("inprocess", "async"), default="inprocess",
-                    help="inprocess: LLMEngine with the engine core in the worker (exact CPU time); "
-                         "async: AsyncLLM with the engine core in a child process, as vLLM's server runs it")
-    ap.add_argument("--calibrate", action="store_true",
-                    help="both engines without the recorder: the ratio the setup itself gives (ideally 1)")
+    ap.add_argument(
+        "--engine",
+        choices=("inprocess", "async"),
+        default="inprocess",
+        help="inprocess: LLMEngine with the engine core in the worker (exact CPU time); "
+        "async: AsyncLLM with the engine core in a child process, as vLLM's server runs it",
+    )
+    ap.add_argument("--calibrate", action="store_true", help="both engines without the recorder: the ratio the setup itself gives (ideally 1)")
     ap.add_argument("--worker", choices=("with", "without"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -221,8 +272,7 @@ def main() -> None:
     (model / "config.json").write_text(json.dumps(TINY))
     recdir = work / "rec"
     # "with" and "without" name the two sides; under --calibrate both run without the recorder
-    procs = {m: _start("without" if args.calibrate else m, args, model, recdir, work / f"{m}.log")
-             for m in ("with", "without")}  # fmt: skip
+    procs = {m: _start("without" if args.calibrate else m, args, model, recdir, work / f"{m}.log") for m in ("with", "without")}
     try:
         for m, p in procs.items():
             _reply(p)
@@ -240,22 +290,37 @@ def main() -> None:
             rate = res["tokens"] / res["seconds"]
             rates[mode].append(rate)
             cpu_rates[mode].append(res["tokens"] / res["cpu_seconds"])
-            print(f"round {r:2d} {mode:7s} {res['tokens']} tokens in {res['seconds']:.2f} s: {rate:.1f} tok/s, "
-                  f"{res['cpu_seconds']:.2f} CPU s: {cpu_rates[mode][-1]:.1f} tok/CPU-s", flush=True)
+            print(
+                f"round {r:2d} {mode:7s} {res['tokens']} tokens in {res['seconds']:.2f} s: {rate:.1f} tok/s, "
+                f"{res['cpu_seconds']:.2f} CPU s: {cpu_rates[mode][-1]:.1f} tok/CPU-s",
+                flush=True,
+            )
         pairs = [w / wo for w, wo in zip(rates["with"], rates["without"], strict=True)]
         cpu_pairs = [w / wo for w, wo in zip(cpu_rates["with"], cpu_rates["without"], strict=True)]
         med_w, med_wo = statistics.median(rates["with"]), statistics.median(rates["without"])
-        print(json.dumps({
-            "with_median_tok_s": round(med_w, 1), "without_median_tok_s": round(med_wo, 1),
-            "ratio_of_medians": round(med_w / med_wo, 4), "median_paired_ratio": round(statistics.median(pairs), 4),
-            "paired_ratio_range": [round(min(pairs), 4), round(max(pairs), 4)],
-            "with_median_tok_per_cpu_s": round(statistics.median(cpu_rates["with"]), 1),
-            "without_median_tok_per_cpu_s": round(statistics.median(cpu_rates["without"]), 1),
-            "cpu_median_paired_ratio": round(statistics.median(cpu_pairs), 4),
-            "cpu_paired_ratio_range": [round(min(cpu_pairs), 4), round(max(cpu_pairs), 4)], "rounds": args.rounds,
-            "concurrency": args.concurrency, "prompt": args.prompt, "output": args.output, "eager": args.eager,
-            "calibrate": args.calibrate, "engine": args.engine,
-        }, indent=1))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "with_median_tok_s": round(med_w, 1),
+                    "without_median_tok_s": round(med_wo, 1),
+                    "ratio_of_medians": round(med_w / med_wo, 4),
+                    "median_paired_ratio": round(statistics.median(pairs), 4),
+                    "paired_ratio_range": [round(min(pairs), 4), round(max(pairs), 4)],
+                    "with_median_tok_per_cpu_s": round(statistics.median(cpu_rates["with"]), 1),
+                    "without_median_tok_per_cpu_s": round(statistics.median(cpu_rates["without"]), 1),
+                    "cpu_median_paired_ratio": round(statistics.median(cpu_pairs), 4),
+                    "cpu_paired_ratio_range": [round(min(cpu_pairs), 4), round(max(cpu_pairs), 4)],
+                    "rounds": args.rounds,
+                    "concurrency": args.concurrency,
+                    "prompt": args.prompt,
+                    "output": args.output,
+                    "eager": args.eager,
+                    "calibrate": args.calibrate,
+                    "engine": args.engine,
+                },
+                indent=1,
+            )
+        )
     finally:
         for p in procs.values():
             if p.stdin is not None and p.poll() is None:

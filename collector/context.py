@@ -88,8 +88,7 @@ class AppContext:
         for name, st in self.hub.engines.items():
             if not st.configured or st.steps_received or st.last_scrape_ok is None:
                 continue
-            out[name] = (RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=name)
-                         if unjoined else RECORDER_FIX)  # fmt: skip
+            out[name] = RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=name) if unjoined else RECORDER_FIX
         return out
 
     def ingest_figures(self) -> dict[str, Any]:
@@ -153,15 +152,25 @@ class AppContext:
         held_in_memory = bool(self.committer.spool_error) and self.committer.backlog > 0
         db_up, wait = self.database_up(), self.database_wait_s()
         hung = wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000
-        degraded = (db_up is False or behind or bool(missing) or bool(self.tasks.failing()) or held_in_memory
-                    or any(s["supported"] and not s["up"] for s in statuses))  # fmt: skip
+        degraded = (
+            db_up is False
+            or behind
+            or bool(missing)
+            or bool(self.tasks.failing())
+            or held_in_memory
+            or any(s["supported"] and not s["up"] for s in statuses)
+        )
         return {
             "status": "degraded" if degraded else "ok",
             "version": __version__,
             "database_up": db_up,
-            "database_error": (f"no answer for {wait:.0f}s: the database is hung" if hung else self.writer.last_error
-                               or ("a statement had no answer: its connection was cut; no write since" if self._cut_since_last_write() else ""))
-                              or None,  # fmt: skip
+            "database_error": (
+                f"no answer for {wait:.0f}s: the database is hung"
+                if hung
+                else self.writer.last_error
+                or ("a statement had no answer: its connection was cut; no write since" if self._cut_since_last_write() else "")
+            )
+            or None,
             "spool_error": self.committer.spool_error or None,
             "sources": statuses,
             "tasks": tasks,
@@ -177,19 +186,29 @@ class AppContext:
         out = []
         for name, st in sorted(self.hub.engines.items()):
             last = st.ring.last()
-            out.append({
-                "name": name, "host": self.hub.host, "url": st.url, "pair": st.pair, "up": st.up,
-                "configured": st.configured, "last_seen": st.last_seen, "steps_in_ring": len(st.ring),
-                "steps_received": st.steps_received, "request_rows_received": st.requests_received,
-                "last_step": last.step if last else None, "running": last.running if last else None,
-                "waiting": last.waiting if last else None,
-                "kv_cache_usage": last.kv_cache_usage if last else None,
-                "last_scrape": ({"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)} if st.scrapes else None),
-                "recorder": "missing" if name in missing else ("recording" if st.steps_received else "none"),
-                "recorder_fix": missing.get(name),
-                "vllm_version": st.fingerprint.get("vllm_version"),
-                "fingerprint": dict(st.fingerprint),
-            })  # fmt: skip
+            out.append(
+                {
+                    "name": name,
+                    "host": self.hub.host,
+                    "url": st.url,
+                    "pair": st.pair,
+                    "up": st.up,
+                    "configured": st.configured,
+                    "last_seen": st.last_seen,
+                    "steps_in_ring": len(st.ring),
+                    "steps_received": st.steps_received,
+                    "request_rows_received": st.requests_received,
+                    "last_step": last.step if last else None,
+                    "running": last.running if last else None,
+                    "waiting": last.waiting if last else None,
+                    "kv_cache_usage": last.kv_cache_usage if last else None,
+                    "last_scrape": ({"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)} if st.scrapes else None),
+                    "recorder": "missing" if name in missing else ("recording" if st.steps_received else "none"),
+                    "recorder_fix": missing.get(name),
+                    "vllm_version": st.fingerprint.get("vllm_version"),
+                    "fingerprint": dict(st.fingerprint),
+                }
+            )
         return out
 
     def detector_states(self) -> list[dict[str, Any]]:
@@ -198,8 +217,9 @@ class AppContext:
     async def manual_snapshot(self, engine: str | None, reason: str, *, wait_s: float | None = None) -> list[dict[str, Any]]:
         """Take a manual snapshot of one engine (or all); wait up to ``wait_s`` for the commits.
         Each answer has the snapshot id, or null with the state when not committed yet."""
-        ev = Event(kind=EventKind.MANUAL, ts=self.hub.clock(), source="api", message=reason or "manual snapshot",
-                   severity=Severity.INFO, engine=engine)  # fmt: skip
+        ev = Event(
+            kind=EventKind.MANUAL, ts=self.hub.clock(), source="api", message=reason or "manual snapshot", severity=Severity.INFO, engine=engine
+        )
         if engine is None:
             ev.engine = None
             opens = [self.committer.snapshot_due(name, ev) for name in sorted(self.hub.engines)]
@@ -210,6 +230,12 @@ class AppContext:
         futures = [o.committed for o in opens if o.committed is not None]
         if futures:
             await asyncio.wait(futures, timeout=self.manual_wait_s if wait_s is None else wait_s)
-        return [{"engine": o.engine, "id": o.snapshot_id,
-                 "status": "committed" if o.snapshot_id else ("spooled" if o.spool_path else "pending"),
-                 "error": o.error or None} for o in opens]  # fmt: skip
+        return [
+            {
+                "engine": o.engine,
+                "id": o.snapshot_id,
+                "status": "committed" if o.snapshot_id else ("spooled" if o.spool_path else "pending"),
+                "error": o.error or None,
+            }
+            for o in opens
+        ]

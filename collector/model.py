@@ -65,10 +65,22 @@ class RequestRow:
 # The fields of a step that come from the stat logger's half (SchedulerStats/IterationStats).
 # A step whose stats half never arrived has them None: unknown, never 0.
 STAT_FIELDS = (
-    "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens",
-    "finished", "waiting_by_reason", "prefix_cache_queries", "prefix_cache_hits", "connector",
-    "engine_index", "worker", "finished_requests", "details",
-)  # fmt: skip
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "finished",
+    "waiting_by_reason",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "connector",
+    "engine_index",
+    "worker",
+    "finished_requests",
+    "details",
+)
 # what vLLM reports of a step only when asked (``StepRecord.details``): its iteration details
 # (--enable-logging-iteration-details), the CUDA graph it ran (--cudagraph-metrics: runtime_mode,
 # padded and unpadded tokens) and the KV connector's external prefix-cache queries

@@ -98,8 +98,7 @@ def redact(value: Any, key: str = "") -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {k: (MASK if is_secret_name(str(k)) and v not in (None, "") else redact(v))
-                for k, v in value.items()}  # fmt: skip
+        return {k: (MASK if is_secret_name(str(k)) and v not in (None, "") else redact(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         items = _redact_argv(list(value))
         return tuple(items) if isinstance(value, tuple) else items

@@ -52,8 +52,7 @@ Context = AppContext  # the name tests and tools used
 
 
 class Service:
-    def __init__(self, settings: Settings, *, extra_sources: list[Any] | None = None,
-                 spool_dir: Path | None = None) -> None:  # fmt: skip
+    def __init__(self, settings: Settings, *, extra_sources: list[Any] | None = None, spool_dir: Path | None = None) -> None:
         self.settings = settings
         self.extra_sources = extra_sources or []
         self.spool_dir = spool_dir or _default_spool(settings)
@@ -93,22 +92,29 @@ class Service:
         writer = BatchWriter(repo, interval=settings.write_batch_interval)
         hub = Hub(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         committer = SnapshotCommitter(
-            hub, repo, spool_dir=self.spool_dir, settle_s=settings.snapshot_settle_s,
-            window_s=settings.incident_window_s, gpu_seconds=settings.snapshot_gpu_seconds,
-            scrape_interval=settings.scrape_interval, on_committed=[self._committed],
-        )  # fmt: skip
+            hub,
+            repo,
+            spool_dir=self.spool_dir,
+            settle_s=settings.snapshot_settle_s,
+            window_s=settings.incident_window_s,
+            gpu_seconds=settings.snapshot_gpu_seconds,
+            scrape_interval=settings.scrape_interval,
+            on_committed=[self._committed],
+        )
         detectors = DetectorTask(hub, settings.detectors)
-        ctx = self.ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer,
-                                    detectors=detectors, loop=loop)  # fmt: skip
+        ctx = self.ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer, detectors=detectors, loop=loop)
         ctx.port_getter = lambda: self.port
         detectors.behind = ctx.behind
         hub.consumers.append(committer.on_event)
         if settings.alertmanager:
             alerter = ctx.alerter = Alerter(
-                settings, host=hub.host, snapshots_for=committer.snapshots_for,
-                engine_up=lambda n: hub.engines[n].up if n in hub.engines else None, port=lambda: self.port,
+                settings,
+                host=hub.host,
+                snapshots_for=committer.snapshots_for,
+                engine_up=lambda n: hub.engines[n].up if n in hub.engines else None,
+                port=lambda: self.port,
                 gpus=lambda: list(hub.gpu_meta.values()),
-            )  # fmt: skip
+            )
             hub.consumers.append(alerter.on_event)
             committer.on_retaken.append(lambda ev: alerter.on_event(ev, True))  # a retaken trigger pages with its snapshot
             detectors.consumers.append(alerter.on_transition)
@@ -130,8 +136,7 @@ class Service:
 
         from collector.api.app import create_app
 
-        config = uvicorn.Config(create_app(ctx), host=settings.host, port=settings.port, log_level="warning",
-                                access_log=False, lifespan="off")  # fmt: skip
+        config = uvicorn.Config(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False, lifespan="off")
         self.server = _Server(config)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -172,9 +177,13 @@ class Service:
         self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
         await writer.flush(everything=True)
         if writer.pending_rows or committer.backlog:  # the database is down or full: say what it did not take
-            log.error("stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
-                      "next start, and steps still in the rings are read again", writer.pending_rows, committer.backlog,
-                      writer.last_error or "database not answering")  # fmt: skip
+            log.error(
+                "stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
+                "next start, and steps still in the rings are read again",
+                writer.pending_rows,
+                committer.backlog,
+                writer.last_error or "database not answering",
+            )
         for t in tasks[n_sources:]:
             t.cancel()
         if ctx.alerter is not None:

@@ -87,9 +87,7 @@ class Settings(KmsgSettings, NvmlSettings, EngineLogSettings, BaseSettings):
     """The one settings object. Each source's own settings are defined next to it
     (``collector/sources/*_settings.py``) and mounted here flat, as flightrec.yaml spells them."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FLIGHTREC_", env_nested_delimiter="__", extra="forbid", validate_default=True
-    )
+    model_config = SettingsConfigDict(env_prefix="FLIGHTREC_", env_nested_delimiter="__", extra="forbid", validate_default=True)
 
     engines: list[EngineConfig] = Field(default_factory=list)
     scrape_interval: float = Field(default=1.0, gt=0, le=3600)
@@ -101,16 +99,18 @@ class Settings(KmsgSettings, NvmlSettings, EngineLogSettings, BaseSettings):
     gpu_ring_seconds: float = Field(default=600.0, gt=0)
     log_ring_lines: int = Field(default=2000, ge=10)
     ring_request_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1 << 16,
+        default=8 * 1024 * 1024,
+        ge=1 << 16,
         description="per engine: per-request blocks kept (the oldest steps keep only their aggregates past it)",
-    )  # fmt: skip
+    )
     # All engines' blocks together: a node's memory must not grow with its engine count. 32 MiB
     # leaves up to 4 engines their 8 MiB each; at 8 engines each keeps 4 MiB (~440 steps, 4 s at
     # 256 running x 100 steps/s): 24 MiB less held at that load (BENCHMARKS.md, Node scale).
     ring_request_bytes_total: int = Field(
-        default=32 * 1024 * 1024, ge=1 << 16,
+        default=32 * 1024 * 1024,
+        ge=1 << 16,
         description="all engines: per-request blocks kept; each engine keeps min(ring_request_bytes, this / engines)",
-    )  # fmt: skip
+    )
     workload_requests: int = Field(default=10_000, ge=0, description="requests kept per engine for replay")
     workload_seconds: float = Field(default=3600.0, gt=0, description="how far back the workload log reaches")
     recorder_join_wait: float = Field(default=120.0, ge=0, description="hold an unmatched ring this long for its engine's port")

@@ -52,11 +52,18 @@ class TaskStatus:
 
 
 class SupervisedTask:
-    def __init__(self, name: str, factory: Callable[[], Awaitable[None]], *, once: bool = False,
-                 min_backoff: float = MIN_BACKOFF_S, max_backoff: float = MAX_BACKOFF_S,
-                 healthy_after: float = HEALTHY_AFTER_S,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], Awaitable[None]],
+        *,
+        once: bool = False,
+        min_backoff: float = MIN_BACKOFF_S,
+        max_backoff: float = MAX_BACKOFF_S,
+        healthy_after: float = HEALTHY_AFTER_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``factory`` makes a fresh coroutine per start. ``once``: returning means done; for
         the others (loops that never end) a return is a failure and is restarted too."""
         self.factory = factory

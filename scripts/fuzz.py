@@ -50,18 +50,56 @@ FIXTURES = ROOT / "tests" / "fixtures"
 DEFAULT_BUDGET = 50.0  # CPU microseconds a byte: linear parsers cost 0.01-3, the quadratic ones cost 60-450
 ALLOWANCE_US = 2000.0  # fixed cost of one call (imports warm, small allocations), not per byte
 WINDOW = 2048  # most inputs are a window of a seed: long seeds would make 100k inputs take days
-HOSTILE = ["'", '"', "\\", "\\'", '\\"', "(", ")", "[", "]", "{", "}", ",", ":", "=", "<", ">",
-           "\x00", "\n", "\r", "\t", " ", "é", "\u2028", "\udcff", "9" * 30, "9" * 5000, "-", ".",
-           "e", "nan", "inf", "pid=", "name=", "NVRM: Xid (PCI:0000:00:06): ", "SchedulerOutput(",
-           "SchedulerStats(", "\x1b[0;36m", "Traceback (most recent call last):", "File \""]  # fmt: skip
+HOSTILE = [
+    "'",
+    '"',
+    "\\",
+    "\\'",
+    '\\"',
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    "=",
+    "<",
+    ">",
+    "\x00",
+    "\n",
+    "\r",
+    "\t",
+    " ",
+    "é",
+    "\u2028",
+    "\udcff",
+    "9" * 30,
+    "9" * 5000,
+    "-",
+    ".",
+    "e",
+    "nan",
+    "inf",
+    "pid=",
+    "name=",
+    "NVRM: Xid (PCI:0000:00:06): ",
+    "SchedulerOutput(",
+    "SchedulerStats(",
+    "\x1b[0;36m",
+    "Traceback (most recent call last):",
+    'File "',
+]
 
 
 SECRETS = [
     "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-    "redis://u:PW@cache:6379/0 postgresql://flight:p@ss@db/x", "Authorization: Bearer eyJhbGciOi.e30.sig",
+    "redis://u:PW@cache:6379/0 postgresql://flight:p@ss@db/x",
+    "Authorization: Bearer eyJhbGciOi.e30.sig",
     "vllm serve m --api-key sk-live-1234 --hf-token=hf_x --max-tokens 16",
     "non-default args: {'model': 'q', 'api_key': ['sk-abcdef123'], 'port': 8000}",
-    "EngineArgs(api_key='k-9d8f7', max_num_seqs=8) password: hunter2 {\"token\": \"x\"} hf_abc123",
+    'EngineArgs(api_key=\'k-9d8f7\', max_num_seqs=8) password: hunter2 {"token": "x"} hf_abc123',
 ]
 
 
@@ -106,12 +144,31 @@ def _ring_seed() -> str:
 
 def _codec_seeds_bytes() -> list[bytes]:
     rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 8), RequestRow("b", 5, 5, 1, 2, "preempted")]
-    step = StepRecord(engine="d", ts=1.7e9, step=812, running=2, waiting=3, kv_cache_usage=0.032,
-                      waiting_by_reason={"capacity": 2, "deferred": 1}, connector={"mirror_rows": 12},
-                      finished_requests=[{"request_id": "r1", "finish_reason": "length"}], worker="Worker_TP1")
-    event = Event(kind=EventKind.CUDA_ERROR, ts=1.7e9, source="recorder", message="CUDA error: unspecified",
-                  severity=Severity.CRITICAL, engine="d", gpu="0000:00:06.0", xid=43, pid=415,
-                  frames=[{"file": "a.py", "line": 1}], lines=["x"])  # fmt: skip
+    step = StepRecord(
+        engine="d",
+        ts=1.7e9,
+        step=812,
+        running=2,
+        waiting=3,
+        kv_cache_usage=0.032,
+        waiting_by_reason={"capacity": 2, "deferred": 1},
+        connector={"mirror_rows": 12},
+        finished_requests=[{"request_id": "r1", "finish_reason": "length"}],
+        worker="Worker_TP1",
+    )
+    event = Event(
+        kind=EventKind.CUDA_ERROR,
+        ts=1.7e9,
+        source="recorder",
+        message="CUDA error: unspecified",
+        severity=Severity.CRITICAL,
+        engine="d",
+        gpu="0000:00:06.0",
+        xid=43,
+        pid=415,
+        frames=[{"file": "a.py", "line": 1}],
+        lines=["x"],
+    )
     return [
         codec.encode_step_fields(812, 1.7e9, 0, 4, 7, 2, 0.032, 1, 300, 16, 2, 640, 128),
         codec.encode_step(step),
@@ -120,8 +177,7 @@ def _codec_seeds_bytes() -> list[bytes]:
         codec.encode_fingerprint(Fingerprint(engine="d", ts=1.0, facts={"block_size": 64, "tp": 2})),
         codec.encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234}),
         codec.encode({"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3, "kv_cache_usage": 0.5}),
-        codec.encode({"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"],
-                      "rows": [["r", 10, 11]]}),
+        codec.encode({"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"], "rows": [["r", 10, 11]]}),
         codec.encode({"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": 1.0, "prompt_len": 32000}),
     ]
 
@@ -167,8 +223,13 @@ def _file_reader(read: Callable[[Path], object], suffix: str) -> Callable[[str],
 
 def _spool_seed() -> str:
     with tempfile.TemporaryDirectory() as tmp:
-        path = spool.write(Path(tmp), "snapshot-1.0-decode-0-x.spool", {"engine": "decode-0", "trigger": {"kind": "xid"}},
-                           {"incident_key": "k", "trigger_uid": "u"}, {"steps": b"\x1f\x8b" + b"x" * 40, "events": b"[]"})  # fmt: skip
+        path = spool.write(
+            Path(tmp),
+            "snapshot-1.0-decode-0-x.spool",
+            {"engine": "decode-0", "trigger": {"kind": "xid"}},
+            {"incident_key": "k", "trigger_uid": "u"},
+            {"steps": b"\x1f\x8b" + b"x" * 40, "events": b"[]"},
+        )
         return path.read_bytes().decode("latin-1")
 
 
@@ -206,18 +267,19 @@ def targets() -> list[Target]:
         Target("xid.parse_line", xid.parse_line, own_xid, kmsg),
         Target("xid.normalize_bus_id", xid.normalize_bus_id, own_xid, ["0000:00:06", "00000000:00:06.0", "cb:00"]),
         Target("prom_text.parse", lambda t: prom_text.parse(t, WANTED), (prom_text.MetricsParseError,), pages),
-        Target("throughput_line.parse", throughput_line.parse_throughput_line, (throughput_line.ThroughputLineError,),
-               _lines(logs, "Avg prompt throughput")),
+        Target(
+            "throughput_line.parse",
+            throughput_line.parse_throughput_line,
+            (throughput_line.ThroughputLineError,),
+            _lines(logs, "Avg prompt throughput"),
+        ),
         Target("vllm_log.parse_line", vllm_log.parse_line, (), log_lines),
         Target("vllm_log.parse_timestamp", _timestamp, (), ["11-30 14:39:22", "01-01 00:00:00", "02-29 23:59:59"]),
         Target("tracebacks.LogEventizer", _eventize, (), log_text),
         Target("tracebacks.parse_frames", lambda t: tracebacks.parse_frames(t.split("\n")), (), log_text),
-        Target("naming.parse_ring_file_name", parse_ring_file_name, (),
-               ["decode-0.stats.1234.ring", "decode-0.sched.99.ring", "a.b.c.ring"]),
-        Target("codec.decode (JSON)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] == "J"],
-               binary=True),
-        Target("codec.decode (binary S/R)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] != "J"],
-               binary=True),
+        Target("naming.parse_ring_file_name", parse_ring_file_name, (), ["decode-0.stats.1234.ring", "decode-0.sched.99.ring", "a.b.c.ring"]),
+        Target("codec.decode (JSON)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] == "J"], binary=True),
+        Target("codec.decode (binary S/R)", _decode, (codec.CodecError,), [s for s in codec_seeds if s[0] != "J"], binary=True),
         Target("ringfile.RingReader", _ring, (RingCorrupt,), [_ring_seed()], binary=True),
         Target("codec.decode_many", _decode_many, (), codec_seeds, binary=True),
         Target("spool.read", _file_reader(spool.read, ".spool"), (spool.SpoolError,), [_spool_seed()], binary=True),
@@ -318,8 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         res = fuzz(target, args.inputs, seed=args.seed, budget=args.budget, out=args.out)
         failed += len(res.failures)
-        print(f"{target.name:<36} {res.inputs:>8} {res.largest:>8} {res.max_us_per_byte:>9.2f} "
-              f"{len(res.failures):>8}  {time.monotonic() - started:.0f}", flush=True)
+        print(
+            f"{target.name:<36} {res.inputs:>8} {res.largest:>8} {res.max_us_per_byte:>9.2f} "
+            f"{len(res.failures):>8}  {time.monotonic() - started:.0f}",
+            flush=True,
+        )
         for kind in sorted(set(res.failures))[:5]:
             print(f"    {kind}", flush=True)
     return 1 if failed else 0

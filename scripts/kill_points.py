@@ -59,8 +59,11 @@ def main() -> None:
         proc.wait(timeout=30)
         snaps = sn.query(node.db, "SELECT count(*) FROM snapshots WHERE trigger_kind = 'xid'")[0][0]
         events = sn.query(node.db, "SELECT count(*) FROM events WHERE kind = 'xid'")[0][0]
-        print(f"{point:>13}: {'killed there' if rc == -signal.SIGKILL else f'NOT killed (rc {rc})'}; after the restart "
-              f"{snaps} Xid snapshot(s), {events} Xid event row(s)", flush=True)  # fmt: skip
+        print(
+            f"{point:>13}: {'killed there' if rc == -signal.SIGKILL else f'NOT killed (rc {rc})'}; after the restart "
+            f"{snaps} Xid snapshot(s), {events} Xid event row(s)",
+            flush=True,
+        )
         if node.ring is not None:
             node.ring.close()
         shutil.rmtree(work, ignore_errors=True)

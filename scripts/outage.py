@@ -89,8 +89,7 @@ class Cluster:
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             self.user = ["runuser", "-u", "postgres", "--"]
         self._run(initdb, "-D", str(self.dir), "-A", "trust", "-U", "postgres", "--no-sync")
-        opts = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off "
-                "-c shared_buffers=32MB -c max_connections=60")  # fmt: skip
+        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off -c shared_buffers=32MB -c max_connections=60"
         self.opts = opts
         self.start()
         import psycopg
@@ -243,9 +242,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.chmod(work, 0o755)
     rings = work / "rings"
     kinds = [k for k in args.kinds.split(",") if k]
-    fig: dict[str, Any] = {"engines": args.engines, "running": args.running, "steps_per_second": args.steps_per_second,
-                           "outage_s": args.outage, "recover_s": args.recover, "load_start": loadavg(),
-                           "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}  # fmt: skip
+    fig: dict[str, Any] = {
+        "engines": args.engines,
+        "running": args.running,
+        "steps_per_second": args.steps_per_second,
+        "outage_s": args.outage,
+        "recover_s": args.recover,
+        "load_start": loadavg(),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
     cluster: Cluster | None = None
     sim = side = None
     logs = []
@@ -257,21 +262,57 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = {**os.environ, "PYTHONPATH": str(HERE), "PYTHONUNBUFFERED": "1"}
         sim_log, side_log = open(work / "simulate.log", "w"), open(work / "sidecar.log", "w")
         logs = [sim_log, side_log]
-        sim = subprocess.Popen([PY, "-m", "collector.cli", "simulate", "--engines", str(args.engines), "--running", str(args.running),
-                                "--steps-per-second", str(args.steps_per_second), "--duration", str(load_s), "--recorder-dir",
-                                str(rings), "--write-config", str(sim_config), "--serve-metrics", "--start-delay", "6", "--linger",
-                                "--summary-json", str(summary), "--progress-every", "0"],
-                               cwd=HERE, env=env, stdout=sim_log, stderr=subprocess.STDOUT)  # fmt: skip
+        sim = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "collector.cli",
+                "simulate",
+                "--engines",
+                str(args.engines),
+                "--running",
+                str(args.running),
+                "--steps-per-second",
+                str(args.steps_per_second),
+                "--duration",
+                str(load_s),
+                "--recorder-dir",
+                str(rings),
+                "--write-config",
+                str(sim_config),
+                "--serve-metrics",
+                "--start-delay",
+                "6",
+                "--linger",
+                "--summary-json",
+                str(summary),
+                "--progress-every",
+                "0",
+            ],
+            cwd=HERE,
+            env=env,
+            stdout=sim_log,
+            stderr=subprocess.STDOUT,
+        )
         if wait_until(sim_config.exists, 60) is None:
             raise RuntimeError(f"the load did not start: {work / 'simulate.log'}")
         doc = yaml.safe_load(sim_config.read_text())
         engines = [str(e["name"]) for e in doc.get("engines") or []] or [f"vllm-{FIRST_PID + 100 * i}" for i in range(args.engines)]
         port = free_port()
-        doc.update(database=cluster.url, port=port, host="127.0.0.1", kmsg=str(kmsg), nvml="off", host_name="outage-node",
-                   incident_window_s=2.0, spool_dir=str(work / "spool"))  # fmt: skip
+        doc.update(
+            database=cluster.url,
+            port=port,
+            host="127.0.0.1",
+            kmsg=str(kmsg),
+            nvml="off",
+            host_name="outage-node",
+            incident_window_s=2.0,
+            spool_dir=str(work / "spool"),
+        )
         (work / "sidecar.yaml").write_text(yaml.safe_dump(doc))
-        side = subprocess.Popen([PY, "-m", "collector.cli", "serve", "--config", str(work / "sidecar.yaml")], cwd=HERE, env=env,
-                                stdout=side_log, stderr=subprocess.STDOUT)  # fmt: skip
+        side = subprocess.Popen(
+            [PY, "-m", "collector.cli", "serve", "--config", str(work / "sidecar.yaml")], cwd=HERE, env=env, stdout=side_log, stderr=subprocess.STDOUT
+        )
         base = f"http://127.0.0.1:{port}"
         if wait_until(lambda: get_json(base, "/healthz", 2)["database_up"] is True, 120) is None:
             raise RuntimeError(f"the sidecar did not start writing: {work / 'sidecar.log'}")
@@ -295,8 +336,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             o["engine"] = engines[engine_i]
             o["step_at_fault"] = last_step(base, o["engine"])
             seq += 1
-            line = (f"4,{seq},{int(time.monotonic() * 1e6)},c;NVRM: Xid (PCI:0000:{k + 16:02x}:00): 43, "
-                    f"pid={FIRST_PID + 100 * engine_i}, name=python3, channel 0x0000000a")  # fmt: skip
+            line = (
+                f"4,{seq},{int(time.monotonic() * 1e6)},c;NVRM: Xid (PCI:0000:{k + 16:02x}:00): 43, "
+                f"pid={FIRST_PID + 100 * engine_i}, name=python3, channel 0x0000000a"
+            )
             o["t_fault"] = time.time()
             with open(kmsg, "a") as f:
                 f.write(line + "\n")
@@ -309,8 +352,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             o["step_at_return"] = last_step(base, o["engine"])
 
             def committed(o: dict[str, Any] = o) -> bool:
-                rows = cluster.query(f"SELECT id, last_step, fault_ts FROM snapshots WHERE engine = '{o['engine']}' "
-                                     f"AND trigger_kind = 'xid' AND fault_ts >= {o['t_fault'] - 5} ORDER BY id")  # fmt: skip
+                rows = cluster.query(
+                    f"SELECT id, last_step, fault_ts FROM snapshots WHERE engine = '{o['engine']}' "
+                    f"AND trigger_kind = 'xid' AND fault_ts >= {o['t_fault'] - 5} ORDER BY id"
+                )
                 if rows:
                     o["snapshot_id"], o["snapshot_last_step"], o["snapshot_fault_ts"] = rows[0][0], rows[0][1], float(rows[0][2])
                     return True
@@ -342,8 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fig["tasks"] = {t["name"]: t["restarts"] for t in final_health.get("tasks", [])}
         side.send_signal(signal.SIGINT)  # a graceful stop: what it holds is flushed
         fig["sidecar_exit"] = side.wait(60)
-        rows = cluster.query("SELECT e.name, count(*), count(DISTINCT s.step) FROM engine_steps s JOIN engines e ON e.id = s.engine_id "
-                             "GROUP BY e.name")  # fmt: skip
+        rows = cluster.query(
+            "SELECT e.name, count(*), count(DISTINCT s.step) FROM engine_steps s JOIN engines e ON e.id = s.engine_id GROUP BY e.name"
+        )
         stored = {str(name): int(distinct) for name, _, distinct in rows}
         fig["steps_stored"] = sum(stored.values())
         fig["duplicate_step_rows"] = sum(int(n) - int(d) for _, n, d in rows)
@@ -388,18 +434,22 @@ def summarise(o: dict[str, Any], probes: list[Probe], args: argparse.Namespace) 
         by_route[route.split("?")[0]] = {"requests": len(ps), "max_s": round(max(p.seconds for p in ps), 2), "codes": codes}
     last_fault = o.get("snapshot_last_step")
     return {
-        "kind": o["kind"], "engine": o["engine"],
+        "kind": o["kind"],
+        "engine": o["engine"],
         "healthz_said_down_after_s": None if down is None else round(down.t + down.seconds - o["began"], 1),
         "healthz_error": None if down is None else down.database_error,
         "healthz_ok_during": sum(1 for p in health if p.database_up is True and p.t - o["began"] > args.truth_within),
         "healthz_ok_at_s": [round(p.t - o["began"], 1) for p in health if p.database_up is True and p.t - o["began"] > args.truth_within],
         "api": by_route,
-        "step_at_fault": o["step_at_fault"], "snapshot_last_step": last_fault, "step_at_return": o["step_at_return"],
+        "step_at_fault": o["step_at_fault"],
+        "snapshot_last_step": last_fault,
+        "step_at_return": o["step_at_return"],
         "snapshot_fault_ts_minus_write_s": None if "snapshot_fault_ts" not in o else round(o["snapshot_fault_ts"] - o["t_fault"], 2),
-        "snapshot_committed_after_return_s": None if o["snapshot_committed_after_return_s"] is None
+        "snapshot_committed_after_return_s": None
+        if o["snapshot_committed_after_return_s"] is None
         else round(o["snapshot_committed_after_return_s"], 1),
         "drained_after_return_s": None if o["drained_after_return_s"] is None else round(o["drained_after_return_s"], 1),
-    }  # fmt: skip
+    }
 
 
 def verdict(fig: dict[str, Any], args: argparse.Namespace) -> list[str]:
@@ -433,15 +483,30 @@ def verdict(fig: dict[str, Any], args: argparse.Namespace) -> list[str]:
 
 
 def print_table(fig: dict[str, Any]) -> None:
-    print(f"load: {fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s; "
-          f"outages of {fig['outage_s']:g} s, {fig['recover_s']:g} s apart; started {fig['started_utc']} UTC; "
-          f"load average {fig['load_start']} at the start, {fig.get('load_end')} at the end")  # fmt: skip
-    print(f"steps sent {fig.get('steps_sent')}, stored {fig.get('steps_stored')}, lost {fig.get('steps_lost')}, "
-          f"duplicate rows {fig.get('duplicate_step_rows')}; snapshots stored {fig.get('snapshots_stored')}; "
-          f"caught up {fig.get('caught_up_after_load_end_s')} s after the load ended; task restarts {fig.get('tasks')}; "
-          f"sidecar exit {fig.get('sidecar_exit')}")  # fmt: skip
-    head = ("outage", "/healthz down after s", "its error", "max s /healthz", "max s engines", "max s snapshots (codes)",
-            "step at fault", "snapshot last step", "step at return", "committed after return s", "drained after s")  # fmt: skip
+    print(
+        f"load: {fig['engines']} engines x {fig['running']} running x {fig['steps_per_second']:g} steps/s; "
+        f"outages of {fig['outage_s']:g} s, {fig['recover_s']:g} s apart; started {fig['started_utc']} UTC; "
+        f"load average {fig['load_start']} at the start, {fig.get('load_end')} at the end"
+    )
+    print(
+        f"steps sent {fig.get('steps_sent')}, stored {fig.get('steps_stored')}, lost {fig.get('steps_lost')}, "
+        f"duplicate rows {fig.get('duplicate_step_rows')}; snapshots stored {fig.get('snapshots_stored')}; "
+        f"caught up {fig.get('caught_up_after_load_end_s')} s after the load ended; task restarts {fig.get('tasks')}; "
+        f"sidecar exit {fig.get('sidecar_exit')}"
+    )
+    head = (
+        "outage",
+        "/healthz down after s",
+        "its error",
+        "max s /healthz",
+        "max s engines",
+        "max s snapshots (codes)",
+        "step at fault",
+        "snapshot last step",
+        "step at return",
+        "committed after return s",
+        "drained after s",
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for o in fig.get("outages", []):
@@ -452,9 +517,11 @@ def print_table(fig: dict[str, Any]) -> None:
 
         snaps = api.get("/api/v1/snapshots", {})
         err = (o["healthz_error"] or "")[:60].replace("|", "/")
-        print(f"| {o['kind']} | {o['healthz_said_down_after_s']} | {err} | {mx('/healthz')} | {mx('/api/v1/engines')} | "
-              f"{snaps.get('max_s')} ({snaps.get('codes')}) | {o['step_at_fault']} | {o['snapshot_last_step']} | {o['step_at_return']} | "
-              f"{o['snapshot_committed_after_return_s']} | {o['drained_after_return_s']} |")  # fmt: skip
+        print(
+            f"| {o['kind']} | {o['healthz_said_down_after_s']} | {err} | {mx('/healthz')} | {mx('/api/v1/engines')} | "
+            f"{snaps.get('max_s')} ({snaps.get('codes')}) | {o['step_at_fault']} | {o['snapshot_last_step']} | {o['step_at_return']} | "
+            f"{o['snapshot_committed_after_return_s']} | {o['drained_after_return_s']} |"
+        )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -85,9 +85,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     env["FLIGHTREC_SNAPSHOT_SETTLE_S"] = "3"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "collector.cli", "demo", "--exit-after-snapshot", "--port", "0", "--db", db,
-         "--workdir", str(workdir / "wd")],
-        env=env, capture_output=True, text=True, timeout=240, cwd=workdir,
-    )  # fmt: skip
+        [sys.executable, "-m", "collector.cli", "demo", "--exit-after-snapshot", "--port", "0", "--db", db, "--workdir", str(workdir / "wd")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=workdir,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return DemoRun(db, proc.stdout + proc.stderr, time.monotonic() - t0, cwd=workdir)

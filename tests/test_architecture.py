@@ -15,8 +15,15 @@ ROOT = Path(__file__).resolve().parents[1] / "collector"
 # parsers; the engine side; the sources; ingest; the stores and consumers in the order they call
 # each other; the settings that mount each stage's own; the wiring and the interfaces last.
 RANK = {
-    "errors": 0, "model": 0, "redact": 0, "procfs": 0, "malloc": 0, "__init__": 0,
-    "channel": 1, "parsers": 1, "xid": 1,
+    "errors": 0,
+    "model": 0,
+    "redact": 0,
+    "procfs": 0,
+    "malloc": 0,
+    "__init__": 0,
+    "channel": 1,
+    "parsers": 1,
+    "xid": 1,
     "recorder": 2,  # engine side: writes the channel
     "vllm": 3,  # vLLM's adapters over the recorder
     "tasks": 3,  # the supervisor every long-running stage runs under
@@ -27,8 +34,11 @@ RANK = {
     "snapshot": 8,  # reads ingest's rings, commits through storage
     "alerting": 9,  # consumes events, detector states and commits
     "settings": 10,  # mounts each stage's own settings
-    "context": 11, "replay": 11, "sim": 11,
-    "api": 12, "web": 12,
+    "context": 11,
+    "replay": 11,
+    "sim": 11,
+    "api": 12,
+    "web": 12,
     "service": 13,  # wires the stages once
     "cli": 14,
 }
@@ -38,8 +48,12 @@ ALLOWED = {
     # storage packs and unpacks it; the committer is what calls storage
     ("storage", "snapshot.document"),
     # a stage reads its own settings class, which sits next to it and is mounted in Settings
-    ("sources", "settings"), ("ingest", "settings"), ("detectors", "settings"), ("recorder", "settings"),
-    ("alerting", "settings"), ("snapshot", "settings"),
+    ("sources", "settings"),
+    ("ingest", "settings"),
+    ("detectors", "settings"),
+    ("recorder", "settings"),
+    ("alerting", "settings"),
+    ("snapshot", "settings"),
 }
 
 

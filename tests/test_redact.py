@@ -25,8 +25,11 @@ TEXT = [
     ("Authorization: Basic dXNlcjpwYXNz", ["dXNlcjpwYXNz"], []),
     ("vllm serve m --api-key sk-live-1234 --port 8000", ["sk-live-1234"], ["--api-key ***", "--port 8000"]),
     ("vllm serve m --hf-token=hf_x --max-tokens 16", ["hf_x"], ["--hf-token=***", "--max-tokens 16"]),
-    ("non-default args: {'model': 'q', 'api_key': ['sk-abcdef123'], 'port': 8000}", ["sk-abcdef123"],
-     ["'model': 'q'", "'api_key': ['***']", "'port': 8000"]),
+    (
+        "non-default args: {'model': 'q', 'api_key': ['sk-abcdef123'], 'port': 8000}",
+        ["sk-abcdef123"],
+        ["'model': 'q'", "'api_key': ['***']", "'port': 8000"],
+    ),
     ("EngineArgs(api_key='k-9d8f7', max_num_seqs=8)", ["k-9d8f7"], ["api_key='***'", "max_num_seqs=8"]),
     ("password: hunter2", ["hunter2"], ["password: ***"]),
     ("DB_PASSWORD=hunter2 NCCL_DEBUG=INFO", ["hunter2"], ["NCCL_DEBUG=INFO"]),
@@ -38,8 +41,11 @@ TEXT = [
     ("hf_overrides={} hf_config_path=None tokenizer=x", [], ["hf_overrides={}", "hf_config_path=None", "tokenizer=x"]),
     ("key sk-proj-AbC123xyz and ghp_abcdefghijklmnopqrstu", ["sk-proj-AbC123xyz", "ghp_abcdefghijklmnopqrstu"], []),
     ("password='unterminated and more", ["unterminated and more"], ["password="]),
-    ("max_num_batched_tokens=8192 kv_cache_usage=0.03 prompt_tokens=5", [], ["max_num_batched_tokens=8192",
-     "kv_cache_usage=0.03", "prompt_tokens=5"]),
+    (
+        "max_num_batched_tokens=8192 kv_cache_usage=0.03 prompt_tokens=5",
+        [],
+        ["max_num_batched_tokens=8192", "kv_cache_usage=0.03", "prompt_tokens=5"],
+    ),
 ]
 
 
@@ -55,13 +61,30 @@ def test_redact_text(text: str, gone: list[str], kept: list[str]) -> None:
     assert redact_text(out) == out  # masking twice changes nothing
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("HF_TOKEN", True), ("api_key", True), ("VLLM_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
-    ("AWS_ACCESS_KEY_ID", True), ("aws_session_token", True), ("Authorization", True), ("db_password", True),
-    ("client_secret", True), ("token", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
-    ("max_tokens", False), ("num_tokens", False), ("tokenizer", False), ("kv_cache_usage", False),
-    ("prompt_tokens", False), ("token_type", False), ("NCCL_NET_PLUGIN", False), ("block_size", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("api_key", True),
+        ("VLLM_API_KEY", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("AWS_ACCESS_KEY_ID", True),
+        ("aws_session_token", True),
+        ("Authorization", True),
+        ("db_password", True),
+        ("client_secret", True),
+        ("token", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("max_tokens", False),
+        ("num_tokens", False),
+        ("tokenizer", False),
+        ("kv_cache_usage", False),
+        ("prompt_tokens", False),
+        ("token_type", False),
+        ("NCCL_NET_PLUGIN", False),
+        ("block_size", False),
+    ],
+)
 def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 

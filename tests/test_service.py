@@ -20,8 +20,9 @@ from collector.storage.repo import Repository, SnapshotFilter
 
 def flightrec(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     full = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "collector.cli", *args], cwd=cwd, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "collector.cli", *args], cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def wait_for_port(proc: subprocess.Popen[str], timeout: float = 30) -> str:
@@ -56,8 +57,10 @@ def test_demo_stores_the_crash_snapshot_and_exits_0(demo_run: Any) -> None:
 
 def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     cfg = tmp_path / "flightrec.yaml"
-    cfg.write_text(f"database: sqlite:///{tmp_path / 'f.db'}\nnvml: off\nkmsg: off\nrecorder_dir: {tmp_path / 'rec'}\n"
-                   "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n")  # fmt: skip
+    cfg.write_text(
+        f"database: sqlite:///{tmp_path / 'f.db'}\nnvml: off\nkmsg: off\nrecorder_dir: {tmp_path / 'rec'}\n"
+        "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n"
+    )
     proc = flightrec("serve", "--config", str(cfg), "--port", "0", cwd=tmp_path)
     try:
         base = wait_for_port(proc)
@@ -91,8 +94,15 @@ def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path)
     missing = tmp_path / "not-yet"
     (tmp_path / "blocker").write_text("")  # a file where the database's folder should be
     db = f"sqlite:///{tmp_path / 'blocker' / 'f.db'}"
-    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], database=db, nvml="off",
-                        kmsg="off", port=0, recorder_dir=tmp_path / "rec", write_batch_interval=0.1)  # fmt: skip
+    settings = Settings(
+        engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")],
+        database=db,
+        nvml="off",
+        kmsg="off",
+        port=0,
+        recorder_dir=tmp_path / "rec",
+        write_batch_interval=0.1,
+    )
     svc = Service(settings, spool_dir=missing / "spool")
 
     async def scenario() -> None:
@@ -102,8 +112,9 @@ def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path)
         svc._migrate_every = 0.2  # noqa: SLF001
         for i in range(50):
             svc.ctx.hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=1))
-        svc.ctx.hub.emit(Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine="decode-0",
-                               message="EngineDeadError", severity=Severity.CRITICAL))  # fmt: skip
+        svc.ctx.hub.emit(
+            Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine="decode-0", message="EngineDeadError", severity=Severity.CRITICAL)
+        )
         await asyncio.sleep(0.5)
         assert svc.ctx.writer.db_up is False
         (tmp_path / "blocker").unlink()
@@ -149,8 +160,7 @@ def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp
 
     db = f"sqlite:///{tmp_path / 'f.db'}"
     # no engine to scrape (a failing scrape would make /healthz degraded on its own): steps come in by hand
-    settings = Settings(engines=[], database=db, nvml="off", kmsg="off", port=0, recorder_dir=tmp_path / "rec",
-                        write_batch_interval=0.1)  # fmt: skip
+    settings = Settings(engines=[], database=db, nvml="off", kmsg="off", port=0, recorder_dir=tmp_path / "rec", write_batch_interval=0.1)
     svc = Service(settings, spool_dir=tmp_path / "spool")
     real_flush = BatchWriter.flush
     raised = 0
@@ -204,8 +214,12 @@ def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp
     assert health["status"] == "ok" and writer["up"] and writer["restarts"] == 1
     assert {t["name"] for t in health["tasks"]} >= {"writer", "snapshots", "detectors", "retention", "heartbeat"}
     assert all(t["restarts"] == 0 for t in health["tasks"] if t["name"] != "writer")
-    metrics = {(s.name, s.labels.get("task")): s.value for fam in text_string_to_metric_families(seen["metrics"])
-               for s in fam.samples if s.name.startswith("flightrec_task_")}  # fmt: skip
+    metrics = {
+        (s.name, s.labels.get("task")): s.value
+        for fam in text_string_to_metric_families(seen["metrics"])
+        for s in fam.samples
+        if s.name.startswith("flightrec_task_")
+    }
     assert metrics[("flightrec_task_restarts_total", "writer")] == 1
     assert metrics[("flightrec_task_up", "writer")] == 1 and metrics[("flightrec_task_restarts_total", "snapshots")] == 0
     rows = Repository(make_engine(db), host=svc.ctx.hub.host).recent_steps("decode-0", since=0)  # type: ignore[union-attr]

@@ -31,7 +31,9 @@ def test_defaults_are_the_embedded_sqlite_on_loopback() -> None:
 
 
 def test_yaml_keys_of_the_product_contract(tmp_path: Path) -> None:
-    cfg = write(tmp_path, """
+    cfg = write(
+        tmp_path,
+        """
 engines:
   - name: decode-0
     url: http://127.0.0.1:8000/
@@ -43,7 +45,8 @@ ring_steps: 2048
 api_token: s3cret
 nvml: "off"
 kmsg: /var/log/kern.log
-""")
+""",
+    )
     s = load_settings(cfg)
     assert s.engines[0].name == "decode-0" and s.engines[0].url == "http://127.0.0.1:8000"
     assert s.engines[0].log == "/var/log/vllm/decode.log"
@@ -117,7 +120,10 @@ def test_non_loopback_bind_without_token_is_refused(capsys: pytest.CaptureFixtur
 
 def test_every_key_the_source_docs_name_is_a_setting(tmp_path: Path) -> None:
     """The keys docs/gpu-sources.md and docs/engine-log.md show load (extra keys are refused)."""
-    s = load_settings(write(tmp_path, """
+    s = load_settings(
+        write(
+            tmp_path,
+            """
 nvml: auto
 kmsg: auto
 gpu_poll_interval: 1.0
@@ -131,7 +137,9 @@ log_from_start: false
 log_poll_interval: 0.05
 log_idle_flush: 0.2
 log_keep: important
-"""))
+""",
+        )
+    )
     assert (s.pcie_interval, s.event_timeout_ms, s.log_keep) == (30.0, 1000, "important")
 
 
@@ -144,9 +152,7 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("token", ["", "   ", "\t"])
-def test_empty_or_blank_api_token_is_refused_at_start(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], token: str
-) -> None:
+def test_empty_or_blank_api_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], token: str) -> None:
     monkeypatch.setenv("FLIGHTREC_API_TOKEN", token)
     with pytest.raises(SettingsError, match="^api_token: .*empty or blank"):
         load_settings()
@@ -154,7 +160,8 @@ def test_empty_or_blank_api_token_is_refused_at_start(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if "api_token" in line] == [
-        "api_token: Value error, is empty or blank: set a real token, or leave api_token unset"]
+        "api_token: Value error, is empty or blank: set a real token, or leave api_token unset"
+    ]
 
 
 def test_blank_token_never_passes_the_bind_check() -> None:
@@ -167,8 +174,14 @@ def test_blank_token_never_passes_the_bind_check() -> None:
         _check_bind(s)
 
 
-@pytest.mark.parametrize(("text", "nvml", "kmsg"), [("nvml: off\nkmsg: off\n", "off", "off"), ("nvml: on\nkmsg: on\n", "on", "on"),
-                                                     ("nvml: auto\nkmsg: /var/log/kern.log\n", "auto", "/var/log/kern.log")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "nvml", "kmsg"),
+    [
+        ("nvml: off\nkmsg: off\n", "off", "off"),
+        ("nvml: on\nkmsg: on\n", "on", "on"),
+        ("nvml: auto\nkmsg: /var/log/kern.log\n", "auto", "/var/log/kern.log"),
+    ],
+)
 def test_bare_yaml_on_and_off_reach_each_sources_settings(tmp_path: Path, text: str, nvml: str, kmsg: str) -> None:
     """YAML 1.1 reads a bare on/off as a boolean; each source's own settings (mounted flat in
     Settings) turn it back, the two sources' validators both applying."""

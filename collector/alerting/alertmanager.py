@@ -160,10 +160,7 @@ class AlertmanagerClient:
         return ClientStats(
             active=len(self._active),
             resolved=len(self._resolved),
-            targets=[
-                TargetStats(t.url, t.sent, t.failed, t.dropped, len(t.queue), t.up, t.last_error)
-                for t in self._targets
-            ],
+            targets=[TargetStats(t.url, t.sent, t.failed, t.dropped, len(t.queue), t.up, t.last_error) for t in self._targets],
         )
 
     def _queue(self, key: AlertKey) -> None:
@@ -188,9 +185,7 @@ class AlertmanagerClient:
     async def aclose(self, flush_timeout: float = 2.0) -> None:
         """Try once more to deliver what is queued, then close the HTTP client."""
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(self._flush(t) for t in self._targets), return_exceptions=True), flush_timeout
-            )
+            await asyncio.wait_for(asyncio.gather(*(self._flush(t) for t in self._targets), return_exceptions=True), flush_timeout)
         if self._own_client:
             await self._http.aclose()
 
@@ -228,8 +223,7 @@ class AlertmanagerClient:
                 retry = response.status_code >= 500 or response.status_code == 429
                 detail = response.text[:200].strip()
                 if not retry:
-                    log.error("Alertmanager %s rejected %d alerts: %s %s", target.url, len(body),
-                              response.status_code, detail)
+                    log.error("Alertmanager %s rejected %d alerts: %s %s", target.url, len(body), response.status_code, detail)
                     for key in keys:
                         target.queue.pop(key, None)
                 return self._failed(target, len(body), f"HTTP {response.status_code}: {detail}", retry=retry)

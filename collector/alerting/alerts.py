@@ -178,7 +178,10 @@ def alert_for_event(
             severity=Severity.CRITICAL,
             labels={HOSTNAME: host, **gpu_ids},
             annotations=_annotations(
-                f"GPU {gpu_name} on {host} fell off the bus", event.message[:2000], runbook_base, name,
+                f"GPU {gpu_name} on {host} fell off the bus",
+                event.message[:2000],
+                runbook_base,
+                name,
                 **snapshot_note,
             ),
             starts_at=event.ts,
@@ -193,8 +196,11 @@ def alert_for_event(
             severity=Severity.CRITICAL,
             labels=base_labels,
             annotations=_annotations(
-                f"vLLM {where} is down: /health or /metrics not answering", event.message[:2000], runbook_base,
-                name, **snapshot_note,
+                f"vLLM {where} is down: /health or /metrics not answering",
+                event.message[:2000],
+                runbook_base,
+                name,
+                **snapshot_note,
             ),
             starts_at=event.ts,
             generator_url=generator,
@@ -205,8 +211,7 @@ def alert_for_event(
             name=name,
             severity=Severity.WARNING if event.severity is not Severity.CRITICAL else Severity.CRITICAL,
             labels=base_labels,
-            annotations=_annotations(f"NCCL error on {where}: {first_line}", event.message[:2000], runbook_base, name,
-                                     **snapshot_note),
+            annotations=_annotations(f"NCCL error on {where}: {first_line}", event.message[:2000], runbook_base, name, **snapshot_note),
             starts_at=event.ts,
             generator_url=generator,
             expires_at=event.ts + hold,
@@ -223,8 +228,7 @@ def alert_for_event(
             labels={k: str(v) for k, v in dict(event.data.get("labels", {})).items()},
             ts=event.ts,
         )
-        return alert_for_state(state, host=host, public_url=public_url, runbook_base=runbook_base,
-                               snapshot_id=snapshot_id, gpus=gpus)
+        return alert_for_state(state, host=host, public_url=public_url, runbook_base=runbook_base, snapshot_id=snapshot_id, gpus=gpus)
     return None
 
 
@@ -297,9 +301,7 @@ def alerts_for_transition(
     fire = None
     resolve = None
     if transition.current.state is not Severity.OK:
-        fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base,
-                               gpus=gpus)
+        fire = alert_for_state(transition.current, host=host, public_url=public_url, runbook_base=runbook_base, gpus=gpus)
     if transition.previous.state is not Severity.OK:
-        resolve = alert_for_state(transition.previous, host=host, public_url=public_url,
-                                  runbook_base=runbook_base, gpus=gpus).key
+        resolve = alert_for_state(transition.previous, host=host, public_url=public_url, runbook_base=runbook_base, gpus=gpus).key
     return fire, resolve

@@ -102,8 +102,7 @@ def with_webhook(config_text: str, webhook_url: str, *, group_wait: str = "0s", 
     import yaml
 
     cfg = yaml.safe_load(config_text)
-    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
-                        for r in cfg.get("receivers", [])]  # fmt: skip
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": webhook_url, "send_resolved": True}]} for r in cfg.get("receivers", [])]
 
     def shorten(route: dict[str, Any]) -> None:
         route["group_wait"] = group_wait

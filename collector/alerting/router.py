@@ -46,10 +46,15 @@ class Alerter:
         a = s.alerting
         self.settings = s
         self.client = client or AlertmanagerClient(
-            s.alertmanager, resend_interval=a.resend_interval, resolved_resend_for=a.resolved_resend_for,
-            batch_max=a.batch_max, queue_max=a.queue_max, backoff_min=a.backoff_min,
-            backoff_max=a.backoff_max, timeout=a.timeout,
-        )  # fmt: skip
+            s.alertmanager,
+            resend_interval=a.resend_interval,
+            resolved_resend_for=a.resolved_resend_for,
+            batch_max=a.batch_max,
+            queue_max=a.queue_max,
+            backoff_min=a.backoff_min,
+            backoff_max=a.backoff_max,
+            timeout=a.timeout,
+        )
         self.host = a.host or host
         self.runbook_base = a.runbook_base
         self.hold = a.event_hold
@@ -79,8 +84,9 @@ class Alerter:
         return {"sent": st.sent, "failed": st.failed, "dropped": st.dropped}
 
     def _alert(self, ev: Event, snapshot_id: int | None = None) -> Alert | None:
-        return alert_for_event(ev, host=self.host, public_url=self.public_url, snapshot_id=snapshot_id,
-                               runbook_base=self.runbook_base, hold=self.hold, gpus=self.gpus())  # fmt: skip
+        return alert_for_event(
+            ev, host=self.host, public_url=self.public_url, snapshot_id=snapshot_id, runbook_base=self.runbook_base, hold=self.hold, gpus=self.gpus()
+        )
 
     def _fire(self, ev: Event, snapshot_id: int | None = None) -> None:
         alert = self._alert(ev, snapshot_id)
@@ -108,8 +114,7 @@ class Alerter:
                 self._held.setdefault(name, []).append((self.clock(), ev))
 
     def on_transition(self, tr: Transition) -> None:
-        fire, resolve = alerts_for_transition(tr, host=self.host, public_url=self.public_url,
-                                              runbook_base=self.runbook_base, gpus=self.gpus())  # fmt: skip
+        fire, resolve = alerts_for_transition(tr, host=self.host, public_url=self.public_url, runbook_base=self.runbook_base, gpus=self.gpus())
         if resolve is not None:
             self.client.resolve(resolve)
         if fire is not None:

@@ -108,8 +108,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(
         title="vLLM Flight Recorder",
         version=__version__,
-        description="Crash snapshots of vLLM engines: the last steps before a fault, per request, "
-        "joined with the GPU's state and the fault.",
+        description="Crash snapshots of vLLM engines: the last steps before a fault, per request, joined with the GPU's state and the fault.",
         docs_url=None,  # served from local assets: collector/api/openapi.py
         redoc_url=None,
     )
@@ -166,8 +165,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     async def gpus(_: None = Read) -> list[dict[str, Any]]:
         out = []
         for gpu, s in sorted(ctx.hub.gpu_meta.items()):
-            out.append({"gpu": gpu, "host": ctx.hub.host, "index": s.index, "bus_id": s.bus_id, "name": s.name,
-                        "last_sample": s.to_dict()})  # fmt: skip
+            out.append({"gpu": gpu, "host": ctx.hub.host, "index": s.index, "bus_id": s.bus_id, "name": s.name, "last_sample": s.to_dict()})
         live = {g["gpu"] for g in out}
         try:
             stored_gpus = await _stored(ctx.repo.list_gpus, wait_s=STORED_WAIT_S)
@@ -195,15 +193,19 @@ def create_app(ctx: AppContext) -> FastAPI:
         rows, nxt = await _stored(
             ctx.repo.list_snapshots,
             SnapshotFilter(engine=engine, host=host, trigger=trigger.value if trigger else None, incident_id=incident_id, since=lo, until=hi),
-            limit=limit, cursor=cursor,
-        )  # fmt: skip
+            limit=limit,
+            cursor=cursor,
+        )
         return _json({"items": [_summary(r, request) for r in rows], "next_cursor": nxt})
 
     @app.get(
-        "/api/v1/snapshots/{snapshot_id}", response_model=schemas.SnapshotDocOut,
-        responses={200: {"description": "the snapshot (export schema flightrec.snapshot/v1); gzip-encoded "
-                         "when the client accepts it"}, 404: {"description": "no such snapshot"}},
-    )  # fmt: skip
+        "/api/v1/snapshots/{snapshot_id}",
+        response_model=schemas.SnapshotDocOut,
+        responses={
+            200: {"description": "the snapshot (export schema flightrec.snapshot/v1); gzip-encoded when the client accepts it"},
+            404: {"description": "no such snapshot"},
+        },
+    )
     async def get_snapshot(snapshot_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
         body = await _body(snapshot_id)
         # The stored parts are spliced into one gzip stream (no decode, no re-encode): a
@@ -216,22 +218,30 @@ def create_app(ctx: AppContext) -> FastAPI:
     @app.get(
         "/api/v1/snapshots/{snapshot_id}/export",
         response_class=Response,
-        responses={200: {"content": {"application/gzip": {}}, "description": "one gzip JSON file, schema flightrec.snapshot/v1"},
-                   404: {"description": "no such snapshot"}},
-    )  # fmt: skip
+        responses={
+            200: {"content": {"application/gzip": {}}, "description": "one gzip JSON file, schema flightrec.snapshot/v1"},
+            404: {"description": "no such snapshot"},
+        },
+    )
     async def export_snapshot(snapshot_id: Annotated[int, PathId], _: None = Read) -> Response:
         return Response(
-            await _body(snapshot_id), media_type="application/gzip",
+            await _body(snapshot_id),
+            media_type="application/gzip",
             headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
-        )  # fmt: skip
+        )
 
     @app.get("/api/v1/snapshots/{snapshot_id}/checklist", response_model=schemas.Checklist)
     async def snapshot_checklist(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
         doc, blobs = await _stored(ctx.repo.get_snapshot_blobs, snapshot_id, parts=("peers", "events"))
         peers = unpack(blobs["peers"]) if "peers" in blobs else []
         events = unpack(blobs["events"]) if "events" in blobs else []
-        return {"snapshot_id": snapshot_id, "engine": doc.engine, "host": doc.host, "peers": [p.get("engine") for p in peers],
-                "items": checklist(doc.header(), peers, events)}  # fmt: skip
+        return {
+            "snapshot_id": snapshot_id,
+            "engine": doc.engine,
+            "host": doc.host,
+            "peers": [p.get("engine") for p in peers],
+            "items": checklist(doc.header(), peers, events),
+        }
 
     cache = ExportCache()
     app.state.export_cache = cache
@@ -265,8 +275,12 @@ def create_app(ctx: AppContext) -> FastAPI:
             cache.put(snapshot_id, body)
         return body
 
-    @app.post("/api/v1/snapshots", status_code=201, response_model=schemas.ManualSnapshotOut,
-              responses={202: {"description": "accepted, not committed yet (database down): ids follow"}})
+    @app.post(
+        "/api/v1/snapshots",
+        status_code=201,
+        response_model=schemas.ManualSnapshotOut,
+        responses={202: {"description": "accepted, not committed yet (database down): ids follow"}},
+    )
     async def manual_snapshot(body: schemas.ManualSnapshotIn, response: Response, _: None = Write) -> dict[str, Any]:
         if body.engine is not None and body.engine not in ctx.hub.engines:
             raise HTTPException(404, f"no engine named {body.engine!r}")
@@ -278,11 +292,14 @@ def create_app(ctx: AppContext) -> FastAPI:
             response.headers["Location"] = f"/api/v1/snapshots/{ids[0]}"
         else:
             response.status_code = 202
-        return {"engines": [t["engine"] for t in taken], "status": "accepted" if response.status_code == 202 else "committed",
-                "snapshots": taken, "ids": ids}  # fmt: skip
+        return {
+            "engines": [t["engine"] for t in taken],
+            "status": "accepted" if response.status_code == 202 else "committed",
+            "snapshots": taken,
+            "ids": ids,
+        }
 
-    @app.post("/api/v1/snapshots/{snapshot_id}/replays", status_code=201,
-              responses={404: {"description": "no such snapshot"}})  # fmt: skip
+    @app.post("/api/v1/snapshots/{snapshot_id}/replays", status_code=201, responses={404: {"description": "no such snapshot"}})
     def link_replay(snapshot_id: Annotated[int, PathId], body: schemas.ReplayLinkIn, _: None = Write) -> dict[str, Any]:
         """Link a replay (``flightrec replay --sidecar``) from the snapshot it replayed; the
         snapshot's page and export show it at once."""
@@ -321,8 +338,15 @@ def create_app(ctx: AppContext) -> FastAPI:
         _: None = Read,
     ) -> list[dict[str, Any]]:
         lo, hi = time_range(since, until)
-        rows = await _stored(ctx.repo.list_events, kind=kind.value if kind else None, engine=engine, since=lo, until=hi,
-                             limit=limit, before_id=id_cursor(cursor, before_id))  # fmt: skip
+        rows = await _stored(
+            ctx.repo.list_events,
+            kind=kind.value if kind else None,
+            engine=engine,
+            since=lo,
+            until=hi,
+            limit=limit,
+            before_id=id_cursor(cursor, before_id),
+        )
         _next_cursor(response, rows, limit)
         return rows
 

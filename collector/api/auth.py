@@ -28,9 +28,11 @@ def check_token(request: Request, *, write: bool) -> None:
         # misconfigured client: say so (401) rather than let it believe it is authorised.
         got = _presented(request)
         if got is not None and (token is None or not hmac.compare_digest(got.encode(), token.encode())):
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED,
-                                "wrong bearer token" if token is not None else "a bearer token was sent but no api_token is configured",
-                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "wrong bearer token" if token is not None else "a bearer token was sent but no api_token is configured",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return
     if token is None:
         if write:
@@ -38,8 +40,7 @@ def check_token(request: Request, *, write: bool) -> None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "api_token is required when bound beyond loopback")
     got = _presented(request)
     if got is None or not hmac.compare_digest(got.encode(), token.encode()):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
 # async: no I/O here, and a sync dependency would cost every request a thread-pool hop

@@ -18,8 +18,7 @@ from typing import Any
 
 
 class ExportCache:
-    def __init__(self, *, max_bytes: int = 64 << 20, ttl: float = 600.0, settled_after: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(self, *, max_bytes: int = 64 << 20, ttl: float = 600.0, settled_after: float = 60.0, clock: Callable[[], float] = time.time) -> None:
         self.max_bytes = max_bytes
         self.ttl = ttl
         self.settled_after = settled_after

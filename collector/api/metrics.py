@@ -105,10 +105,8 @@ class SidecarCollector(Collector):
         step = g("flightrec_engine_last_step", "number of the last engine step recorded")
         mirror = g("flightrec_engine_mirror_rows", "connector host-mirror rows at the last recorded step")
         steps = CounterMetricFamily("flightrec_engine_steps_received", "engine steps received from the recorder", labels=labels)
-        rows = CounterMetricFamily("flightrec_engine_request_rows_received", "per-request rows received from the recorder",
-                                   labels=labels)  # fmt: skip
-        source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from",
-                                   labels=[*labels, "source"])  # fmt: skip
+        rows = CounterMetricFamily("flightrec_engine_request_rows_received", "per-request rows received from the recorder", labels=labels)
+        source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from", labels=[*labels, "source"])
 
         def put(fam: GaugeMetricFamily, key: list[str], value: float | None) -> None:
             if value is not None:  # unknown is absent, never 0
@@ -123,8 +121,12 @@ class SidecarCollector(Collector):
             if last is not None:
                 source.add_metric([*key, "recorder"], 1.0)
                 put(step, key, last.step)
-                for fam, name in ((running, "running"), (waiting, "waiting"), (kv, "kv_cache_usage"),
-                                  (mirror, "mirror_rows")):  # the last value a step carried
+                for fam, name in (
+                    (running, "running"),
+                    (waiting, "waiting"),
+                    (kv, "kv_cache_usage"),
+                    (mirror, "mirror_rows"),
+                ):  # the last value a step carried
                     rec = st.ring.last_known(name)
                     put(fam, key, None if rec is None else getattr(rec, name))
             elif getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
@@ -173,9 +175,14 @@ class SidecarCollector(Collector):
         for gpu, s in sorted(hub.gpu_meta.items()):
             key = [host, *gpu_labels(gpu, meta).values()]
             utilization = None if s.utilization is None else float(s.utilization) / 100.0
-            for fam, value in ((temp, s.temperature), (power, s.power_w), (util, utilization),
-                               (mem, s.memory_used), (reasons, s.clock_event_reasons),
-                               (ecc, s.ecc_volatile_uncorrected)):  # fmt: skip
+            for fam, value in (
+                (temp, s.temperature),
+                (power, s.power_w),
+                (util, utilization),
+                (mem, s.memory_used),
+                (reasons, s.clock_event_reasons),
+                (ecc, s.ecc_volatile_uncorrected),
+            ):
                 if value is not None:
                     fam.add_metric(key, float(value))
             if s.remapped_rows_correctable is not None:
@@ -185,8 +192,7 @@ class SidecarCollector(Collector):
         yield from (temp, power, util, mem, reasons, ecc, remap)
 
         # severity is the Xid catalog's, so the shipped rule pages each Xid as the sidecar does
-        xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (kernel log and NVML merged)",
-                                  labels=[*labels, "xid", "severity"])  # fmt: skip
+        xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (kernel log and NVML merged)", labels=[*labels, "xid", "severity"])
         for (gpu, code), n in sorted(hub.xid_counts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             key = [host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values()]
             xid.add_metric([*key, str(code), xid_lookup(code).severity.value], n)
@@ -197,8 +203,7 @@ class SidecarCollector(Collector):
         for (engine, trig), n in sorted(self.ctx.snapshot_counts.items()):
             snaps.add_metric([host, engine, trig], n)
         yield snaps
-        yield self.commit_latency.family("flightrec_snapshot_commit_duration_seconds",
-                                         "time from a fault's trigger to its snapshot's commit")  # fmt: skip
+        yield self.commit_latency.family("flightrec_snapshot_commit_duration_seconds", "time from a fault's trigger to its snapshot's commit")
 
         src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=[HOSTNAME, "source"])
         sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=[HOSTNAME, "source"])
@@ -207,10 +212,8 @@ class SidecarCollector(Collector):
             sup.add_metric([host, status.name], 1.0 if status.supported else 0.0)
         yield from (src, sup)
 
-        task_up = GaugeMetricFamily("flightrec_task_up", "1 if the sidecar's task runs, 0 while it waits to restart",
-                                    labels=[HOSTNAME, "task"])  # fmt: skip
-        restarts = CounterMetricFamily("flightrec_task_restarts", "restarts of the sidecar's task after it failed",
-                                       labels=[HOSTNAME, "task"])  # fmt: skip
+        task_up = GaugeMetricFamily("flightrec_task_up", "1 if the sidecar's task runs, 0 while it waits to restart", labels=[HOSTNAME, "task"])
+        restarts = CounterMetricFamily("flightrec_task_restarts", "restarts of the sidecar's task after it failed", labels=[HOSTNAME, "task"])
         tasks = getattr(self.ctx, "tasks", None)
         for t in tasks.statuses() if tasks is not None else []:
             if not t.done:  # a task that finished its job (the late migration) is no series

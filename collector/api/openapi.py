@@ -42,12 +42,15 @@ def install_openapi(app: FastAPI) -> None:
         doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         comps = doc.setdefault("components", {})
         comps.setdefault("securitySchemes", {})["bearer"] = {
-            "type": "http", "scheme": "bearer",
+            "type": "http",
+            "scheme": "bearer",
             "description": "api_token; required for writes, and for reads when bound beyond loopback",
-        }  # fmt: skip
+        }
         comps.setdefault("schemas", {})["Error"] = {
-            "type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}},
-        }  # fmt: skip
+            "type": "object",
+            "required": ["detail"],
+            "properties": {"detail": {"type": "string"}},
+        }
         for path, ops in doc.get("paths", {}).items():
             for method, op in ops.items():
                 if path == "/healthz":
@@ -72,10 +75,13 @@ def add_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
         if assets is not None:
-            return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API",
-                                       swagger_js_url="/docs/assets/swagger-ui-bundle.js",
-                                       swagger_css_url="/docs/assets/swagger-ui.css",
-                                       swagger_favicon_url="/docs/assets/favicon-32x32.png")  # fmt: skip
+            return get_swagger_ui_html(
+                openapi_url="/openapi.json",
+                title=f"{app.title} - API",
+                swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                swagger_css_url="/docs/assets/swagger-ui.css",
+                swagger_favicon_url="/docs/assets/favicon-32x32.png",
+            )
         return HTMLResponse(_plain_docs(app.openapi()))
 
     @app.get("/docs/assets/{name}", include_in_schema=False)
@@ -92,5 +98,10 @@ def _plain_docs(doc: dict[str, Any]) -> str:
         for method, op in ops.items():
             summary = html.escape(op.get("summary") or op.get("description") or "")
             rows.append(f"<tr><td>{method.upper()}</td><td><code>{html.escape(path)}</code></td><td>{summary}</td></tr>")
-    return ("<!doctype html><meta charset=utf-8><title>API</title><h1>" + html.escape(doc["info"]["title"]) +
-            "</h1><p>The full description: <a href=/openapi.json>/openapi.json</a>.</p><table>" + "".join(rows) + "</table>")
+    return (
+        "<!doctype html><meta charset=utf-8><title>API</title><h1>"
+        + html.escape(doc["info"]["title"])
+        + "</h1><p>The full description: <a href=/openapi.json>/openapi.json</a>.</p><table>"
+        + "".join(rows)
+        + "</table>"
+    )

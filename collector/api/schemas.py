@@ -12,8 +12,10 @@ class Health(BaseModel):
     version: str
     database_up: bool | None
     sources: list[dict[str, Any]]
-    tasks: list[dict[str, Any]] = Field(default_factory=list, description="the sidecar's own tasks: name, up, restarts, "
-                                        "last_error, since (epoch s of the last start or failure), done")
+    tasks: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the sidecar's own tasks: name, up, restarts, last_error, since (epoch s of the last start or failure), done",
+    )
     snapshots_committed: int
     snapshots_waiting: int = Field(0, description="captured snapshots not committed yet (database down)")
     database_error: str | None = None

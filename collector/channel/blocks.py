@@ -32,8 +32,7 @@ from collector.model import RequestRow
 
 RUNNING = STATUS_CODE["running"]
 # the export's request columns, in order (``collector.snapshot.document.REQUEST_COLUMNS``)
-COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions", "status",
-           "mirror_rows", "host_blocks")  # fmt: skip
+COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions", "status", "mirror_rows", "host_blocks")
 _HEAD = 1 + REQS_HEAD.size
 _LAST_STATUS = len(STATUSES) - 1
 _STATUS_OF_BYTE = [STATUSES[min(c, _LAST_STATUS)] for c in range(256)]  # any wire byte -> a name

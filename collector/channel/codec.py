@@ -86,21 +86,36 @@ FLAG_MIRROR = 1
 FLAG_HOST_BLOCKS = 2
 # Request status codes on the wire. Ours, not vLLM's enum values, which may be renumbered.
 STATUSES = (
-    "running", "preempted", "waiting", "waiting_for_remote_kvs",
-    "waiting_for_structured_output_grammar", "waiting_for_streaming_req", "finished_stopped",
-    "finished_length_capped", "finished_aborted", "finished_ignored", "finished_error",
-    "finished_repetition", "unknown",
-)  # fmt: skip
+    "running",
+    "preempted",
+    "waiting",
+    "waiting_for_remote_kvs",
+    "waiting_for_structured_output_grammar",
+    "waiting_for_streaming_req",
+    "finished_stopped",
+    "finished_length_capped",
+    "finished_aborted",
+    "finished_ignored",
+    "finished_error",
+    "finished_repetition",
+    "unknown",
+)
 STATUS_CODE = {name: i for i, name in enumerate(STATUSES)}
 UNKNOWN_STATUS = STATUS_CODE["unknown"]
 _U32_MAX = 0xFFFFFFFF
 # The counters of a JSON step and the largest value each may hold: the Integer columns they are
 # stored in, or a 64-bit JSON number.
 _STEP_COUNTS = {
-    "running": f.INT32_MAX, "waiting": f.INT32_MAX, "preemptions": f.INT32_MAX,
-    "prompt_tokens": f.INT32_MAX, "generation_tokens": f.INT32_MAX, "finished": f.INT32_MAX,
-    "prefix_cache_queries": f.INT64_MAX, "prefix_cache_hits": f.INT64_MAX, "engine_index": 0xFFFF,
-}  # fmt: skip
+    "running": f.INT32_MAX,
+    "waiting": f.INT32_MAX,
+    "preemptions": f.INT32_MAX,
+    "prompt_tokens": f.INT32_MAX,
+    "generation_tokens": f.INT32_MAX,
+    "finished": f.INT32_MAX,
+    "prefix_cache_queries": f.INT64_MAX,
+    "prefix_cache_hits": f.INT64_MAX,
+    "engine_index": 0xFFFF,
+}
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
@@ -117,9 +132,17 @@ def _u32(v: int) -> int:
 
 
 _NULLABLE_STEP_FIELDS = (
-    "running", "waiting", "deferred", "kv_cache_usage", "preemptions", "prompt_tokens",
-    "generation_tokens", "finished", "prefix_cache_queries", "prefix_cache_hits",
-)  # fmt: skip
+    "running",
+    "waiting",
+    "deferred",
+    "kv_cache_usage",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "finished",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
 
 
 def encode_step_fields(
@@ -144,19 +167,36 @@ def encode_step_fields(
     into the extras' ``"null"`` list, so the reader stores null, never a made-up 0.
     """
     values = (
-        running, waiting, deferred, kv_cache_usage, preemptions, prompt_tokens, generation_tokens,
-        finished, prefix_cache_queries, prefix_cache_hits,
-    )  # fmt: skip
+        running,
+        waiting,
+        deferred,
+        kv_cache_usage,
+        preemptions,
+        prompt_tokens,
+        generation_tokens,
+        finished,
+        prefix_cache_queries,
+        prefix_cache_hits,
+    )
     if None in values:
         nulls = [name for name, v in zip(_NULLABLE_STEP_FIELDS, values, strict=True) if v is None]
         extras = dict(extras or {})
         extras["null"] = sorted({*extras.get("null", ()), *nulls})
     head = STEP_HEAD.pack(
-        step, ts, engine_index & 0xFFFF, _u32(running or 0), _u32(waiting or 0),
-        _u32(deferred or 0), kv_cache_usage or 0.0, _u32(preemptions or 0),
-        _u32(prompt_tokens or 0), _u32(generation_tokens or 0), _u32(finished or 0),
-        prefix_cache_queries or 0, prefix_cache_hits or 0,
-    )  # fmt: skip
+        step,
+        ts,
+        engine_index & 0xFFFF,
+        _u32(running or 0),
+        _u32(waiting or 0),
+        _u32(deferred or 0),
+        kv_cache_usage or 0.0,
+        _u32(preemptions or 0),
+        _u32(prompt_tokens or 0),
+        _u32(generation_tokens or 0),
+        _u32(finished or 0),
+        prefix_cache_queries or 0,
+        prefix_cache_hits or 0,
+    )
     if extras:
         return TAG_STEP + head + _dumps(extras).encode()
     return TAG_STEP + head
@@ -178,10 +218,21 @@ def encode_step(step: StepRecord) -> bytes:
         extras["worker"] = step.worker
     extras.update(step.details)
     return encode_step_fields(
-        step.step, step.ts, step.engine_index, step.running, step.waiting, deferred,
-        step.kv_cache_usage, step.preemptions, step.prompt_tokens, step.generation_tokens,
-        step.finished, step.prefix_cache_queries, step.prefix_cache_hits, extras,
-    )  # fmt: skip
+        step.step,
+        step.ts,
+        step.engine_index,
+        step.running,
+        step.waiting,
+        deferred,
+        step.kv_cache_usage,
+        step.preemptions,
+        step.prompt_tokens,
+        step.generation_tokens,
+        step.finished,
+        step.prefix_cache_queries,
+        step.prefix_cache_hits,
+        extras,
+    )
 
 
 def encode_request_columns(
@@ -307,7 +358,9 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
 def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
     worker = f.optional_text(body, "worker")
     return StepRecord(
-        engine=engine, ts=f.timestamp(body), step=f.integer(body, "step", hi=f.INT64_MAX),
+        engine=engine,
+        ts=f.timestamp(body),
+        step=f.integer(body, "step", hi=f.INT64_MAX),
         kv_cache_usage=None if body.get("kv_cache_usage") is None else f.number(body, "kv_cache_usage", hi=1.0),
         waiting_by_reason=f.counts(body, "waiting_by_reason"),
         connector=f.mapping(body, "connector"),
@@ -315,12 +368,15 @@ def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
         worker=worker,
         # a figure the record does not carry is unknown (None), never 0
         engine_index=f.integer(body, "engine_index", hi=0xFFFF, default=0),
-        running=f.optional_integer(body, "running"), waiting=f.optional_integer(body, "waiting"),
-        preemptions=f.optional_integer(body, "preemptions"), prompt_tokens=f.optional_integer(body, "prompt_tokens"),
-        generation_tokens=f.optional_integer(body, "generation_tokens"), finished=f.optional_integer(body, "finished"),
+        running=f.optional_integer(body, "running"),
+        waiting=f.optional_integer(body, "waiting"),
+        preemptions=f.optional_integer(body, "preemptions"),
+        prompt_tokens=f.optional_integer(body, "prompt_tokens"),
+        generation_tokens=f.optional_integer(body, "generation_tokens"),
+        finished=f.optional_integer(body, "finished"),
         prefix_cache_queries=f.optional_integer(body, "prefix_cache_queries", hi=f.INT64_MAX),
         prefix_cache_hits=f.optional_integer(body, "prefix_cache_hits", hi=f.INT64_MAX),
-    )  # fmt: skip
+    )
 
 
 Decoded = tuple[dict[str, Any] | None, Observation | None, CodecError | None]
@@ -373,11 +429,22 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
     by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
     if extras is None:
         return StepRecord(
-            engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
-            preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
-            waiting_by_reason=by_reason, prefix_cache_queries=pq, prefix_cache_hits=ph,
-            engine_index=engine_index, halves=HALF_STATS,
-        )  # fmt: skip
+            engine=engine,
+            ts=ts,
+            step=step,
+            running=running,
+            waiting=waiting,
+            kv_cache_usage=kv,
+            preemptions=preempt,
+            prompt_tokens=prompt,
+            generation_tokens=gen,
+            finished=finished,
+            waiting_by_reason=by_reason,
+            prefix_cache_queries=pq,
+            prefix_cache_hits=ph,
+            engine_index=engine_index,
+            halves=HALF_STATS,
+        )
     more = extras.get("waiting_by_reason")
     if isinstance(more, dict):
         by_reason.update(more)
@@ -386,14 +453,26 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
     worker = extras.get("worker")
     details = {k: v for k in STEP_DETAIL_KEYS if isinstance(v := extras.get(k), dict)}
     rec = StepRecord(
-        engine=engine, ts=ts, step=step, running=running, waiting=waiting, kv_cache_usage=kv,
-        preemptions=preempt, prompt_tokens=prompt, generation_tokens=gen, finished=finished,
-        waiting_by_reason=by_reason, prefix_cache_queries=pq, prefix_cache_hits=ph,
+        engine=engine,
+        ts=ts,
+        step=step,
+        running=running,
+        waiting=waiting,
+        kv_cache_usage=kv,
+        preemptions=preempt,
+        prompt_tokens=prompt,
+        generation_tokens=gen,
+        finished=finished,
+        waiting_by_reason=by_reason,
+        prefix_cache_queries=pq,
+        prefix_cache_hits=ph,
         connector=connector if isinstance(connector, dict) else {},
-        engine_index=engine_index, worker=worker if isinstance(worker, str) else None,
+        engine_index=engine_index,
+        worker=worker if isinstance(worker, str) else None,
         finished_requests=finished_requests if isinstance(finished_requests, list) else [],
-        halves=HALF_STATS, details=details,
-    )  # fmt: skip
+        halves=HALF_STATS,
+        details=details,
+    )
     unknown = extras.get("null")
     if isinstance(unknown, list):
         for name in unknown:
@@ -417,8 +496,7 @@ def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
 
         _block_type = RequestBlock
     block = _block_type.from_payload(payload)
-    return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running,
-                      request_block=block, halves=HALF_REQUESTS)  # fmt: skip
+    return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running, request_block=block, halves=HALF_REQUESTS)
 
 
 def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
@@ -449,11 +527,14 @@ def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
     last = len(STATUSES) - 1
     rows = [
         RequestRow(
-            request_id=ids[i], prompt_len=prompt[i], computed_tokens=computed[i],
-            output_tokens=output[i], preemptions=preempt[i],
+            request_id=ids[i],
+            prompt_len=prompt[i],
+            computed_tokens=computed[i],
+            output_tokens=output[i],
+            preemptions=preempt[i],
             status=STATUSES[min(status[i], last)],
             mirror_rows=None if mirror is None or mirror[i] < 0 else mirror[i],
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
     running = sum(1 for r in rows if r.status == "running")
@@ -489,9 +570,13 @@ def _decode_requests_json(engine: str, body: dict[str, Any]) -> StepRecord:
         )
     running = sum(1 for r in rows if r.status == "running")
     return StepRecord(
-        engine=engine, ts=f.timestamp(body), step=f.integer(body, "step", hi=f.INT64_MAX),
-        running=running, requests=rows, halves=HALF_REQUESTS,
-    )  # fmt: skip
+        engine=engine,
+        ts=f.timestamp(body),
+        step=f.integer(body, "step", hi=f.INT64_MAX),
+        running=running,
+        requests=rows,
+        halves=HALF_REQUESTS,
+    )
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:

@@ -101,9 +101,7 @@ class RingWriter:
     The constructor raises OSError when the file cannot be created or its space reserved.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY, mode: int = FILE_MODE
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, capacity: int = DEFAULT_CAPACITY, mode: int = FILE_MODE) -> None:
         if capacity < 4096 or capacity % ALIGN:
             raise ValueError("capacity must be a multiple of 8 and at least 4096")
         self.path = Path(path)
@@ -123,9 +121,7 @@ class RingWriter:
             _unlink(tmp)
             raise
         os.close(fd)
-        HEADER.pack_into(
-            self._mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, 0, 0, os.getpid(), 0, time.time(), b""
-        )
+        HEADER.pack_into(self._mm, 0, MAGIC, VERSION, HEADER_SIZE, capacity, 0, 0, os.getpid(), 0, time.time(), b"")
         os.replace(tmp, self.path)  # readers never see a file without its header
         self._head = 0
         self._tail = 0

@@ -66,9 +66,7 @@ def ensure_private_dir(path: str | os.PathLike[str], *, owner: int | None = None
         if mode != DIR_MODE:
             os.chmod(folder, DIR_MODE)  # ours, made before this version or under another umask
     elif mode & 0o077:
-        raise UnsafePathError(
-            f"recorder folder {folder} is open to other users (mode {mode:o}); make it 0700 or choose another folder"
-        )
+        raise UnsafePathError(f"recorder folder {folder} is open to other users (mode {mode:o}); make it 0700 or choose another folder")
     return folder
 
 

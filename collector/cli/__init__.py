@@ -58,8 +58,9 @@ class _Simulate:
     def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
         from collector.cli import simulate
 
-        parser = sub.add_parser("simulate", parents=parents, formatter_class=HelpFormatter,
-                                help="a node-sized load of simulated engines, for sizing the sidecar")  # fmt: skip
+        parser = sub.add_parser(
+            "simulate", parents=parents, formatter_class=HelpFormatter, help="a node-sized load of simulated engines, for sizing the sidecar"
+        )
         simulate.add_arguments(parser)
         parser.set_defaults(func=simulate.main)
 
@@ -77,19 +78,20 @@ def _log_options() -> argparse.ArgumentParser:
     ``flightrec serve -v``); SUPPRESS keeps a subcommand's absent flag from resetting the
     global one."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                   help="more log lines: -v DEBUG for flightrec (default INFO)")  # fmt: skip
-    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="only warnings and errors")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more log lines: -v DEBUG for flightrec (default INFO)")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="only warnings and errors")
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     log_opts = _log_options()
-    parser = argparse.ArgumentParser(prog="flightrec", description="vLLM Flight Recorder: crash snapshots of vLLM engines.",
-                                     formatter_class=HelpFormatter, parents=[log_opts],
-                                     epilog="exit codes: 0 ok, 1 runtime failure, 2 bad arguments or settings, "
-                                            "130 interrupted, 141 output closed early")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="flightrec",
+        description="vLLM Flight Recorder: crash snapshots of vLLM engines.",
+        formatter_class=HelpFormatter,
+        parents=[log_opts],
+        epilog="exit codes: 0 ok, 1 runtime failure, 2 bad arguments or settings, 130 interrupted, 141 output closed early",
+    )
     parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:

@@ -63,9 +63,12 @@ def positive_int(text: str) -> int:
 
 def add_settings_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML settings file (see the README's Configuration)")
-    p.add_argument("--db", dest="database", metavar="URL",
-                   help="database URL, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB "
-                        "(default: the settings' database, sqlite:///flightrec.db)")  # fmt: skip
+    p.add_argument(
+        "--db",
+        dest="database",
+        metavar="URL",
+        help="database URL, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB (default: the settings' database, sqlite:///flightrec.db)",
+    )
 
 
 def settings_from(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -90,8 +93,9 @@ def require_existing_database(url: str) -> None:
     if path is None:
         return
     if not path.exists():
-        raise CliError(f"no database at {path} (--db {url}); point --db at the sidecar's database "
-                       "or create one with 'flightrec db upgrade --db URL'", EXIT_USAGE)  # fmt: skip
+        raise CliError(
+            f"no database at {path} (--db {url}); point --db at the sidecar's database or create one with 'flightrec db upgrade --db URL'", EXIT_USAGE
+        )
     if not path.is_file():
         raise CliError(f"--db {url}: {path} is not a file", EXIT_USAGE)
 

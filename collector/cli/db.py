@@ -16,26 +16,33 @@ from collector.cli.common import (
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    db = sub.add_parser("db", parents=parents, help="database migrations",
-                        description="Alembic migrations of the flight recorder's tables.")  # fmt: skip
+    db = sub.add_parser("db", parents=parents, help="database migrations", description="Alembic migrations of the flight recorder's tables.")
     actions = db.add_subparsers(dest="db_action", required=True, metavar="ACTION")
 
-    up = actions.add_parser("upgrade", parents=parents, help="create or migrate the tables",
-                            description="Create or migrate the tables (the sidecar also does this at start).")  # fmt: skip
+    up = actions.add_parser(
+        "upgrade",
+        parents=parents,
+        help="create or migrate the tables",
+        description="Create or migrate the tables (the sidecar also does this at start).",
+    )
     up.add_argument("revision", nargs="?", default="head", help="target revision")
     add_settings_options(up)
     up.set_defaults(func=run_upgrade)
 
-    down = actions.add_parser("downgrade", parents=parents, help="migrate back (base drops every table)",
-                              description="Migrate back to REVISION; 'base' drops every table and its data.")  # fmt: skip
-    down.add_argument("revision", nargs="?", default=None,
-                      help="target revision, e.g. base (required unless --yes, which means base)")  # fmt: skip
+    down = actions.add_parser(
+        "downgrade",
+        parents=parents,
+        help="migrate back (base drops every table)",
+        description="Migrate back to REVISION; 'base' drops every table and its data.",
+    )
+    down.add_argument("revision", nargs="?", default=None, help="target revision, e.g. base (required unless --yes, which means base)")
     down.add_argument("--yes", action="store_true", help="confirm dropping everything when no revision is named")
     add_settings_options(down)
     down.set_defaults(func=run_downgrade)
 
-    cur = actions.add_parser("current", parents=parents, help="print the database's revision",
-                             description="Print the database's revision; creates nothing.")  # fmt: skip
+    cur = actions.add_parser(
+        "current", parents=parents, help="print the database's revision", description="Print the database's revision; creates nothing."
+    )
     add_settings_options(cur)
     cur.set_defaults(func=run_current)
 
@@ -60,8 +67,7 @@ def run_downgrade(args: argparse.Namespace) -> int:
     from collector.storage.migrate import downgrade
 
     if args.revision is None and not args.yes:
-        raise CliError("db downgrade drops every table and its data: name the revision "
-                       "('flightrec db downgrade base') or pass --yes", EXIT_USAGE)  # fmt: skip
+        raise CliError("db downgrade drops every table and its data: name the revision ('flightrec db downgrade base') or pass --yes", EXIT_USAGE)
     url = settings_from(args).database
     require_existing_database(url)
     downgrade(url, args.revision or "base")

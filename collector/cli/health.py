@@ -18,8 +18,12 @@ from collector.cli.common import CliError, settings_from
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("health", parents=parents, help="exit 0 if the configured sidecar answers /healthz",
-                       description="Ask the sidecar these settings describe for /healthz (container health checks).")  # fmt: skip
+    p = sub.add_parser(
+        "health",
+        parents=parents,
+        help="exit 0 if the configured sidecar answers /healthz",
+        description="Ask the sidecar these settings describe for /healthz (container health checks).",
+    )
     p.add_argument("--config", metavar="FILE", help="the YAML settings file serve was started with")
     p.add_argument("--port", type=int, help="override the settings' port")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the answer")

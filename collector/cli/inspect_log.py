@@ -65,10 +65,14 @@ class InspectLogError(FlightrecError):
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("inspect-log", parents=parents, help="offline post-mortem of an engine log",
-                       description="Parse an engine log written without the sidecar: events in log order, "
-                                   "tracebacks, vLLM's crash dump as rows, the 10 s stat lines. FILE may be "
-                                   "'-' (stdin) and may be gzip-compressed.")  # fmt: skip
+    p = sub.add_parser(
+        "inspect-log",
+        parents=parents,
+        help="offline post-mortem of an engine log",
+        description="Parse an engine log written without the sidecar: events in log order, "
+        "tracebacks, vLLM's crash dump as rows, the 10 s stat lines. FILE may be "
+        "'-' (stdin) and may be gzip-compressed.",
+    )
     p.add_argument("file", metavar="FILE", help="the engine's log, '-' for stdin, .gz read as gzip")
     p.add_argument("--json", action="store_true", help=f"print one JSON document (schema {SCHEMA})")
     p.set_defaults(func=lambda args: main(args.file, args.json))
@@ -175,9 +179,7 @@ class Report:
         }
 
 
-def inspect_log(
-    path: str | Path, *, reference_ts: float | None = None, tz: tzinfo | None = None
-) -> Report:
+def inspect_log(path: str | Path, *, reference_ts: float | None = None, tz: tzinfo | None = None) -> Report:
     """Read the whole log and return what it says. Raises InspectLogError if unreadable.
     ``path`` may be ``-`` for stdin."""
     fh, mtime, name = _open_log(str(path))
@@ -251,10 +253,7 @@ def render_text(report: Report, out: TextIO, *, tz: tzinfo | None = None) -> Non
         w("Found: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + "\n")
     else:
         w("Found no events.\n")
-    w(
-        "Times are local; the year comes from the file's modification time "
-        f"({_time(report.reference_ts, tz)}).\n"
-    )
+    w(f"Times are local; the year comes from the file's modification time ({_time(report.reference_ts, tz)}).\n")
 
     if report.events:
         w(f"\nEvents ({len(report.events)}, in log order)\n")
@@ -297,10 +296,7 @@ def render_text(report: Report, out: TextIO, *, tz: tzinfo | None = None) -> Non
 
     summary = report.throughput_summary()
     if summary["samples"]:
-        w(
-            f"\nStat lines ({summary['samples']}, "
-            f"{_time(summary['first_ts'], tz)} .. {_time(summary['last_ts'], tz)})\n"
-        )
+        w(f"\nStat lines ({summary['samples']}, {_time(summary['first_ts'], tz)} .. {_time(summary['last_ts'], tz)})\n")
         rows = [["", "running", "waiting", "kv_cache_usage", "prompt tok/s", "gen tok/s"]]
         for label, values in (("max", summary["max"]), ("last", summary["last"])):
             rows.append(
@@ -357,9 +353,7 @@ def _render_dump(e: Event, out: TextIO, tz: tzinfo | None) -> None:
         _table(rows, out, indent="    ")
 
 
-def main(
-    path: str, as_json: bool, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
+def main(path: str, as_json: bool, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Entry point of ``flightrec inspect-log``: 0 on success, 2 if the file is unreadable."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr

@@ -76,8 +76,7 @@ def _host(settings: Settings) -> str:
 def main(args: argparse.Namespace, settings: Settings) -> int:
     try:
         snap, origin = _load(args, settings)
-        plan = build_plan(snap.get("workload"), source={"id": snap.get("id"), "engine": snap.get("engine"),
-                                                         "host": snap.get("host")})  # fmt: skip
+        plan = build_plan(snap.get("workload"), source={"id": snap.get("id"), "engine": snap.get("engine"), "host": snap.get("host")})
     except _Usage as exc:
         print(f"flightrec: {exc}", file=sys.stderr)
         return 2
@@ -100,18 +99,20 @@ async def _replay(args: argparse.Namespace, settings: Settings, snap: dict[str, 
     async with httpx.AsyncClient(timeout=10.0) as probe:
         model = args.model or await target_model(probe, args.target) or _fingerprint_model(snap)
     if model is None:
-        print(f"flightrec: {args.target} names no model (/v1/models) and the snapshot none: give --model",
-              file=sys.stderr)  # fmt: skip
+        print(f"flightrec: {args.target} names no model (/v1/models) and the snapshot none: give --model", file=sys.stderr)
         return 1
-    driver = Driver(plan, target=args.target, model=model, speed=args.speed, seed=args.seed,
-                    token_range=(10, args.vocab), request_timeout=args.timeout)  # fmt: skip
+    driver = Driver(
+        plan, target=args.target, model=model, speed=args.speed, seed=args.seed, token_range=(10, args.vocab), request_timeout=args.timeout
+    )
     tty = sys.stdout.isatty() and not args.json
     progress = report.TtyProgress(sys.stdout) if tty else report.LineProgress(sys.stderr if args.json else sys.stdout)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, driver.stop.set)
     if not args.json:
-        print(f"replaying {len(plan.requests)} requests in {len(plan.phases)} phases against {args.target} "
-              f"(model {model}, speed {args.speed:g})", flush=True)  # fmt: skip
+        print(
+            f"replaying {len(plan.requests)} requests in {len(plan.phases)} phases against {args.target} (model {model}, speed {args.speed:g})",
+            flush=True,
+        )
     ticker = asyncio.create_task(_tick(driver, progress, 0.5 if tty else 2.0))
     try:
         result = await driver.run()
@@ -127,10 +128,18 @@ async def _replay(args: argparse.Namespace, settings: Settings, snap: dict[str, 
     cmp = _compare(args, settings, plan, new_snap)
     if args.json:
         out = _as_json(plan, result, new_snap, link)
-        out["comparison"] = cmp if not isinstance(cmp, Comparison) else {
-            "same": cmp.same, "same_prompts": cmp.same_prompts, "same_max_tokens": cmp.same_max_tokens,
-            "same_concurrency": cmp.same_concurrency, "same_fault_point": cmp.same_fault_point, "notes": cmp.notes,
-        }  # fmt: skip
+        out["comparison"] = (
+            cmp
+            if not isinstance(cmp, Comparison)
+            else {
+                "same": cmp.same,
+                "same_prompts": cmp.same_prompts,
+                "same_max_tokens": cmp.same_max_tokens,
+                "same_concurrency": cmp.same_concurrency,
+                "same_fault_point": cmp.same_fault_point,
+                "notes": cmp.notes,
+            }
+        )
         print(json.dumps(out, indent=2))
     else:
         print(report.result_table(plan, result))
@@ -156,24 +165,26 @@ def _fingerprint_model(snap: dict[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-async def _find_snapshot(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str,
-                         result: ReplayResult) -> dict[str, Any] | None:  # fmt: skip
+async def _find_snapshot(
+    args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, result: ReplayResult
+) -> dict[str, Any] | None:
     # a sidecar commits within a second of the fault; without a death only an already stored
     # snapshot is reported (an anomaly's, a manual one)
     wait = SNAPSHOT_WAIT_S if result.died else 0.0
     exclude = snap.get("id") if origin != "file" else None
     engine = snap.get("engine") if isinstance(snap.get("engine"), str) else None
     if args.sidecar:
-        return await source.new_snapshot_from_sidecar(args.sidecar, result.started_at, wait_s=wait,
-                                                      token=_token(settings), exclude=exclude, engine=engine)  # fmt: skip
+        return await source.new_snapshot_from_sidecar(
+            args.sidecar, result.started_at, wait_s=wait, token=_token(settings), exclude=exclude, engine=engine
+        )
     if origin == "db" or args.database:
-        return await source.new_snapshot_from_db(settings.database, result.started_at, host=_host(settings),
-                                                 wait_s=wait, exclude=exclude, engine=engine)  # fmt: skip
+        return await source.new_snapshot_from_db(
+            settings.database, result.started_at, host=_host(settings), wait_s=wait, exclude=exclude, engine=engine
+        )
     return None
 
 
-def _compare(args: argparse.Namespace, settings: Settings, plan: Plan,
-             new_snap: dict[str, Any] | None) -> Comparison | str | None:  # fmt: skip
+def _compare(args: argparse.Namespace, settings: Settings, plan: Plan, new_snap: dict[str, Any] | None) -> Comparison | str | None:
     """The replay's workload, as its engine recorded it, against the original's (or why not)."""
     if new_snap is None or new_snap.get("id") is None:
         return None
@@ -187,18 +198,23 @@ def _compare(args: argparse.Namespace, settings: Settings, plan: Plan,
         return f"the replayed workload was not compared: {exc}"
 
 
-def _link(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, plan: Plan,
-          result: ReplayResult, new_snap: dict[str, Any] | None) -> str | None:  # fmt: skip
+def _link(
+    args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, plan: Plan, result: ReplayResult, new_snap: dict[str, Any] | None
+) -> str | None:
     """Link the replay from the original: through the sidecar the original came from (it serves
     the link at once), else in the database when we can write it."""
     if new_snap is None or snap.get("id") is None or not (origin in ("sidecar", "db") or args.database):
         return None
     entry = {
-        "snapshot_id": new_snap.get("id"), "ts": result.started_at, "target": args.target, "speed": args.speed,
-        "died": result.died, "died_phase": result.died_phase,
+        "snapshot_id": new_snap.get("id"),
+        "ts": result.started_at,
+        "target": args.target,
+        "speed": args.speed,
+        "died": result.died,
+        "died_phase": result.died_phase,
         "died_concurrency": plan.phases[result.died_phase - 1].concurrency if result.died_phase else None,
         "done_before_death": result.done_before_death,
-    }  # fmt: skip
+    }
     refused = ""
     if origin == "sidecar":
         try:
@@ -217,15 +233,31 @@ def _link(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], or
 
 def _as_json(plan: Plan, result: ReplayResult, new_snap: dict[str, Any] | None, link: str | None) -> dict[str, Any]:
     return {
-        "source": plan.source, "died": result.died, "died_phase": result.died_phase, "died_at": result.died_at,
-        "done_before_death": result.done_before_death, "interrupted": result.interrupted,
-        "elapsed": result.elapsed, "errors": result.errors, "output_tokens": result.output_tokens,
+        "source": plan.source,
+        "died": result.died,
+        "died_phase": result.died_phase,
+        "died_at": result.died_at,
+        "done_before_death": result.done_before_death,
+        "interrupted": result.interrupted,
+        "elapsed": result.elapsed,
+        "errors": result.errors,
+        "output_tokens": result.output_tokens,
         "phases": [
-            {"phase": r.number, "concurrency": r.concurrency, "planned": r.planned, "sent": r.sent, "done": r.done,
-             "failed": r.failed, "not_sent": r.not_sent, "seconds": r.seconds,
-             "original_done": p.original("finished"), "original_failed": p.original_failed}
+            {
+                "phase": r.number,
+                "concurrency": r.concurrency,
+                "planned": r.planned,
+                "sent": r.sent,
+                "done": r.done,
+                "failed": r.failed,
+                "not_sent": r.not_sent,
+                "seconds": r.seconds,
+                "original_done": p.original("finished"),
+                "original_failed": p.original_failed,
+            }
             for p, r in zip(plan.phases, result.phases, strict=True)
         ],
         "original_crash_phase": plan.crash_phase.number if plan.crash_phase else None,
-        "new_snapshot": new_snap, "linked": link,
-    }  # fmt: skip
+        "new_snapshot": new_snap,
+        "linked": link,
+    }

@@ -28,27 +28,33 @@ DEMO_TIMEOUT_S = 120.0
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    serve = sub.add_parser("serve", parents=parents, help="run the sidecar",
-                           description="Run the sidecar: scrape the engines, follow the GPU and the logs, "
-                                       "keep the last steps and commit a snapshot at every fault.")  # fmt: skip
+    serve = sub.add_parser(
+        "serve",
+        parents=parents,
+        help="run the sidecar",
+        description="Run the sidecar: scrape the engines, follow the GPU and the logs, keep the last steps and commit a snapshot at every fault.",
+    )
     add_settings_options(serve)
     serve.add_argument("--host", help="bind address; anything but loopback needs api_token (default: settings, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
     serve.set_defaults(func=run_serve)
 
-    demo = sub.add_parser("demo", parents=parents, help="the sidecar plus a simulated P/D pair that crashes like the incident",
-                          description="Run the sidecar against a simulated prefill/decode pair that ramps "
-                                      "C1 -> C16 and dies with the incident's fault; prints each phase and the "
-                                      "snapshot's URL.")  # fmt: skip
+    demo = sub.add_parser(
+        "demo",
+        parents=parents,
+        help="the sidecar plus a simulated P/D pair that crashes like the incident",
+        description="Run the sidecar against a simulated prefill/decode pair that ramps "
+        "C1 -> C16 and dies with the incident's fault; prints each phase and the "
+        "snapshot's URL.",
+    )
     add_settings_options(demo)
     demo.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
     demo.add_argument("--exit-after-snapshot", action="store_true", help="exit 0 once the crash snapshot is stored")
     demo.add_argument("--speed", type=float, default=1500.0, help="simulated engine steps per second")
-    demo.add_argument("--serve-completions", action="store_true",
-                      help="no built-in load: the pair serves /v1/completions, for flightrec replay")
-    demo.add_argument("--workdir", default=None,
-                      help="folder for the simulated logs and rings, kept after exit "
-                           "(default: a temporary folder, removed at exit)")  # fmt: skip
+    demo.add_argument("--serve-completions", action="store_true", help="no built-in load: the pair serves /v1/completions, for flightrec replay")
+    demo.add_argument(
+        "--workdir", default=None, help="folder for the simulated logs and rings, kept after exit (default: a temporary folder, removed at exit)"
+    )
     demo.set_defaults(func=run_demo)
 
 
@@ -128,9 +134,11 @@ def run_demo(args: argparse.Namespace) -> int:
         base = base.model_copy(update={"spool_dir": workdir / "spool"})
     db_file = sqlite_path(base.database)
     where = f"{db_file.resolve()} (kept: flightrec snapshots list --db {_safe(base.database)})" if db_file else _safe(base.database)
-    print(f"flightrec demo: simulated logs, rings and spool in {workdir} "
-          f"({'kept' if keep else 'removed at exit; --workdir DIR keeps them'}); database {where}",
-          flush=True)  # fmt: skip
+    print(
+        f"flightrec demo: simulated logs, rings and spool in {workdir} "
+        f"({'kept' if keep else 'removed at exit; --workdir DIR keeps them'}); database {where}",
+        flush=True,
+    )
     try:
         return asyncio.run(_demo(args, base, workdir, recorder_dir))
     finally:
@@ -153,8 +161,11 @@ async def _phases(pair: Any) -> None:
         idx = st.get("phase")
         if idx is not None and idx != seen and idx < len(phases):
             seen = idx
-            print(f"  phase C{phases[idx].concurrency} ({idx + 1}/{len(phases)}): {st.get('done', 0)} requests done, "
-                  f"decode step {st.get('decode_step')}", flush=True)  # fmt: skip
+            print(
+                f"  phase C{phases[idx].concurrency} ({idx + 1}/{len(phases)}): {st.get('done', 0)} requests done, "
+                f"decode step {st.get('decode_step')}",
+                flush=True,
+            )
         await asyncio.sleep(0.25)
     print(f"  the decode engine died at step {pair.crash_step} (Xid, both TP workers' CUDA errors, crash dump)", flush=True)
 
@@ -164,13 +175,17 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
     from collector.sim.pair import PairConfig, SimPair
     from collector.sources.nvml import NvmlSource
 
-    pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed,
-                              serve_completions=args.serve_completions))
+    pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed, serve_completions=args.serve_completions))
     await pair.start()
-    settings = base.model_copy(update={
-        "engines": pair.engine_configs(), "recorder_dir": recorder_dir, "kmsg": str(pair.kmsg_path),
-        "nvml": "off", "scrape_interval": min(base.scrape_interval, 1.0),
-    })  # fmt: skip
+    settings = base.model_copy(
+        update={
+            "engines": pair.engine_configs(),
+            "recorder_dir": recorder_dir,
+            "kmsg": str(pair.kmsg_path),
+            "nvml": "off",
+            "scrape_interval": min(base.scrape_interval, 1.0),
+        }
+    )
     svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)])
     stored = asyncio.Event()
 
@@ -197,8 +212,11 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
         service_task.result()  # raises the CliError
         return EXIT_FAILURE
     print(f"flightrec demo: API {url()}/api/v1  (snapshots page {url()}/snapshots)", flush=True)
-    print(f"simulated prefill-0 on :{pair.prefill.port}, decode-0 on :{pair.decode.port}; "
-          f"ramp C1->C16 with ISL {pair.cfg.scenario.isl}, OSL {pair.cfg.scenario.osl}", flush=True)  # fmt: skip
+    print(
+        f"simulated prefill-0 on :{pair.prefill.port}, decode-0 on :{pair.decode.port}; "
+        f"ramp C1->C16 with ISL {pair.cfg.scenario.isl}, OSL {pair.cfg.scenario.osl}",
+        flush=True,
+    )
     if pair.frontend is not None:
         print(f"replay target: http://127.0.0.1:{pair.decode.port} (/v1/completions; no built-in load)", flush=True)
     sim_task = asyncio.create_task(pair.run())

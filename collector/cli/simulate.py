@@ -52,10 +52,17 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     if args.steps_per_second <= 0:
         raise SystemExit("flightrec simulate: --steps-per-second must be positive")
     return LoadConfig(
-        recorder_dir=Path(args.recorder_dir).resolve(), engines=args.engines, running=args.running,
-        steps_per_second=args.steps_per_second, duration=args.duration, isl=args.isl, osl=args.osl,
-        name=args.engine_name, seed=args.seed, workload_records=not args.no_workload_records,
-    )  # fmt: skip
+        recorder_dir=Path(args.recorder_dir).resolve(),
+        engines=args.engines,
+        running=args.running,
+        steps_per_second=args.steps_per_second,
+        duration=args.duration,
+        isl=args.isl,
+        osl=args.osl,
+        name=args.engine_name,
+        seed=args.seed,
+        workload_records=not args.no_workload_records,
+    )
 
 
 def _write_config(path: Path, doc: dict[str, Any]) -> None:
@@ -86,14 +93,15 @@ def main(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     names = ", ".join(e.name for e in engines[:4]) + (", ..." if cfg.engines > 4 else "")
-    print(f"flightrec simulate: {cfg.engines} engine(s) [{names}] x {cfg.running} running x "
-          f"{cfg.steps_per_second:g} steps/s into {cfg.recorder_dir}", flush=True)  # fmt: skip
+    print(
+        f"flightrec simulate: {cfg.engines} engine(s) [{names}] x {cfg.running} running x {cfg.steps_per_second:g} steps/s into {cfg.recorder_dir}",
+        flush=True,
+    )
     for name, url in list(urls.items())[:4]:
         print(f"  {name}: {url}/metrics", flush=True)
 
     def progress(r: RunReport) -> None:
-        print(f"  {r.wall_s:6.1f} s: {r.steps_per_s:7.1f} steps/s, {r.rows_per_s:9.0f} rows/s, "
-              f"CPU {100 * r.cpu_share:4.1f}%", flush=True)  # fmt: skip
+        print(f"  {r.wall_s:6.1f} s: {r.steps_per_s:7.1f} steps/s, {r.rows_per_s:9.0f} rows/s, CPU {100 * r.cpu_share:4.1f}%", flush=True)
 
     try:
         if args.start_delay > 0:  # a sidecar started on the config reads the rings from step 1

@@ -23,28 +23,35 @@ from collector.cli.common import (
 
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    snaps = sub.add_parser("snapshots", parents=parents, help="read stored snapshots",
-                           description="Read the snapshots a sidecar stored; creates nothing.")  # fmt: skip
+    snaps = sub.add_parser(
+        "snapshots", parents=parents, help="read stored snapshots", description="Read the snapshots a sidecar stored; creates nothing."
+    )
     actions = snaps.add_subparsers(dest="snapshots_action", required=True, metavar="ACTION")
 
-    ls = actions.add_parser("list", parents=parents, help="stored snapshots, newest first",
-                            description="Stored snapshots, newest first.")  # fmt: skip
+    ls = actions.add_parser("list", parents=parents, help="stored snapshots, newest first", description="Stored snapshots, newest first.")
     ls.add_argument("--limit", type=positive_int, default=20, help="how many rows (1 or more)")
     ls.add_argument("--engine", help="only this engine's snapshots (default: every engine)")
     add_settings_options(ls)
     ls.set_defaults(func=run_list)
 
-    show = actions.add_parser("show", parents=parents, help="one snapshot's summary as JSON",
-                              description="One snapshot's summary and events as JSON (counts instead of the bulky parts).")  # fmt: skip
+    show = actions.add_parser(
+        "show",
+        parents=parents,
+        help="one snapshot's summary as JSON",
+        description="One snapshot's summary and events as JSON (counts instead of the bulky parts).",
+    )
     show.add_argument("id", type=positive_int, help="snapshot id (from 'snapshots list')")
     add_settings_options(show)
     show.set_defaults(func=run_show)
 
-    export = actions.add_parser("export", parents=parents, help="one snapshot's full gzip JSON export",
-                                description="Write one snapshot's full export (gzip JSON, schema flightrec.snapshot/v1).")  # fmt: skip
+    export = actions.add_parser(
+        "export",
+        parents=parents,
+        help="one snapshot's full gzip JSON export",
+        description="Write one snapshot's full export (gzip JSON, schema flightrec.snapshot/v1).",
+    )
     export.add_argument("id", type=positive_int, help="snapshot id (from 'snapshots list')")
-    export.add_argument("-o", "--output", metavar="FILE",
-                        help="file to write, '-' for stdout (default: flightrec-snapshot-ID.json.gz)")  # fmt: skip
+    export.add_argument("-o", "--output", metavar="FILE", help="file to write, '-' for stdout (default: flightrec-snapshot-ID.json.gz)")
     add_settings_options(export)
     export.set_defaults(func=run_export)
 
@@ -57,8 +64,9 @@ def _repo(args: argparse.Namespace) -> Any:
     settings = settings_from(args)
     require_existing_database(settings.database)
     if current(settings.database) is None:
-        raise CliError(f"the database at --db {settings.database} has no flightrec tables "
-                       "(is it the sidecar's? 'flightrec db upgrade' creates them)", EXIT_USAGE)  # fmt: skip
+        raise CliError(
+            f"the database at --db {settings.database} has no flightrec tables (is it the sidecar's? 'flightrec db upgrade' creates them)", EXIT_USAGE
+        )
     return Repository(make_engine(settings.database), host=settings.host_name or socket.gethostname())
 
 
@@ -70,8 +78,10 @@ def run_list(args: argparse.Namespace) -> int:
     out.write(f"{'id':>5}  {'created (UTC)':19}  {'host':16} {'engine':14} {'trigger':15} {'steps':>6} {'reqs':>7}  message\n")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["created_at"]))
-        out.write(f"{r['id']:>5}  {when}  {r['host'][:16]:16} {r['engine'][:14]:14} {r['trigger_kind'][:15]:15} "
-                  f"{r['step_count']:>6} {r['request_rows']:>7}  {r['trigger_message'][:70]}\n")  # fmt: skip
+        out.write(
+            f"{r['id']:>5}  {when}  {r['host'][:16]:16} {r['engine'][:14]:14} {r['trigger_kind'][:15]:15} "
+            f"{r['step_count']:>6} {r['request_rows']:>7}  {r['trigger_message'][:70]}\n"
+        )
     out.flush()
     return 0
 

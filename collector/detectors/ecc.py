@@ -19,9 +19,7 @@ def _increase(samples: Sequence[GpuSample], name: str) -> int:
     return int(values[-1] - values[0]) if len(values) >= 2 and values[-1] > values[0] else 0
 
 
-def detect_memory_errors(
-    samples: Sequence[GpuSample], *, now: float, labels: dict[str, str], thr: EccThresholds
-) -> DetectorState:
+def detect_memory_errors(samples: Sequence[GpuSample], *, now: float, labels: dict[str, str], thr: EccThresholds) -> DetectorState:
     """``samples``: one GPU's samples, oldest first, covering at least ``window_s`` when available."""
     recent = [s for s in samples if s.ts >= now - thr.window_s]
     # the baseline is the last sample before the window, so an increase right at its start counts

@@ -19,8 +19,10 @@ from collector.detectors.series import Point, window
 from collector.model import Severity
 
 NAME = "host_backlog"
-ACTION = ("take a snapshot: the HiSparse host side is falling behind; check the host pool size "
-          "(host_pool_gib), pending page transfers and the connector's free path")  # fmt: skip
+ACTION = (
+    "take a snapshot: the HiSparse host side is falling behind; check the host pool size "
+    "(host_pool_gib), pending page transfers and the connector's free path"
+)
 
 
 def _quarters(points: Sequence[Point]) -> tuple[float, float]:
@@ -58,18 +60,26 @@ def detect_host_backlog(
             growth = per_last / per_first
             if steady and growth >= thr.growth_ratio:
                 return DetectorState(
-                    NAME, Severity.WARNING,
+                    NAME,
+                    Severity.WARNING,
                     f"host blocks per running request grew x{growth:.2f} in {thr.window_s:g}s "
                     f"({per_first:.0f} -> {per_last:.0f}) with the load steady ({load_first:.1f} -> {load_last:.1f})",
-                    ACTION, growth, labels, now,
-                )  # fmt: skip
+                    ACTION,
+                    growth,
+                    labels,
+                    now,
+                )
     backlog = window(pending, start)
     if len(backlog) >= thr.min_points:
         p_first, p_last = _quarters(backlog)
         if p_last >= thr.pending_min and p_last >= p_first * thr.growth_ratio:
             return DetectorState(
-                NAME, Severity.WARNING,
+                NAME,
+                Severity.WARNING,
                 f"pending page transfers grew {p_first:.0f} -> {p_last:.0f} in {thr.window_s:g}s",
-                ACTION, p_last, labels, now,
-            )  # fmt: skip
+                ACTION,
+                p_last,
+                labels,
+                now,
+            )
     return DetectorState(NAME, Severity.OK, "host side keeping up", labels=labels, ts=now)

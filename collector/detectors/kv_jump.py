@@ -22,14 +22,11 @@ def largest_rise(points: Sequence[Point]) -> float:
     return rise
 
 
-def detect_kv_jump(
-    usage: Sequence[Point], *, now: float, labels: dict[str, str], thr: KvJumpThresholds
-) -> DetectorState:
+def detect_kv_jump(usage: Sequence[Point], *, now: float, labels: dict[str, str], thr: KvJumpThresholds) -> DetectorState:
     recent = window(usage, now - thr.window_s)
     rise = largest_rise(recent)
     if rise < thr.delta:
-        return DetectorState(NAME, Severity.OK, f"rise {rise:.2f} in {thr.window_s:g}s", labels=labels, ts=now,
-                             value=rise)
+        return DetectorState(NAME, Severity.OK, f"rise {rise:.2f} in {thr.window_s:g}s", labels=labels, ts=now, value=rise)
     last = recent[-1][1]
     return DetectorState(
         NAME,

@@ -26,7 +26,11 @@ def _mean_between(sums: Sequence[Point], counts: Sequence[Point], start: float, 
 
 
 def detect_itl_regression(
-    itl_sum: Sequence[Point], itl_count: Sequence[Point], *, now: float, labels: dict[str, str],
+    itl_sum: Sequence[Point],
+    itl_count: Sequence[Point],
+    *,
+    now: float,
+    labels: dict[str, str],
     thr: LatencyThresholds,
 ) -> DetectorState:
     """``itl_sum``/``itl_count``: the cumulative histogram sum (seconds) and count."""
@@ -42,8 +46,7 @@ def detect_itl_regression(
     elif ratio >= thr.warning_ratio:
         level = Severity.WARNING
     else:
-        return DetectorState(NAME, Severity.OK, f"ITL {current * 1000:.1f} ms, x{ratio:.2f} baseline", labels=labels,
-                             ts=now, value=ratio)
+        return DetectorState(NAME, Severity.OK, f"ITL {current * 1000:.1f} ms, x{ratio:.2f} baseline", labels=labels, ts=now, value=ratio)
     return DetectorState(
         NAME,
         level,

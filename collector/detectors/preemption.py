@@ -12,9 +12,7 @@ from collector.model import Severity
 NAME = "preemption_storm"
 
 
-def detect_preemption_storm(
-    preemptions: Sequence[Point], *, now: float, labels: dict[str, str], thr: PreemptionThresholds
-) -> DetectorState:
+def detect_preemption_storm(preemptions: Sequence[Point], *, now: float, labels: dict[str, str], thr: PreemptionThresholds) -> DetectorState:
     """``preemptions``: preemptions per step (or per scrape interval), stamped at its end."""
     count = sum_between(preemptions, now - thr.window_s, now)
     rate = count / thr.window_s
@@ -23,8 +21,7 @@ def detect_preemption_storm(
     elif rate >= thr.warning_per_s:
         level = Severity.WARNING
     else:
-        return DetectorState(NAME, Severity.OK, f"{count:g} preemptions in {thr.window_s:g}s", labels=labels, ts=now,
-                             value=rate)
+        return DetectorState(NAME, Severity.OK, f"{count:g} preemptions in {thr.window_s:g}s", labels=labels, ts=now, value=rate)
     return DetectorState(
         NAME,
         level,

@@ -79,15 +79,18 @@ class DetectorRunner:
     def history_s(self) -> float:
         """How far back the detectors read the series (the longest window and baseline)."""
         t = self.thr
-        return max(
-            t.stall.critical_after_s * 2,
-            t.kv_jump.window_s,
-            t.preemption.window_s,
-            t.host_backlog.window_s,
-            t.throughput.window_s + t.throughput.baseline_s,
-            t.latency.window_s + t.latency.baseline_s,
-            t.ecc.window_s,
-        ) + 1.0
+        return (
+            max(
+                t.stall.critical_after_s * 2,
+                t.kv_jump.window_s,
+                t.preemption.window_s,
+                t.host_backlog.window_s,
+                t.throughput.window_s + t.throughput.baseline_s,
+                t.latency.window_s + t.latency.baseline_s,
+                t.ecc.window_s,
+            )
+            + 1.0
+        )
 
     def evaluate(
         self,
@@ -113,9 +116,7 @@ class DetectorRunner:
             raw += self._gpu_states(gpu, since(samples, start, lambda s: s.ts), now)
         return self._publish(raw)
 
-    def _engine_states(
-        self, engine: str, steps: list[StepRecord], scrapes: list[MetricsScrape], now: float
-    ) -> list[DetectorState]:
+    def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: list[MetricsScrape], now: float) -> list[DetectorState]:
         t = self.thr
         labels = {"engine": engine}
         out = []
@@ -152,8 +153,7 @@ class DetectorRunner:
             usage = S.connector_level(all_steps, "host_cache_usage_perc")
             if blocks or pending or usage:
                 running = [(s.ts, float(s.running)) for s in all_steps if s.running is not None]
-                out.append(detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels,
-                                               thr=t.host_backlog))  # fmt: skip
+                out.append(detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels, thr=t.host_backlog))
         if t.throughput.enabled:
             # scrapes reach further back than a step ring at hundreds of steps a second
             long_tokens = sc_tokens if len(scrapes) >= 2 else tokens
@@ -162,7 +162,10 @@ class DetectorRunner:
         if t.latency.enabled and scrapes:
             out.append(
                 detect_itl_regression(
-                    S.counter(scrapes, S.ITL_SUM), S.counter(scrapes, S.ITL_COUNT), now=now, labels=labels,
+                    S.counter(scrapes, S.ITL_SUM),
+                    S.counter(scrapes, S.ITL_COUNT),
+                    now=now,
+                    labels=labels,
                     thr=t.latency,
                 )
             )
@@ -177,10 +180,7 @@ class DetectorRunner:
         if t.throttling.enabled:
             published = self._published.get((THROTTLING, (("gpu", gpu),)))
             previous = published.state if published else Severity.OK
-            out.append(
-                detect_throttling(samples[-1] if samples else None, previous=previous, now=now, labels=labels,
-                                  thr=t.throttling)
-            )
+            out.append(detect_throttling(samples[-1] if samples else None, previous=previous, now=now, labels=labels, thr=t.throttling))
         if t.ecc.enabled:
             out.append(detect_memory_errors(samples, now=now, labels=labels, thr=t.ecc))
         return out
@@ -203,8 +203,9 @@ class DetectorRunner:
             else:
                 # moved to a level the raw state is not at now (the mildest of a streak):
                 # say why with the last raw state that was at that level
-                current = seen.get(level) or DetectorState(state.name, level, state.reason, state.suggested_action,
-                                                           state.value, state.labels, state.ts)
+                current = seen.get(level) or DetectorState(
+                    state.name, level, state.reason, state.suggested_action, state.value, state.labels, state.ts
+                )
             self._published[key] = current
             if current.state is not previous.state:
                 transitions.append(Transition(previous=previous, current=current))

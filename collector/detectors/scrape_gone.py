@@ -9,9 +9,7 @@ from collector.model import Severity
 NAME = "scrape_target_gone"
 
 
-def detect_scrape_gone(
-    last_scrape: float | None, *, now: float, labels: dict[str, str], thr: ScrapeGoneThresholds
-) -> DetectorState:
+def detect_scrape_gone(last_scrape: float | None, *, now: float, labels: dict[str, str], thr: ScrapeGoneThresholds) -> DetectorState:
     if last_scrape is None:
         return DetectorState(NAME, Severity.OK, "never scraped", labels=labels, ts=now)
     age = now - last_scrape

@@ -16,9 +16,7 @@ from collector.model import Severity
 NAME = "engine_stall"
 
 
-def detect_stall(
-    waiting: Sequence[Point], tokens: Sequence[Point], *, now: float, labels: dict[str, str], thr: StallThresholds
-) -> DetectorState:
+def detect_stall(waiting: Sequence[Point], tokens: Sequence[Point], *, now: float, labels: dict[str, str], thr: StallThresholds) -> DetectorState:
     """``waiting``: the waiting-requests gauge; ``tokens``: tokens computed per step/interval."""
     if not waiting or waiting[-1][1] <= 0:
         return DetectorState(NAME, Severity.OK, "no request waiting", labels=labels, ts=now, value=0.0)

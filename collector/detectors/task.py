@@ -24,9 +24,15 @@ HISTORY_STEPS = 512
 
 
 class DetectorTask:
-    def __init__(self, hub: Hub, thresholds: DetectorThresholds, *, interval: float = 1.0,
-                 consumers: Sequence[Callable[[Transition], None]] = (),
-                 behind: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hub: Hub,
+        thresholds: DetectorThresholds,
+        *,
+        interval: float = 1.0,
+        consumers: Sequence[Callable[[Transition], None]] = (),
+        behind: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.hub = hub
         # While the sidecar itself is late (its loop, its ring reads), the newest steps it holds
         # are old: an engine would look stalled because we are. Those ticks are skipped, counted.
@@ -62,14 +68,24 @@ class DetectorTask:
         self.evaluations += 1
         for tr in transitions:
             cur = tr.current
-            hub.emit(Event(
-                kind=EventKind.ANOMALY, ts=cur.ts, source="detector",
-                message=f"{cur.name} {cur.state.value}: {cur.reason}",
-                severity=Severity(cur.state.value) if cur.state.value != "ok" else Severity.INFO,
-                engine=cur.labels.get("engine"), gpu=cur.labels.get("gpu"),
-                data={"detector": cur.name, "state": cur.state.value, "labels": cur.labels,
-                      "suggested_action": cur.suggested_action, "value": cur.value},
-            ))  # fmt: skip
+            hub.emit(
+                Event(
+                    kind=EventKind.ANOMALY,
+                    ts=cur.ts,
+                    source="detector",
+                    message=f"{cur.name} {cur.state.value}: {cur.reason}",
+                    severity=Severity(cur.state.value) if cur.state.value != "ok" else Severity.INFO,
+                    engine=cur.labels.get("engine"),
+                    gpu=cur.labels.get("gpu"),
+                    data={
+                        "detector": cur.name,
+                        "state": cur.state.value,
+                        "labels": cur.labels,
+                        "suggested_action": cur.suggested_action,
+                        "value": cur.value,
+                    },
+                )
+            )
             for consumer in self.consumers:
                 try:
                     consumer(tr)

@@ -29,26 +29,22 @@ def detect_throughput_collapse(
         end -= thr.window_s
     baseline = median(rates) or 0.0
     if baseline < thr.min_baseline_tokens_per_s:
-        return DetectorState(NAME, Severity.OK, f"baseline {baseline:.1f} tokens/s too low to judge", labels=labels,
-                             ts=now, value=current)
+        return DetectorState(NAME, Severity.OK, f"baseline {baseline:.1f} tokens/s too low to judge", labels=labels, ts=now, value=current)
     demand_now = mean(v for _, v in window(demand, now - thr.window_s)) or 0.0
     demand_before = mean(v for t, v in window(demand, start) if t <= now - thr.window_s) or 0.0
     if demand_now <= 0 or demand_now < thr.min_load_ratio * demand_before:
-        return DetectorState(NAME, Severity.OK, "demand fell with throughput", labels=labels, ts=now,
-                             value=current / baseline)
+        return DetectorState(NAME, Severity.OK, "demand fell with throughput", labels=labels, ts=now, value=current / baseline)
     ratio = current / baseline
     if ratio <= thr.critical_ratio:
         level = Severity.CRITICAL
     elif ratio <= thr.warning_ratio:
         level = Severity.WARNING
     else:
-        return DetectorState(NAME, Severity.OK, f"{current:.0f} tokens/s, {ratio:.0%} of baseline", labels=labels,
-                             ts=now, value=ratio)
+        return DetectorState(NAME, Severity.OK, f"{current:.0f} tokens/s, {ratio:.0%} of baseline", labels=labels, ts=now, value=ratio)
     return DetectorState(
         NAME,
         level,
-        f"{current:.1f} tokens/s is {ratio:.0%} of the {baseline:.1f} tokens/s baseline with {demand_now:.0f} "
-        "requests in the engine",
+        f"{current:.1f} tokens/s is {ratio:.0%} of the {baseline:.1f} tokens/s baseline with {demand_now:.0f} requests in the engine",
         "look for preemptions, KV-transfer waits or GPU throttling at the same time; take a snapshot",
         ratio,
         labels,

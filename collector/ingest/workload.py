@@ -58,9 +58,19 @@ _ABORTED = frozenset({"aborted", "abort", "cancelled"})
 _ERROR = frozenset({"error"})
 OUTCOMES = ("finished", "aborted", "error", "failed_by_crash", "in_flight")
 COLUMNS = (
-    "id", "arrival_offset", "prompt_len", "max_tokens", "n", "ignore_eos", "has_stop",
-    "end_offset", "output_len", "finish", "outcome", "cached_tokens",
-)  # fmt: skip
+    "id",
+    "arrival_offset",
+    "prompt_len",
+    "max_tokens",
+    "n",
+    "ignore_eos",
+    "has_stop",
+    "end_offset",
+    "output_len",
+    "finish",
+    "outcome",
+    "cached_tokens",
+)
 
 
 @dataclass(slots=True)
@@ -123,10 +133,15 @@ class WorkloadLog:
         d = rec.data
         self._seq += 1
         self._requests[self._seq] = _Request(
-            id=key[1], engine=rec.engine, arrival=rec.ts, prompt_len=_int(d.get("prompt_len")),
-            max_tokens=_int(d.get("max_tokens")), n=_int(d.get("n")), ignore_eos=_bool(d.get("ignore_eos")),
+            id=key[1],
+            engine=rec.engine,
+            arrival=rec.ts,
+            prompt_len=_int(d.get("prompt_len")),
+            max_tokens=_int(d.get("max_tokens")),
+            n=_int(d.get("n")),
+            ignore_eos=_bool(d.get("ignore_eos")),
             has_stop=_bool(d.get("has_stop")),
-        )  # fmt: skip
+        )
         self._open[key] = self._seq
         early = self._early_ends.pop(key, None)
         if early is not None:
@@ -178,17 +193,20 @@ class WorkloadLog:
         died_before = max((d for d in self._deaths if d < fault_ts), default=None)
         after = died_before + DEATH_GRACE_S if died_before is not None else None
         kept = [
-            r for r in self._requests.values()
-            if (engine is None or r.engine == engine) and r.arrival <= cutoff
-            and (r.end is None or r.end >= start) and (after is None or r.arrival > after)
-        ]  # fmt: skip
-        after_fault = sum(1 for r in self._requests.values()
-                          if (engine is None or r.engine == engine) and r.arrival > cutoff)  # fmt: skip
+            r
+            for r in self._requests.values()
+            if (engine is None or r.engine == engine)
+            and r.arrival <= cutoff
+            and (r.end is None or r.end >= start)
+            and (after is None or r.arrival > after)
+        ]
+        after_fault = sum(1 for r in self._requests.values() if (engine is None or r.engine == engine) and r.arrival > cutoff)
         if crashed:
             self._died(fault_ts, kept)
         t0 = min((r.arrival for r in kept), default=fault_ts)
-        last = max([fault_ts] + [r.end for r in kept if r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH]
-                   + [r.arrival for r in kept])  # fmt: skip
+        last = max(
+            [fault_ts] + [r.end for r in kept if r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH] + [r.arrival for r in kept]
+        )
         cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         counts = dict.fromkeys(OUTCOMES, 0)
         for r in kept:
@@ -196,12 +214,19 @@ class WorkloadLog:
             outcome = _outcome(r.finish) if ended else ("failed_by_crash" if crashed else "in_flight")
             counts[outcome] += 1
             row = {
-                "id": r.id, "arrival_offset": round(r.arrival - t0, 6), "prompt_len": r.prompt_len,
-                "max_tokens": r.max_tokens, "n": r.n, "ignore_eos": r.ignore_eos, "has_stop": r.has_stop,
+                "id": r.id,
+                "arrival_offset": round(r.arrival - t0, 6),
+                "prompt_len": r.prompt_len,
+                "max_tokens": r.max_tokens,
+                "n": r.n,
+                "ignore_eos": r.ignore_eos,
+                "has_stop": r.has_stop,
                 "end_offset": round(r.end - t0, 6) if ended and r.end is not None else None,
-                "output_len": r.output_len if ended else None, "finish": r.finish if ended else None,
-                "outcome": outcome, "cached_tokens": r.cached_tokens if ended else None,
-            }  # fmt: skip
+                "output_len": r.output_len if ended else None,
+                "finish": r.finish if ended else None,
+                "outcome": outcome,
+                "cached_tokens": r.cached_tokens if ended else None,
+            }
             for c in COLUMNS:
                 cols[c].append(row[c])
         return {
@@ -209,20 +234,24 @@ class WorkloadLog:
             "fault_ts": fault_ts,
             "crashed": crashed,
             "t0": t0,
-            "window": {"start": max(start, t0) if kept else start, "end": fault_ts,
-                       "max_age_s": self.max_age_s, "max_requests": self.max_requests,
-                       "after_death_at": died_before},  # fmt: skip
+            "window": {
+                "start": max(start, t0) if kept else start,
+                "end": fault_ts,
+                "max_age_s": self.max_age_s,
+                "max_requests": self.max_requests,
+                "after_death_at": died_before,
+            },
             "truncated": {
                 "any": bool(self.dropped_by_count or self.dropped_by_age or self.ends_without_arrival),
-                "dropped_by_count": self.dropped_by_count, "dropped_by_age": self.dropped_by_age,
+                "dropped_by_count": self.dropped_by_count,
+                "dropped_by_age": self.dropped_by_age,
                 "ends_without_arrival": self.ends_without_arrival + len(self._early_ends),
                 "arrived_after_fault": after_fault,
-            },  # fmt: skip
+            },
             "counts": {"requests": len(kept), **counts},
             "requests": {"columns": cols},
             "concurrency": concurrency_series(cols["arrival_offset"], cols["end_offset"], round(last - t0, 6)),
         }
-
 
     def _died(self, ts: float, kept: list[_Request]) -> None:
         """The engine died at ``ts``: what was open there ends there, failed by the crash."""

@@ -45,8 +45,7 @@ def _token_regex(quotes: str) -> re.Pattern[str]:
     strings = {"'": r"'(?:[^'\\]|\\.)*'", '"': r'"(?:[^"\\]|\\.)*"'}
     branch = "|".join(strings[q] for q in quotes)
     return re.compile(
-        (f"(?P<str>{branch})|" if branch else "")
-        + r"(?P<punct>[()\[\]{},:=])"
+        (f"(?P<str>{branch})|" if branch else "") + r"(?P<punct>[()\[\]{},:=])"
         r"|(?P<enum><[^<>()\[\]{}]{0,200}>)"
         r"|(?P<atom>[^\s()\[\]{},:='\"<]+)"
         r"|(?P<space>\s+)"
@@ -198,9 +197,7 @@ class _Parser:
                 raise _Truncated(self._build(opener, name, items, fields, is_mapping)) from None
 
     @staticmethod
-    def _build(
-        opener: str, name: str | None, items: list[Any], fields: dict[str, Any], mapping: bool
-    ) -> Any:
+    def _build(opener: str, name: str | None, items: list[Any], fields: dict[str, Any], mapping: bool) -> Any:
         if name is not None:
             out: dict[str, Any] = {"__type__": name}
             if items:

@@ -56,6 +56,7 @@ _CLASSIFIERS: tuple[tuple[EventKind, re.Pattern[str]], ...] = (
     ),
 )
 
+
 def classify(text: str) -> list[EventKind]:
     """Every kind whose pattern occurs in ``text``, most specific first."""
     return [kind for kind, pattern in _CLASSIFIERS if pattern.search(text)]

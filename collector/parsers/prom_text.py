@@ -79,9 +79,7 @@ class Wanted:
         # What a line must start with to be looked at at all.
         sample_heads = sorted(self.samples) + list(self.prefixes)
         type_heads = sorted(families) + list(self.prefixes)
-        self.line_prefixes: tuple[str, ...] = tuple(sample_heads) + tuple(
-            f"# TYPE {head}" for head in type_heads
-        )
+        self.line_prefixes: tuple[str, ...] = tuple(sample_heads) + tuple(f"# TYPE {head}" for head in type_heads)
         # One regex finds every such line (after a newline and optional blanks) in one C-level
         # pass over the page; measured about 2x faster than a Python loop over the lines with
         # str.startswith (bench/bench_prom_text.py). Matched against "\n" + page.
@@ -89,9 +87,7 @@ class Wanted:
         if sample_heads:
             alternatives.append(_literal_alternation(sample_heads))
             alternatives.append("# TYPE " + _literal_alternation(type_heads))
-        self.candidates = re.compile(
-            r"\n[ \t]*((?:" + "|".join(alternatives) + r")[^\n]*)" if alternatives else r"(?!)"
-        )
+        self.candidates = re.compile(r"\n[ \t]*((?:" + "|".join(alternatives) + r")[^\n]*)" if alternatives else r"(?!)")
 
     def keeps(self, name: str) -> bool:
         if name in self.samples:

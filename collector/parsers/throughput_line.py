@@ -51,9 +51,7 @@ _FIELDS: tuple[tuple[re.Pattern[str], str, float], ...] = (
     (re.compile(r"MM cache hit rate: " + _NUM + "%"), "mm_cache_hit_rate", 0.01),
     (re.compile(r"\bCorrupted: " + _NUM + r" reqs"), "num_corrupted_requests", 1.0),
 )
-_KV_FETCH = re.compile(
-    r"KV fetch: (\d+) waiting to start, (\d+) in progress, (\d+) completed waiting"
-)
+_KV_FETCH = re.compile(r"KV fetch: (\d+) waiting to start, (\d+) in progress, (\d+) completed waiting")
 _DEVICE = re.compile(r"\b([A-Z]+) KV cache usage: ")
 
 

@@ -94,9 +94,7 @@ _CONFIG_KEYS = (
     "enable_chunked_prefill",
     "load_format",
 )
-_CONFIG_VALUE = {
-    key: re.compile(r"\b" + key + r"=('[^']*'|[^,\s]+)") for key in _CONFIG_KEYS
-}
+_CONFIG_VALUE = {key: re.compile(r"\b" + key + r"=('[^']*'|[^,\s]+)") for key in _CONFIG_KEYS}
 _CUDAGRAPH_MODE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)")
 
 
@@ -146,11 +144,7 @@ class LogEventizer:
         """Unix time of a line: its stamp (year from the reference clock), else the last one."""
         if line.stamp is not None:
             ref = self._clock()
-            reference = (
-                datetime.fromtimestamp(ref, self._tz)
-                if self._tz is not None
-                else datetime.fromtimestamp(ref).astimezone()
-            )
+            reference = datetime.fromtimestamp(ref, self._tz) if self._tz is not None else datetime.fromtimestamp(ref).astimezone()
             value = parse_timestamp(line.stamp, reference)
             if value is not None:
                 self._last_ts = value.timestamp()
@@ -314,9 +308,7 @@ class LogEventizer:
             data=data,
         )
 
-    def _shutdown_filter(
-        self, kind: EventKind, severity: Severity, data: dict[str, Any]
-    ) -> tuple[EventKind, Severity]:
+    def _shutdown_filter(self, kind: EventKind, severity: Severity, data: dict[str, Any]) -> tuple[EventKind, Severity]:
         """A stop that was asked for is not a crash.
 
         vLLM 0.32 logs ``AsyncLLM output_handler failed ... EngineDeadError`` on every
@@ -336,9 +328,7 @@ class LogEventizer:
         if line.location is not None:
             data["location"] = line.location
 
-    def _single(
-        self, key: tuple[str | None, int | None], line: LogRecordLine, line_no: int
-    ) -> list[Event]:
+    def _single(self, key: tuple[str | None, int | None], line: LogRecordLine, line_no: int) -> list[Event]:
         msg = line.message
         if msg.startswith(_DUMP_INPUT):
             events = self._emit_dump(key)

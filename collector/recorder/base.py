@@ -33,9 +33,7 @@ class RecorderBase:
         self.identity = identity
         self.clock = clock
         folder = Path(directory) if directory is not None else recorder_dir_from_env()
-        self.channel = RecorderChannel(
-            identity=identity, role=self.role, directory=folder, capacity=capacity, pid=pid, clock=clock
-        )
+        self.channel = RecorderChannel(identity=identity, role=self.role, directory=folder, capacity=capacity, pid=pid, clock=clock)
 
     @property
     def engine(self) -> str:
@@ -64,8 +62,7 @@ class RecorderBase:
         (``server_pid``, ``server_host``, ``server_port``, ``engine_index``) are added unless
         ``facts`` has them."""
         merged = {**self.identity.facts(), **dict(facts)}
-        self._json("fingerprint", {"t": "fp", "engine": self.engine, "ts": self.clock() if ts is None else ts,
-                                   "facts": merged})  # fmt: skip
+        self._json("fingerprint", {"t": "fp", "engine": self.engine, "ts": self.clock() if ts is None else ts, "facts": merged})
 
     def write_event(
         self,
@@ -78,8 +75,16 @@ class RecorderBase:
     ) -> None:
         """An event the engine saw itself (``kind`` is a ``collector.model.EventKind`` value;
         ``fields`` are other ``Event`` fields: pid, process, frames, lines, data, gpu, xid)."""
-        body = {"t": "ev", "engine": self.engine, "kind": kind, "message": message, "severity": severity,
-                "source": "recorder", "ts": self.clock() if ts is None else ts, **fields}  # fmt: skip
+        body = {
+            "t": "ev",
+            "engine": self.engine,
+            "kind": kind,
+            "message": message,
+            "severity": severity,
+            "source": "recorder",
+            "ts": self.clock() if ts is None else ts,
+            **fields,
+        }
         self._json("event", body)
 
     def close(self) -> None:

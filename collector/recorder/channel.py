@@ -51,11 +51,16 @@ class RecorderChannel:
         self.failed: str | None = None
         self._meta = encode(
             {
-                "t": "meta", "engine": self.engine, "role": role, "pid": self.pid,
-                "vllm_version": identity.engine_version, "format": RECORD_FORMAT,
-                "created": clock(), **identity.facts(),
+                "t": "meta",
+                "engine": self.engine,
+                "role": role,
+                "pid": self.pid,
+                "vllm_version": identity.engine_version,
+                "format": RECORD_FORMAT,
+                "created": clock(),
+                **identity.facts(),
             }
-        )  # fmt: skip
+        )
         self._ring: RingWriter | None = None
         self._capacity = capacity
         self._wrap = 0
@@ -90,9 +95,7 @@ class RecorderChannel:
         self.failed = reason
         ring, self._ring = self._ring, None
         try:
-            log.warning(
-                "flight recorder (%s, engine %s) disabled: %s", self.role, self.engine, reason
-            )
+            log.warning("flight recorder (%s, engine %s) disabled: %s", self.role, self.engine, reason)
         except Exception:  # noqa: BLE001
             pass
         if ring is not None:

@@ -49,9 +49,13 @@ class EngineIdentity:
         the name override."""
         env = None if environ is None else dict(environ)
         return cls(
-            server_pid=server_pid, engine_index=engine_index, server_host=server_host,
-            server_port=server_port, name=engine_name_from_env(env), engine_version=engine_version,
-        )  # fmt: skip
+            server_pid=server_pid,
+            engine_index=engine_index,
+            server_host=server_host,
+            server_port=server_port,
+            name=engine_name_from_env(env),
+            engine_version=engine_version,
+        )
 
     @property
     def engine(self) -> str:

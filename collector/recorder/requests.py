@@ -82,12 +82,18 @@ class RequestRecorder(RecorderBase):
             return
         try:
             payload = encode_request_columns(
-                step, self.clock() if ts is None else ts, n, _ids(ids), _col(prompt_len, "I"),
-                _col(computed, "I"), _col(output, "I"), _col(preemptions, "I"),
+                step,
+                self.clock() if ts is None else ts,
+                n,
+                _ids(ids),
+                _col(prompt_len, "I"),
+                _col(computed, "I"),
+                _col(output, "I"),
+                _col(preemptions, "I"),
                 status if isinstance(status, bytes) else bytes(status),
                 None if mirror_rows is None else _col(mirror_rows, "i"),
                 None if host_blocks is None else _col(host_blocks, "i"),
-            )  # fmt: skip
+            )
         except Exception as exc:  # noqa: BLE001
             channel.fail(f"write_requests raised {exc!r}")
             return
@@ -106,9 +112,21 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request the engine saw for the first time; ``ts`` is when it arrived (unix s),
         the sampling parameters a replay needs as the client sent them (None: not known)."""
-        self._json("wl", {"t": "wl", "engine": self.engine, "ev": "arrive", "id": request_id, "ts": ts,
-                          "prompt_len": prompt_len, "max_tokens": max_tokens, "n": n,
-                          "ignore_eos": ignore_eos, "has_stop": has_stop})  # fmt: skip
+        self._json(
+            "wl",
+            {
+                "t": "wl",
+                "engine": self.engine,
+                "ev": "arrive",
+                "id": request_id,
+                "ts": ts,
+                "prompt_len": prompt_len,
+                "max_tokens": max_tokens,
+                "n": n,
+                "ignore_eos": ignore_eos,
+                "has_stop": has_stop,
+            },
+        )
 
     def write_end(
         self,
@@ -121,6 +139,16 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request that left the engine: output tokens, how it finished (``FINISHES``, or
         another vLLM status name), prompt tokens served from a cache (None: not known)."""
-        self._json("wl", {"t": "wl", "engine": self.engine, "ev": "end", "id": request_id,
-                          "ts": self.clock() if ts is None else ts, "output_len": output_len,
-                          "finish": finish, "cached_tokens": cached_tokens})  # fmt: skip
+        self._json(
+            "wl",
+            {
+                "t": "wl",
+                "engine": self.engine,
+                "ev": "end",
+                "id": request_id,
+                "ts": self.clock() if ts is None else ts,
+                "output_len": output_len,
+                "finish": finish,
+                "cached_tokens": cached_tokens,
+            },
+        )

@@ -63,10 +63,21 @@ class StatsRecorder(RecorderBase):
             return
         try:
             payload = encode_step_fields(
-                step, self.clock() if ts is None else ts, self.identity.engine_index, running, waiting,
-                deferred, kv_cache_usage, preemptions, prompt_tokens, generation_tokens, finished,
-                prefix_cache_queries, prefix_cache_hits, extras,
-            )  # fmt: skip
+                step,
+                self.clock() if ts is None else ts,
+                self.identity.engine_index,
+                running,
+                waiting,
+                deferred,
+                kv_cache_usage,
+                preemptions,
+                prompt_tokens,
+                generation_tokens,
+                finished,
+                prefix_cache_queries,
+                prefix_cache_hits,
+                extras,
+            )
         except Exception as exc:  # noqa: BLE001
             channel.fail(f"write_step raised {exc!r}")
             return

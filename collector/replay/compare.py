@@ -71,8 +71,11 @@ def compare(original: Plan, replay: Plan) -> Comparison:
     # Levels are compared for requests that lived their whole life in both runs: one cut short by
     # the fault saw a share of its phase that depends on when, to the step, the engine died.
     cut = ("failed_by_crash", "in_flight")
-    off = [(i, x.level, y.level) for i, (x, y) in enumerate(zip(a, b, strict=False))
-           if x.outcome not in cut and y.outcome not in cut and abs(x.level - y.level) > int(LEVEL_TOL * x.level)]
+    off = [
+        (i, x.level, y.level)
+        for i, (x, y) in enumerate(zip(a, b, strict=False))
+        if x.outcome not in cut and y.outcome not in cut and abs(x.level - y.level) > int(LEVEL_TOL * x.level)
+    ]
     crash = original.crash_phase
     if crash is None:
         same_conc = len(a) == len(b) and not off
@@ -97,6 +100,5 @@ def compare(original: Plan, replay: Plan) -> Comparison:
             start = sum(len(p.requests) for p in original.phases[: crash.number - 1])
             done_b = sum(1 for r in b[start:] if r.outcome == "finished")
             fault = phase == crash.number and abs(done_b - done_a) <= max(1, int(DONE_TOL * done_a))
-            notes.append(f"fault: original in phase {crash.number} after {done_a} done there, "
-                         f"replay in phase {phase} after {done_b}")  # fmt: skip
+            notes.append(f"fault: original in phase {crash.number} after {done_a} done there, replay in phase {phase} after {done_b}")
     return Comparison(same_prompts, same_max, same_conc, fault, notes)

@@ -118,12 +118,13 @@ class Driver:
         self.client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=10.0),
             limits=httpx.Limits(max_connections=peak + 4, max_keepalive_connections=peak + 4),
-        )  # fmt: skip
+        )
         self.clock = clock
         self.stop = asyncio.Event()
         self.result = ReplayResult(
-            phases=[PhaseResult(p.number, p.concurrency, len(p.requests)) for p in plan.phases], started_at=time.time(),
-        )  # fmt: skip
+            phases=[PhaseResult(p.number, p.concurrency, len(p.requests)) for p in plan.phases],
+            started_at=time.time(),
+        )
         self._dead = asyncio.Event()
         self._changed = asyncio.Event()
         self._in_flight = 0

@@ -161,8 +161,7 @@ def closed_loop(arrivals: list[float], ends: list[float | None], before: list[in
 
 def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None = None) -> Plan:
     if not workload:
-        raise PlanError("the snapshot holds no workload (recorded before the workload log existed, "
-                        "or by an engine without the recorder)")  # fmt: skip
+        raise PlanError("the snapshot holds no workload (recorded before the workload log existed, or by an engine without the recorder)")
     rows = sorted(_rows(workload), key=lambda r: float(r.get("arrival_offset") or 0.0))
     usable = [r for r in rows if isinstance(r.get("prompt_len"), int) and r["prompt_len"] > 0]
     if not usable:
@@ -185,12 +184,23 @@ def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None
             donor = next((j for j in range(i - 1, -1, -1) if usable[j]["prompt_len"] >= cached), None)
             if donor is not None:
                 prefix_of, prefix_len = donor, min(cached, r["prompt_len"])
-        reqs.append(PlannedRequest(
-            index=i, id=r.get("id"), offset=round(arrivals[i], 6), prompt_len=int(r["prompt_len"]),
-            max_tokens=r.get("max_tokens"), n=r.get("n"), ignore_eos=r.get("ignore_eos"),
-            has_stop=r.get("has_stop"), level=lv[i], outcome=str(r.get("outcome") or "finished"),
-            output_len=r.get("output_len"), prefix_of=prefix_of, prefix_len=prefix_len,
-        ))  # fmt: skip
+        reqs.append(
+            PlannedRequest(
+                index=i,
+                id=r.get("id"),
+                offset=round(arrivals[i], 6),
+                prompt_len=int(r["prompt_len"]),
+                max_tokens=r.get("max_tokens"),
+                n=r.get("n"),
+                ignore_eos=r.get("ignore_eos"),
+                has_stop=r.get("has_stop"),
+                level=lv[i],
+                outcome=str(r.get("outcome") or "finished"),
+                output_len=r.get("output_len"),
+                prefix_of=prefix_of,
+                prefix_len=prefix_len,
+            )
+        )
     before = in_flight_at_arrival(arrivals, ends)
     phases: list[PlanPhase] = []
     for req in reqs:
@@ -208,8 +218,11 @@ def build_plan(workload: dict[str, Any] | None, *, source: dict[str, Any] | None
             ph.barrier = all(e is not None and e <= ph.start for e in prev_ends)
         ph.closed_loop = closed_loop(arrivals, ends, before, [r.index for r in ph.requests], ph.concurrency)
     return Plan(
-        phases=phases, crashed=bool(workload.get("crashed")),
+        phases=phases,
+        crashed=bool(workload.get("crashed")),
         fault_offset=round(until, 6) if fault is not None else None,
-        truncated=dict(workload.get("truncated") or {}), window=dict(workload.get("window") or {}),
-        skipped=len(rows) - len(usable), source=dict(source or {}),
-    )  # fmt: skip
+        truncated=dict(workload.get("truncated") or {}),
+        window=dict(workload.get("window") or {}),
+        skipped=len(rows) - len(usable),
+        source=dict(source or {}),
+    )

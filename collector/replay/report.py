@@ -33,10 +33,14 @@ def plan_text(plan: Plan) -> str:
     head = f"plan of snapshot {src.get('id', '?')} ({src.get('engine', '?')}"
     head += ", the engine died)" if plan.crashed else ", the engine was alive)"
     span = max((p.end for p in plan.phases), default=0.0)
-    lines = [f"{head}: {len(reqs)} requests over {clock_text(span)}"
-             + (f", fault at {clock_text(plan.fault_offset)}" if plan.fault_offset is not None else "")]  # fmt: skip
-    lines.append(f"{'phase':>5} {'conc':>5} {'reqs':>5} {'from':>8} {'to':>8}  {'prompt min/mean/max':>21} "
-                 f"{'max_tokens':>16} {'ignore_eos':>10} {'prefix':>6}  original done/failed")  # fmt: skip
+    lines = [
+        f"{head}: {len(reqs)} requests over {clock_text(span)}"
+        + (f", fault at {clock_text(plan.fault_offset)}" if plan.fault_offset is not None else "")
+    ]
+    lines.append(
+        f"{'phase':>5} {'conc':>5} {'reqs':>5} {'from':>8} {'to':>8}  {'prompt min/mean/max':>21} "
+        f"{'max_tokens':>16} {'ignore_eos':>10} {'prefix':>6}  original done/failed"
+    )
     for p in plan.phases:
         max_tok = [r.max_tokens for r in p.requests if r.max_tokens is not None]
         ign = sum(1 for r in p.requests if r.ignore_eos)
@@ -44,9 +48,8 @@ def plan_text(plan: Plan) -> str:
         lines.append(
             f"{p.number:>5} {'C' + str(p.concurrency):>5} {len(p.requests):>5} {clock_text(p.start):>8} "
             f"{clock_text(p.end):>8}  {_stats([r.prompt_len for r in p.requests]):>21} {_stats(max_tok):>16} "
-            f"{ign:>10} {shared:>6}  {p.original('finished')}/{p.original_failed}"
-            + ("  <- fault" if p is plan.crash_phase else "")
-        )  # fmt: skip
+            f"{ign:>10} {shared:>6}  {p.original('finished')}/{p.original_failed}" + ("  <- fault" if p is plan.crash_phase else "")
+        )
     stops = sum(1 for r in reqs if r.has_stop)
     notes = []
     if stops:
@@ -55,8 +58,10 @@ def plan_text(plan: Plan) -> str:
         notes.append(f"{plan.skipped} requests without a prompt length are left out")
     trunc = plan.truncated
     if trunc.get("any"):
-        notes.append(f"the log was truncated (dropped {trunc.get('dropped_by_count', 0)} by count, "
-                     f"{trunc.get('dropped_by_age', 0)} by age): the load began earlier")  # fmt: skip
+        notes.append(
+            f"the log was truncated (dropped {trunc.get('dropped_by_count', 0)} by count, "
+            f"{trunc.get('dropped_by_age', 0)} by age): the load began earlier"
+        )
     win = plan.window
     if win:
         notes.append(f"window: up to {clock_text(win.get('max_age_s'))} or {win.get('max_requests')} requests")
@@ -64,15 +69,16 @@ def plan_text(plan: Plan) -> str:
 
 
 def result_table(plan: Plan, result: ReplayResult) -> str:
-    lines = [f"{'phase':>5} {'conc':>5} {'planned':>7} {'done':>5} {'failed':>6} {'not sent':>8} {'time':>8}"
-             f"   original: {'done':>4} {'failed':>6}"]  # fmt: skip
+    lines = [f"{'phase':>5} {'conc':>5} {'planned':>7} {'done':>5} {'failed':>6} {'not sent':>8} {'time':>8}   original: {'done':>4} {'failed':>6}"]
     for p, r in zip(plan.phases, result.phases, strict=True):
         lines.append(
             f"{r.number:>5} {'C' + str(r.concurrency):>5} {r.planned:>7} {r.done:>5} {r.failed:>6} {r.not_sent:>8} "
             f"{clock_text(r.seconds):>8}             {p.original('finished'):>4} {p.original_failed:>6}"
-        )  # fmt: skip
-    lines.append(f"{'total':>5} {'':>5} {sum(r.planned for r in result.phases):>7} {result.done:>5} "
-                 f"{result.failed:>6} {sum(r.not_sent for r in result.phases):>8} {clock_text(result.elapsed):>8}")  # fmt: skip
+        )
+    lines.append(
+        f"{'total':>5} {'':>5} {sum(r.planned for r in result.phases):>7} {result.done:>5} "
+        f"{result.failed:>6} {sum(r.not_sent for r in result.phases):>8} {clock_text(result.elapsed):>8}"
+    )
     return "\n".join(lines)
 
 
@@ -80,8 +86,10 @@ def verdict_text(plan: Plan, result: ReplayResult, snapshot: dict[str, Any] | No
     out = []
     if result.died and result.died_phase is not None:
         ph = plan.phases[result.died_phase - 1]
-        out.append(f"engine died again: yes, in phase {ph.number} (C{ph.concurrency}) after "
-                   f"{result.done_before_death} done there, {clock_text(result.died_at)} into the replay")  # fmt: skip
+        out.append(
+            f"engine died again: yes, in phase {ph.number} (C{ph.concurrency}) after "
+            f"{result.done_before_death} done there, {clock_text(result.died_at)} into the replay"
+        )
         orig = plan.crash_phase
         if orig is not None:
             same = "the same phase" if orig.number == ph.number else f"phase {orig.number} (C{orig.concurrency})"
@@ -91,8 +99,10 @@ def verdict_text(plan: Plan, result: ReplayResult, snapshot: dict[str, Any] | No
     else:
         out.append("engine died again: no")
     if snapshot is not None:
-        out.append(f"new snapshot: {snapshot.get('id')} ({snapshot.get('engine')}, trigger {snapshot.get('trigger_kind')})"
-                   + (f"  {snapshot['url']}" if snapshot.get("url") else ""))  # fmt: skip
+        out.append(
+            f"new snapshot: {snapshot.get('id')} ({snapshot.get('engine')}, trigger {snapshot.get('trigger_kind')})"
+            + (f"  {snapshot['url']}" if snapshot.get("url") else "")
+        )
     if result.errors:
         out.append("first failures: " + " | ".join(result.errors))
     return "\n".join(out)
@@ -102,9 +112,11 @@ def comparison_text(cmp: Comparison) -> str:
     def word(ok: bool | None) -> str:
         return "n/a" if ok is None else ("same" if ok else "DIFFERENT")
 
-    head = (f"replayed workload vs the original (collector.replay.compare tolerances): prompt lengths "
-            f"{word(cmp.same_prompts)}, max tokens {word(cmp.same_max_tokens)}, concurrency "
-            f"{word(cmp.same_concurrency)}, fault point {word(cmp.same_fault_point)}")  # fmt: skip
+    head = (
+        f"replayed workload vs the original (collector.replay.compare tolerances): prompt lengths "
+        f"{word(cmp.same_prompts)}, max tokens {word(cmp.same_max_tokens)}, concurrency "
+        f"{word(cmp.same_concurrency)}, fault point {word(cmp.same_fault_point)}"
+    )
     return "\n".join([head] + [f"  {n}" for n in cmp.notes])
 
 
@@ -118,8 +130,7 @@ def _line(result: ReplayResult, elapsed: float) -> str:
     phase = f"phase {cur.number}/{len(result.phases)} C{cur.concurrency}" if cur else "starting"
     rate = result.done / elapsed if elapsed > 0 else 0.0
     in_flight = sum(p.in_flight for p in result.phases)
-    return (f"{phase}  done {result.done}  failed {result.failed}  in flight {in_flight}  "
-            f"elapsed {clock_text(elapsed)}  rate {rate:.2f} req/s")  # fmt: skip
+    return f"{phase}  done {result.done}  failed {result.failed}  in flight {in_flight}  elapsed {clock_text(elapsed)}  rate {rate:.2f} req/s"
 
 
 class TtyProgress:

@@ -82,8 +82,9 @@ def pick(items: list[dict[str, Any]], *, exclude: int | None, engine: str | None
     return min(chosen, key=lambda i: (i.get("created_at") or 0, i.get("id") or 0)) if chosen else None
 
 
-async def new_snapshot_from_sidecar(base: str, since: float, *, wait_s: float, token: str | None = None,
-                                    exclude: int | None = None, engine: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+async def new_snapshot_from_sidecar(
+    base: str, since: float, *, wait_s: float, token: str | None = None, exclude: int | None = None, engine: str | None = None
+) -> dict[str, Any] | None:
     """The replay's snapshot (``pick``) among those the sidecar stored after ``since`` (unix
     seconds), waiting up to ``wait_s`` for one to appear; None when none did."""
     deadline = time.monotonic() + wait_s
@@ -104,8 +105,9 @@ async def new_snapshot_from_sidecar(base: str, since: float, *, wait_s: float, t
             await asyncio.sleep(1.0)
 
 
-async def new_snapshot_from_db(database: str, since: float, *, host: str, wait_s: float,
-                               exclude: int | None = None, engine: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+async def new_snapshot_from_db(
+    database: str, since: float, *, host: str, wait_s: float, exclude: int | None = None, engine: str | None = None
+) -> dict[str, Any] | None:
     from collector.storage.db import make_engine
     from collector.storage.repo import Repository, SnapshotFilter
 
@@ -146,8 +148,7 @@ def link_replay(database: str, original: int, replay: dict[str, Any], *, host: s
 def link_replay_via_sidecar(base: str, original: int, replay: dict[str, Any], *, token: str | None = None) -> None:
     """The same link through the sidecar's API, which also drops its cached copy of the original."""
     try:
-        resp = httpx.post(f"{base.rstrip('/')}/api/v1/snapshots/{original}/replays", json=replay,
-                          headers=_headers(token), timeout=30.0)  # fmt: skip
+        resp = httpx.post(f"{base.rstrip('/')}/api/v1/snapshots/{original}/replays", json=replay, headers=_headers(token), timeout=30.0)
     except httpx.HTTPError as exc:
         raise SourceError(f"sidecar {base}: {exc}") from exc
     if resp.status_code not in (200, 201):

@@ -82,37 +82,39 @@ def vllm_config(
     """A ``VllmConfig``-shaped object: the attributes the recorder reads, named as vLLM names them."""
     ns = SimpleNamespace
     return ns(
-        model_config=ns(model=model, served_model_name=model, enforce_eager=False, max_model_len=max_model_len,
-                        dtype="bfloat16"),
+        model_config=ns(model=model, served_model_name=model, enforce_eager=False, max_model_len=max_model_len, dtype="bfloat16"),
         parallel_config=ns(tensor_parallel_size=tp, pipeline_parallel_size=1, data_parallel_size=1),
         cache_config=ns(block_size=block_size, cache_dtype="auto", enable_prefix_caching=True),
         scheduler_config=ns(max_num_seqs=max_num_seqs, async_scheduling=async_scheduling, scheduler_cls=None),
         compilation_config=ns(cudagraph_mode=cudagraph_mode, mode=CompilationMode.VLLM_COMPILE),
-        attention_config=ns(hisparse_config=ns(device_buffer_size=device_buffer_size,
-                                               eager_host_mirror=eager_host_mirror)),
+        attention_config=ns(hisparse_config=ns(device_buffer_size=device_buffer_size, eager_host_mirror=eager_host_mirror)),
         kv_transfer_config=dict(kv_transfer) if kv_transfer is not None else None,
         device_config=ns(device_type="cuda"),
-    )  # fmt: skip
+    )
 
 
 def fingerprint(
-    config: Any, *, vllm_version: str, environ: Mapping[str, str], pid: int, port: int | None,
-    hostname: str = "sim-node", name: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    config: Any,
+    *,
+    vllm_version: str,
+    environ: Mapping[str, str],
+    pid: int,
+    port: int | None,
+    hostname: str = "sim-node",
+    name: str | None = None,
+) -> dict[str, Any]:
     """The recorder's fingerprint of ``config``, with the joining facts its engine identity adds
     (the API server's pid, host and port; ``name`` as ``FLIGHTREC_ENGINE_NAME``), and that this
     engine is simulated (said, never hidden)."""
     from collector.vllm.fingerprint import build_fingerprint
 
-    facts = build_fingerprint(config, engine_index=0, vllm_version=vllm_version, environ=environ,
-                              hostname=hostname, pid=pid)  # fmt: skip
+    facts = build_fingerprint(config, engine_index=0, vllm_version=vllm_version, environ=environ, hostname=hostname, pid=pid)
     try:
         from collector.recorder import EngineIdentity
     except ImportError:  # a recorder version before the identity: the pid is its joining fact
         facts["port"] = port
     else:
-        identity = EngineIdentity(server_pid=pid, server_host="127.0.0.1" if port else None, server_port=port,
-                                  name=name, engine_version=vllm_version)  # fmt: skip
+        identity = EngineIdentity(server_pid=pid, server_host="127.0.0.1" if port else None, server_port=port, name=name, engine_version=vllm_version)
         facts.update(identity.facts())
     facts["simulated"] = True
     return facts

@@ -42,13 +42,26 @@ HOST_BYTES_PER_TOKEN = 61 * (656 + 132)
 # (one per step): `_METRICS_INTERVAL` in vLLM's hisparse/worker.py.
 HISPARSE_METRICS_INTERVAL = 2000
 HISPARSE_KEYS = (
-    "cache_hits", "cache_misses", "host_to_device_bytes", "host_cache_usage_perc", "pending_page_transfers",
-    "host_block_lifetime_seconds", "host_block_idle_before_evict_seconds", "host_block_reuse_gap_seconds",
-)  # fmt: skip
+    "cache_hits",
+    "cache_misses",
+    "host_to_device_bytes",
+    "host_cache_usage_perc",
+    "pending_page_transfers",
+    "host_block_lifetime_seconds",
+    "host_block_idle_before_evict_seconds",
+    "host_block_reuse_gap_seconds",
+)
 NIXL_KEYS = (
-    "transfer_duration", "post_duration", "bytes_transferred", "num_descriptors", "num_failed_transfers",
-    "num_failed_notifications", "num_failed_handshakes", "num_kv_expired_reqs", "num_notifications_after_expiry",
-)  # fmt: skip
+    "transfer_duration",
+    "post_duration",
+    "bytes_transferred",
+    "num_descriptors",
+    "num_failed_transfers",
+    "num_failed_notifications",
+    "num_failed_handshakes",
+    "num_kv_expired_reqs",
+    "num_notifications_after_expiry",
+)
 SIM_ENV = {"CUDA_LAUNCH_BLOCKING": "0", "NCCL_NET_PLUGIN": "none", "NCCL_DEBUG": "WARN", "VLLM_USE_V1": "1"}
 
 
@@ -56,21 +69,25 @@ def engine_config(name: str, role: str, sc: Scenario) -> Any:
     """The incident's engine as vLLM's config holds it (``collector.sim.deployment``)."""
     kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
     return deployment.vllm_config(
-        model=sc.model, tp=sc.tp, block_size=sc.block_size, max_num_seqs=16, max_model_len=40960,
+        model=sc.model,
+        tp=sc.tp,
+        block_size=sc.block_size,
+        max_num_seqs=16,
+        max_model_len=40960,
         # The incident's PR stack ran HiSparse with full CUDA graphs. Released vLLM refuses that
         # at start-up ("HiSparse does not support cudagraph_mode=FULL", vllm/config/vllm.py):
         # a released deployment runs FULL_AND_PIECEWISE or FULL_DECODE_ONLY.
         cudagraph_mode=deployment.CUDAGraphMode[sc.cudagraph_mode],
         kv_transfer=deployment.kv_transfer_config(kv_role, sc.host_pool_gib, deployment.engine_id(name)),
-        device_buffer_size=sc.device_buffer_size, eager_host_mirror=sc.eager_host_mirror,
-    )  # fmt: skip
+        device_buffer_size=sc.device_buffer_size,
+        eager_host_mirror=sc.eager_host_mirror,
+    )
 
 
 def fingerprint_facts(name: str, role: str, sc: Scenario, port: int, gpu_index: int, pid: int) -> dict[str, Any]:
     """The deployment facts of the incident, as the recorder reads them from vLLM's config."""
     env = {**SIM_ENV, "CUDA_VISIBLE_DEVICES": str(gpu_index), "HF_TOKEN": "hf_simulated"}
-    return deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid,
-                                  port=port or None, name=name)  # fmt: skip
+    return deployment.fingerprint(engine_config(name, role, sc), vllm_version=VERSION, environ=env, pid=pid, port=port or None, name=name)
 
 
 class SimEngine:
@@ -89,16 +106,14 @@ class SimEngine:
     ) -> None:
         self.name, self.role, self.sc, self.port, self.host = name, role, scenario, port, host
         self.gpu_index = gpu_index
-        self.pids = {"APIServer": fake_pid, "EngineCore_DP0": fake_pid + 150,
-                     "Worker_TP0": fake_pid + 300, "Worker_TP1": fake_pid + 301}  # fmt: skip
+        self.pids = {"APIServer": fake_pid, "EngineCore_DP0": fake_pid + 150, "Worker_TP0": fake_pid + 300, "Worker_TP1": fake_pid + 301}
         self.metrics = VllmMetrics(engine_index=0, model_name=scenario.model, kv_consumer=role == "decode")
         recorder_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
         self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid), capacity=4 << 20)
         self.sched_ring = RingWriter(recorder_dir / ring_file_name(name, "sched", pid), capacity=16 << 20)
         for ring, rrole in ((self.stats_ring, "stats"), (self.sched_ring, "sched")):
-            ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": rrole, "pid": pid,
-                                "vllm_version": VERSION}))  # fmt: skip
+            ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": rrole, "pid": pid, "vllm_version": VERSION}))
         self.facts = fingerprint_facts(name, role, scenario, port, gpu_index, fake_pid)
         self.stats_ring.append(encode_fingerprint(Fingerprint(engine=name, ts=time.time(), facts=self.facts)))
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +133,12 @@ class SimEngine:
         self._window_tokens = (0, 0, time.time())  # prompt, generation, since
         self.routes: list[Callable[[FastAPI], None]] = []  # more endpoints (collector.sim.openai)
         self.write("APIServer", "INFO", "api_server.py:1880", f"vLLM API server version {VERSION}")
-        self.write("APIServer", "INFO", "api_server.py:1881", f"args: model='{scenario.model}', port={port}, "
-                   f"tensor_parallel_size={scenario.tp}, block_size={scenario.block_size}")  # fmt: skip
+        self.write(
+            "APIServer",
+            "INFO",
+            "api_server.py:1881",
+            f"args: model='{scenario.model}', port={port}, tensor_parallel_size={scenario.tp}, block_size={scenario.block_size}",
+        )
 
     # -- log ---------------------------------------------------------------------------------
     def write(self, process: str, level: str, where: str, msg: str, ts: float | None = None) -> None:
@@ -308,23 +327,28 @@ class SimEngine:
         self._window_tokens = (p + prompt, g + gen, since)
         mirrors = self.last_mirrors
         rows = [
-            RequestRow(request_id=r.request_id, prompt_len=r.prompt_len,
-                       computed_tokens=r.context_len - 1 if self.role == "decode" else r.computed,
-                       output_tokens=r.output, preemptions=r.preemptions, status=r.status,
-                       mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())),
-                       host_blocks=self.host_blocks(r))
+            RequestRow(
+                request_id=r.request_id,
+                prompt_len=r.prompt_len,
+                computed_tokens=r.context_len - 1 if self.role == "decode" else r.computed,
+                output_tokens=r.output,
+                preemptions=r.preemptions,
+                status=r.status,
+                mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())),
+                host_blocks=self.host_blocks(r),
+            )
             for r in self.running
-        ]  # fmt: skip
+        ]
         self.last_connector_stats = kvc = self.connector_stats(landed)
         his = kvc["HiSparseConnector"]
         m.host_cache.set(his["host_cache_usage_perc"][-1])
         m.pending_pages.set(his["pending_page_transfers"][-1])
-        for key, counter in (("cache_hits", m.hisparse_hits), ("cache_misses", m.hisparse_misses),
-                             ("host_to_device_bytes", m.hisparse_h2d_bytes)):  # fmt: skip
+        for key, counter in (("cache_hits", m.hisparse_hits), ("cache_misses", m.hisparse_misses), ("host_to_device_bytes", m.hisparse_h2d_bytes)):
             for v in his[key]:
                 counter.inc(v)
-        for d, b, nd in zip(*(kvc.get("NixlConnector", {}).get(k, []) for k in
-                              ("transfer_duration", "bytes_transferred", "num_descriptors")), strict=True):  # fmt: skip
+        for d, b, nd in zip(
+            *(kvc.get("NixlConnector", {}).get(k, []) for k in ("transfer_duration", "bytes_transferred", "num_descriptors")), strict=True
+        ):
             m.nixl_xfer_time.observe(d)
             m.nixl_bytes.observe(b)
             m.nixl_descriptors.observe(nd)
@@ -332,37 +356,60 @@ class SimEngine:
         if m.kv_fetch_in_progress is not None:
             m.kv_fetch_in_progress.set(fetching)
         rec = StepRecord(
-            engine=self.name, ts=now, step=self.step_counter, running=len(self.running), waiting=len(self.waiting),
-            kv_cache_usage=usage, preemptions=0, prompt_tokens=prompt, generation_tokens=gen,
-            finished=len(finished), waiting_by_reason={"capacity": len(self.waiting) - fetching, "deferred": 0,
-                                                       **({"kv_fetch_in_progress": fetching} if fetching else {})},
+            engine=self.name,
+            ts=now,
+            step=self.step_counter,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_cache_usage=usage,
+            preemptions=0,
+            prompt_tokens=prompt,
+            generation_tokens=gen,
+            finished=len(finished),
+            waiting_by_reason={"capacity": len(self.waiting) - fetching, "deferred": 0, **({"kv_fetch_in_progress": fetching} if fetching else {})},
             connector=connector_record(kvc),
-        )  # fmt: skip
+        )
         self.stats_ring.append(encode_step(rec))
         self.sched_ring.append(encode_requests(self.name, self.step_counter, now, rows))
 
     # -- workload (the recorder's ``wl`` records, as the scheduler writes them) ----------------
     def workload_arrive(self, r: SimRequest, *, max_tokens: int, ts: float | None = None) -> None:
-        self.sched_ring.append(encode({"t": "wl", "ev": "arrive", "id": r.request_id, "ts": ts or time.time(),
-                                       "prompt_len": r.prompt_len, "max_tokens": max_tokens, "n": 1,
-                                       "ignore_eos": True, "has_stop": False}))  # fmt: skip
+        self.sched_ring.append(
+            encode(
+                {
+                    "t": "wl",
+                    "ev": "arrive",
+                    "id": r.request_id,
+                    "ts": ts or time.time(),
+                    "prompt_len": r.prompt_len,
+                    "max_tokens": max_tokens,
+                    "n": 1,
+                    "ignore_eos": True,
+                    "has_stop": False,
+                }
+            )
+        )
 
     def workload_end(self, r: SimRequest, *, output_len: int, finish: str = "length") -> None:
         # no prefix-cache hits: the incident's prompts did not repeat
-        self.sched_ring.append(encode({"t": "wl", "ev": "end", "id": r.request_id, "ts": time.time(),
-                                       "output_len": output_len, "finish": finish, "cached_tokens": 0}))  # fmt: skip
+        self.sched_ring.append(
+            encode({"t": "wl", "ev": "end", "id": r.request_id, "ts": time.time(), "output_len": output_len, "finish": finish, "cached_tokens": 0})
+        )
 
     def dump_step(self) -> vllm_logs.DumpStep:
         """The last step as vLLM's crash dump prints it (``collector.sim.vllm_logs``)."""
         running = self.running
         return vllm_logs.DumpStep(
-            step=self.step_counter, req_ids=[r.request_id for r in running],
+            step=self.step_counter,
+            req_ids=[r.request_id for r in running],
             num_computed_tokens=[r.context_len - 1 if self.role == "decode" else r.computed for r in running],
             num_output_tokens=[r.output for r in running],
-            row_mirrors={rid: m for rid, m in self.last_mirrors.items() if m}, waiting=len(self.waiting),
-            kv_cache_usage=self.kv_usage(), kv_connector_stats=self.last_connector_stats or None,
+            row_mirrors={rid: m for rid, m in self.last_mirrors.items() if m},
+            waiting=len(self.waiting),
+            kv_cache_usage=self.kv_usage(),
+            kv_connector_stats=self.last_connector_stats or None,
             scheduler_clock=round(time.monotonic(), 6),
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         self.stats_ring.close()

@@ -77,11 +77,14 @@ def fingerprint_facts(cfg: LoadConfig, index: int, port: int | None) -> dict[str
     from collector.sim import deployment
 
     config = deployment.vllm_config(
-        model=cfg.model, tp=1, block_size=cfg.block_size, max_num_seqs=max(cfg.running, 256),
-        max_model_len=4 * (cfg.isl + cfg.osl), cudagraph_mode=deployment.CUDAGraphMode.FULL_AND_PIECEWISE,
-    )  # fmt: skip
-    return deployment.fingerprint(config, vllm_version=VLLM_VERSION, environ={"CUDA_VISIBLE_DEVICES": str(index % 8)},
-                                  pid=api_pid(index), port=port)  # fmt: skip
+        model=cfg.model,
+        tp=1,
+        block_size=cfg.block_size,
+        max_num_seqs=max(cfg.running, 256),
+        max_model_len=4 * (cfg.isl + cfg.osl),
+        cudagraph_mode=deployment.CUDAGraphMode.FULL_AND_PIECEWISE,
+    )
+    return deployment.fingerprint(config, vllm_version=VLLM_VERSION, environ={"CUDA_VISIBLE_DEVICES": str(index % 8)}, pid=api_pid(index), port=port)
 
 
 @dataclass
@@ -126,9 +129,14 @@ class EngineLoad:
         self.name = cfg.engine_name(index)
         self.rng = random.Random(cfg.seed * 7919 + index)
         self.rings: EngineRings = open_rings(
-            cfg.recorder_dir, server_pid=api_pid(index), port=port, name=cfg.name and self.name,
-            default_name=self.name, version=VLLM_VERSION, workload_records=cfg.workload_records,
-        )  # fmt: skip
+            cfg.recorder_dir,
+            server_pid=api_pid(index),
+            port=port,
+            name=cfg.name and self.name,
+            default_name=self.name,
+            version=VLLM_VERSION,
+            workload_records=cfg.workload_records,
+        )
         self.name = self.rings.engine
         self.rings.fingerprint(fingerprint_facts(cfg, index, port), clock())
         n = cfg.running
@@ -231,10 +239,19 @@ class EngineLoad:
         kv = min(1.0, -(-self.held_tokens // cfg.block_size) * cfg.block_size / self.kv_capacity_tokens)
         self.last_kv_usage = kv
         # the stat logger counts a step's finished requests; their ends are the workload records
-        self.rings.step(step, now, running=n, kv_cache_usage=kv, prompt_tokens=prompt_tokens,
-                        generation_tokens=generation_tokens, finished=finished_n, extras=None)  # fmt: skip
-        self.rings.requests(step, now, n, self._ids_blob, self._prompt_bytes, self.computed.tobytes(),
-                            self.output.tobytes(), self._zeros, self._status)  # fmt: skip
+        self.rings.step(
+            step,
+            now,
+            running=n,
+            kv_cache_usage=kv,
+            prompt_tokens=prompt_tokens,
+            generation_tokens=generation_tokens,
+            finished=finished_n,
+            extras=None,
+        )
+        self.rings.requests(
+            step, now, n, self._ids_blob, self._prompt_bytes, self.computed.tobytes(), self.output.tobytes(), self._zeros, self._status
+        )
         c = self.counters
         c.steps += 1
         c.request_rows += n
@@ -271,28 +288,38 @@ class RunReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "wall_s": round(self.wall_s, 3), "cpu_s": round(self.cpu_s, 3), "cpu_share": round(self.cpu_share, 4),
-            "steps": self.steps, "request_rows": self.request_rows, "finished": self.finished,
-            "steps_per_s": round(self.steps_per_s, 1), "rows_per_s": round(self.rows_per_s, 1),
-            "target_steps_per_s": self.target_steps_per_s, "max_lag_s": round(self.max_lag_s, 4),
-            "late_steps": self.late_steps, "per_engine_steps": self.per_engine,
-        }  # fmt: skip
+            "wall_s": round(self.wall_s, 3),
+            "cpu_s": round(self.cpu_s, 3),
+            "cpu_share": round(self.cpu_share, 4),
+            "steps": self.steps,
+            "request_rows": self.request_rows,
+            "finished": self.finished,
+            "steps_per_s": round(self.steps_per_s, 1),
+            "rows_per_s": round(self.rows_per_s, 1),
+            "target_steps_per_s": self.target_steps_per_s,
+            "max_lag_s": round(self.max_lag_s, 4),
+            "late_steps": self.late_steps,
+            "per_engine_steps": self.per_engine,
+        }
 
     def lines(self) -> list[str]:
         return [
-            (f"wall {self.wall_s:.1f} s, {self.steps} steps ({self.steps_per_s:.1f}/s of {self.target_steps_per_s:g} "
-             f"target), {self.request_rows} request rows ({self.rows_per_s:.0f}/s), {self.finished} requests finished"),
-            (f"simulator CPU {self.cpu_s:.2f} s = {100 * self.cpu_share:.1f}% of one core; "
-             f"late steps {self.late_steps} (> 1 period), max lag {1000 * self.max_lag_s:.1f} ms"),
-        ]  # fmt: skip
+            (
+                f"wall {self.wall_s:.1f} s, {self.steps} steps ({self.steps_per_s:.1f}/s of {self.target_steps_per_s:g} "
+                f"target), {self.request_rows} request rows ({self.rows_per_s:.0f}/s), {self.finished} requests finished"
+            ),
+            (
+                f"simulator CPU {self.cpu_s:.2f} s = {100 * self.cpu_share:.1f}% of one core; "
+                f"late steps {self.late_steps} (> 1 period), max lag {1000 * self.max_lag_s:.1f} ms"
+            ),
+        ]
 
 
 class Pacer:
     """Absolute deadlines: slot ``j`` is due at ``t0 + j / rate``, so sleeping late never
     accumulates drift; a late slot runs at once (and is counted), it is never skipped."""
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         self.period = 1.0 / rate
         self.clock, self.sleep = clock, sleep
         self.t0 = clock()
@@ -316,8 +343,13 @@ class Pacer:
         return slot
 
 
-def run(engines: list[EngineLoad], cfg: LoadConfig, stop: threading.Event,
-        progress: Callable[[RunReport], None] | None = None, progress_every: float = 10.0) -> RunReport:  # fmt: skip
+def run(
+    engines: list[EngineLoad],
+    cfg: LoadConfig,
+    stop: threading.Event,
+    progress: Callable[[RunReport], None] | None = None,
+    progress_every: float = 10.0,
+) -> RunReport:
     """Step the engines round-robin (engine ``i`` half a period apart from ``i+1``) until
     ``stop`` is set or the duration has passed."""
     pacer = Pacer(cfg.steps_per_second * len(engines))
@@ -328,11 +360,16 @@ def run(engines: list[EngineLoad], cfg: LoadConfig, stop: threading.Event,
 
     def report() -> RunReport:
         return RunReport(
-            wall_s=time.monotonic() - t0, cpu_s=time.process_time() - cpu0,
-            steps=sum(e.counters.steps for e in engines), request_rows=sum(e.counters.request_rows for e in engines),
-            finished=sum(e.counters.finished for e in engines), target_steps_per_s=cfg.steps_per_second * n,
-            max_lag_s=pacer.max_lag, late_steps=pacer.late, per_engine={e.name: e.counters.steps for e in engines},
-        )  # fmt: skip
+            wall_s=time.monotonic() - t0,
+            cpu_s=time.process_time() - cpu0,
+            steps=sum(e.counters.steps for e in engines),
+            request_rows=sum(e.counters.request_rows for e in engines),
+            finished=sum(e.counters.finished for e in engines),
+            target_steps_per_s=cfg.steps_per_second * n,
+            max_lag_s=pacer.max_lag,
+            late_steps=pacer.late,
+            per_engine={e.name: e.counters.steps for e in engines},
+        )
 
     while not stop.is_set():
         slot = pacer.wait()

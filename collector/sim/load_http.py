@@ -88,8 +88,7 @@ class MetricsServers:
             server = ThreadingHTTPServer((host, first_port + i if first_port else 0), _handler(self._slots[i]))
             server.daemon_threads = True
             self.servers.append(server)
-        self._threads = [threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
-                         for s in self.servers]  # fmt: skip
+        self._threads = [threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True) for s in self.servers]
 
     def ports(self) -> list[int]:
         return [int(s.server_address[1]) for s in self.servers]

@@ -27,10 +27,21 @@ class EngineRings(Protocol):
     engine: str
 
     def fingerprint(self, facts: dict[str, Any], ts: float) -> None: ...
-    def step(self, step: int, ts: float, *, running: int, kv_cache_usage: float, prompt_tokens: int,
-             generation_tokens: int, finished: int, extras: dict[str, Any] | None) -> None: ...  # fmt: skip
-    def requests(self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes,
-                 preemptions: bytes, status: bytes) -> None: ...  # fmt: skip
+    def step(
+        self,
+        step: int,
+        ts: float,
+        *,
+        running: int,
+        kv_cache_usage: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        finished: int,
+        extras: dict[str, Any] | None,
+    ) -> None: ...
+    def requests(
+        self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes, preemptions: bytes, status: bytes
+    ) -> None: ...
     def arrival(self, request_id: str, ts: float, prompt_len: int, max_tokens: int) -> None: ...
     def end(self, request_id: str, ts: float, output_len: int, finish: str) -> None: ...
     def close(self) -> None: ...
@@ -39,11 +50,13 @@ class EngineRings(Protocol):
 class RecorderRings:
     """Through ``collector.recorder``: exactly the calls vLLM's adapters make."""
 
-    def __init__(self, api: Any, directory: Path, *, server_pid: int, core_pid: int, port: int | None,
-                 name: str | None, version: str, workload_records: bool) -> None:  # fmt: skip
+    def __init__(
+        self, api: Any, directory: Path, *, server_pid: int, core_pid: int, port: int | None, name: str | None, version: str, workload_records: bool
+    ) -> None:
         self._wl = workload_records
-        identity = api.EngineIdentity(server_pid=server_pid, engine_index=0, server_host="127.0.0.1" if port else None,
-                                      server_port=port, name=name, engine_version=version)  # fmt: skip
+        identity = api.EngineIdentity(
+            server_pid=server_pid, engine_index=0, server_host="127.0.0.1" if port else None, server_port=port, name=name, engine_version=version
+        )
         self.engine = identity.engine
         self._stats = api.StatsRecorder(identity, directory=directory, pid=server_pid)
         self._sched = api.RequestRecorder(identity, directory=directory, pid=core_pid)
@@ -55,23 +68,44 @@ class RecorderRings:
         self._stats.write_fingerprint(facts, ts=ts)
         self._sched.write_fingerprint(facts, ts=ts)
 
-    def step(self, step: int, ts: float, *, running: int, kv_cache_usage: float, prompt_tokens: int,
-             generation_tokens: int, finished: int, extras: dict[str, Any] | None) -> None:  # fmt: skip
+    def step(
+        self,
+        step: int,
+        ts: float,
+        *,
+        running: int,
+        kv_cache_usage: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        finished: int,
+        extras: dict[str, Any] | None,
+    ) -> None:
         self._stats.write_step(
-            step, ts=ts, running=running, waiting=0, deferred=0, kv_cache_usage=kv_cache_usage, preemptions=0,
-            prompt_tokens=prompt_tokens, generation_tokens=generation_tokens, finished=finished,
-            prefix_cache_queries=0, prefix_cache_hits=0, extras=extras,
-        )  # fmt: skip
+            step,
+            ts=ts,
+            running=running,
+            waiting=0,
+            deferred=0,
+            kv_cache_usage=kv_cache_usage,
+            preemptions=0,
+            prompt_tokens=prompt_tokens,
+            generation_tokens=generation_tokens,
+            finished=finished,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            extras=extras,
+        )
 
-    def requests(self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes,
-                 preemptions: bytes, status: bytes) -> None:  # fmt: skip
-        self._sched.write_requests(step, ts=ts, n=n, ids=ids, prompt_len=prompt_len, computed=computed, output=output,
-                                   preemptions=preemptions, status=status)  # fmt: skip
+    def requests(
+        self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes, preemptions: bytes, status: bytes
+    ) -> None:
+        self._sched.write_requests(
+            step, ts=ts, n=n, ids=ids, prompt_len=prompt_len, computed=computed, output=output, preemptions=preemptions, status=status
+        )
 
     def arrival(self, request_id: str, ts: float, prompt_len: int, max_tokens: int) -> None:
         if self._wl:
-            self._sched.write_arrival(request_id, ts=ts, prompt_len=prompt_len, max_tokens=max_tokens, n=1,
-                                      ignore_eos=True, has_stop=False)  # fmt: skip
+            self._sched.write_arrival(request_id, ts=ts, prompt_len=prompt_len, max_tokens=max_tokens, n=1, ignore_eos=True, has_stop=False)
 
     def end(self, request_id: str, ts: float, output_len: int, finish: str) -> None:
         if self._wl:
@@ -85,12 +119,12 @@ class RecorderRings:
 class _Ring:
     """One ring through a version's ``RecorderChannel`` (``channel``), else a bare writer."""
 
-    def __init__(self, channel_cls: Any, directory: Path, engine: str, role: str, pid: int, capacity: int,
-                 version: str) -> None:  # fmt: skip
+    def __init__(self, channel_cls: Any, directory: Path, engine: str, role: str, pid: int, capacity: int, version: str) -> None:
         self._channel = None
         if channel_cls is not None:
-            self._channel = channel_cls(engine=engine, engine_index=0, role=role, vllm_version=version,
-                                        directory=directory, capacity=capacity, pid=pid)  # fmt: skip
+            self._channel = channel_cls(
+                engine=engine, engine_index=0, role=role, vllm_version=version, directory=directory, capacity=capacity, pid=pid
+            )
             if not self._channel.active:
                 raise OSError(f"recorder channel of {engine} ({role}) failed: {self._channel.failed}")
             self.write = self._channel.write
@@ -98,8 +132,9 @@ class _Ring:
         directory.mkdir(parents=True, exist_ok=True)
         self._ring = RingWriter(directory / ring_file_name(engine, role, pid), capacity=capacity)
         self._capacity, self._wrap = capacity, 0
-        self._meta = encode({"t": "meta", "engine": engine, "engine_index": 0, "role": role, "pid": pid,
-                             "vllm_version": version, "format": 2, "created": time.time()})  # fmt: skip
+        self._meta = encode(
+            {"t": "meta", "engine": engine, "engine_index": 0, "role": role, "pid": pid, "vllm_version": version, "format": 2, "created": time.time()}
+        )
         self._ring.append(self._meta)
         self.write = self._append
 
@@ -117,8 +152,7 @@ class _Ring:
 class ChannelRings:
     """The same records for a recorder version before ``collector.recorder``'s API."""
 
-    def __init__(self, channel_cls: Any, directory: Path, *, server_pid: int, core_pid: int, name: str,
-                 version: str, workload_records: bool) -> None:  # fmt: skip
+    def __init__(self, channel_cls: Any, directory: Path, *, server_pid: int, core_pid: int, name: str, version: str, workload_records: bool) -> None:
         self.engine = name
         self._stats = _Ring(channel_cls, directory, name, "stats", server_pid, STATS_RING_BYTES, version)
         self._sched = _Ring(channel_cls, directory, name, "sched", core_pid, SCHED_RING_BYTES, version)
@@ -129,25 +163,60 @@ class ChannelRings:
         self._stats.write(fp)
         self._sched.write(fp)
 
-    def step(self, step: int, ts: float, *, running: int, kv_cache_usage: float, prompt_tokens: int,
-             generation_tokens: int, finished: int, extras: dict[str, Any] | None) -> None:  # fmt: skip
-        self._stats.write(encode_step_fields(step, ts, 0, running, 0, 0, kv_cache_usage, 0, prompt_tokens,
-                                             generation_tokens, finished, 0, 0, extras))  # fmt: skip
+    def step(
+        self,
+        step: int,
+        ts: float,
+        *,
+        running: int,
+        kv_cache_usage: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        finished: int,
+        extras: dict[str, Any] | None,
+    ) -> None:
+        self._stats.write(encode_step_fields(step, ts, 0, running, 0, 0, kv_cache_usage, 0, prompt_tokens, generation_tokens, finished, 0, 0, extras))
 
-    def requests(self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes,
-                 preemptions: bytes, status: bytes) -> None:  # fmt: skip
+    def requests(
+        self, step: int, ts: float, n: int, ids: bytes, prompt_len: bytes, computed: bytes, output: bytes, preemptions: bytes, status: bytes
+    ) -> None:
         self._sched.write(encode_request_columns(step, ts, n, ids, prompt_len, computed, output, preemptions, status))
 
     def arrival(self, request_id: str, ts: float, prompt_len: int, max_tokens: int) -> None:
         if self._wl:
-            self._sched.write(encode({"t": "wl", "engine": self.engine, "ev": "arrive", "id": request_id, "ts": ts,
-                                      "prompt_len": prompt_len, "max_tokens": max_tokens, "n": 1,
-                                      "ignore_eos": True, "has_stop": False}))  # fmt: skip
+            self._sched.write(
+                encode(
+                    {
+                        "t": "wl",
+                        "engine": self.engine,
+                        "ev": "arrive",
+                        "id": request_id,
+                        "ts": ts,
+                        "prompt_len": prompt_len,
+                        "max_tokens": max_tokens,
+                        "n": 1,
+                        "ignore_eos": True,
+                        "has_stop": False,
+                    }
+                )
+            )
 
     def end(self, request_id: str, ts: float, output_len: int, finish: str) -> None:
         if self._wl:
-            self._sched.write(encode({"t": "wl", "engine": self.engine, "ev": "end", "id": request_id, "ts": ts,
-                                      "output_len": output_len, "finish": finish, "cached_tokens": 0}))  # fmt: skip
+            self._sched.write(
+                encode(
+                    {
+                        "t": "wl",
+                        "engine": self.engine,
+                        "ev": "end",
+                        "id": request_id,
+                        "ts": ts,
+                        "output_len": output_len,
+                        "finish": finish,
+                        "cached_tokens": 0,
+                    }
+                )
+            )
 
     def close(self) -> None:
         self._stats.close()
@@ -161,19 +230,28 @@ def _module(name: str) -> Any:
         return None
 
 
-def open_rings(directory: Path, *, server_pid: int, port: int | None, name: str | None, default_name: str,
-               version: str, workload_records: bool = True) -> EngineRings:  # fmt: skip
+def open_rings(
+    directory: Path, *, server_pid: int, port: int | None, name: str | None, default_name: str, version: str, workload_records: bool = True
+) -> EngineRings:
     """The engine's rings through the newest recorder interface this version has. The engine
     core's pid is the API server's + 1 (its child)."""
     api = _module("collector.recorder")
     if api is not None and hasattr(api, "StatsRecorder"):
-        return RecorderRings(api, directory, server_pid=server_pid, core_pid=server_pid + 1, port=port, name=name,
-                             version=version, workload_records=workload_records)  # fmt: skip
+        return RecorderRings(
+            api, directory, server_pid=server_pid, core_pid=server_pid + 1, port=port, name=name, version=version, workload_records=workload_records
+        )
     channel = None
     for mod in ("collector.recorder.channel", "collector.vllm.channel_writer"):
         found = _module(mod)
         if found is not None and hasattr(found, "RecorderChannel"):
             channel = found.RecorderChannel
             break
-    return ChannelRings(channel, directory, server_pid=server_pid, core_pid=server_pid + 1, name=name or default_name,
-                        version=version, workload_records=workload_records)  # fmt: skip
+    return ChannelRings(
+        channel,
+        directory,
+        server_pid=server_pid,
+        core_pid=server_pid + 1,
+        name=name or default_name,
+        version=version,
+        workload_records=workload_records,
+    )

@@ -34,34 +34,112 @@ class VllmMetrics:
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=r).labels(*lv)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r).labels(*lv)
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r).labels(*lv)
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.", labels + ["finished_reason"], registry=r).labels(*lv, "length")
-        self.pc_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels, registry=r).labels(*lv)
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.", labels + ["finished_reason"], registry=r).labels(
+            *lv, "length"
+        )
+        self.pc_queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels, registry=r
+        ).labels(*lv)
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r).labels(*lv)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r).labels(*lv)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r).labels(*lv)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0), registry=r).labels(*lv)
-        self.iteration_tokens = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", labels, buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), registry=r).labels(*lv)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r
+        ).labels(*lv)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r
+        ).labels(*lv)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
+            registry=r,
+        ).labels(*lv)
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            labels,
+            buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+            registry=r,
+        ).labels(*lv)
         self.kv_fetch_in_progress: Gauge | None = None
         if not connectors:
             return
         # HiSparse (vllm/distributed/kv_transfer/kv_connector/v1/hisparse/stats.py)
         self.hisparse_hits = Counter("vllm:hisparse_cache_hits", "Number of HiSparse device hot-buffer hits.", labels, registry=r).labels(*lv)
         self.hisparse_misses = Counter("vllm:hisparse_cache_misses", "Number of HiSparse device hot-buffer misses.", labels, registry=r).labels(*lv)
-        self.hisparse_h2d_bytes = Counter("vllm:hisparse_host_to_device_bytes", "Bytes transferred from host KV storage to HiSparse hot buffers.", labels, registry=r).labels(*lv)
-        self.host_cache = Gauge("vllm:hisparse_host_cache_usage_perc", "HiSparse host KV-cache usage. 1 means 100 percent usage. Evictable cached blocks count as free.", labels, registry=r).labels(*lv)
-        self.pending_pages = Gauge("vllm:hisparse_pending_page_transfers", "HiSparse page transfers (write-backs and restores) not yet completed.", labels, registry=r).labels(*lv)
+        self.hisparse_h2d_bytes = Counter(
+            "vllm:hisparse_host_to_device_bytes", "Bytes transferred from host KV storage to HiSparse hot buffers.", labels, registry=r
+        ).labels(*lv)
+        self.host_cache = Gauge(
+            "vllm:hisparse_host_cache_usage_perc",
+            "HiSparse host KV-cache usage. 1 means 100 percent usage. Evictable cached blocks count as free.",
+            labels,
+            registry=r,
+        ).labels(*lv)
+        self.pending_pages = Gauge(
+            "vllm:hisparse_pending_page_transfers", "HiSparse page transfers (write-backs and restores) not yet completed.", labels, registry=r
+        ).labels(*lv)
         # NIXL (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py)
-        self.nixl_xfer_time = Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.", labels, buckets=NIXL_TIME_BUCKETS[1:], registry=r).labels(*lv)
-        self.nixl_post_time = Histogram("vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache transfers.", labels, buckets=NIXL_TIME_BUCKETS, registry=r).labels(*lv)
-        self.nixl_bytes = Histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.", labels, buckets=[2 ** (10 + i) for i in range(1, 25, 2)], registry=r).labels(*lv)
-        self.nixl_descriptors = Histogram("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL  KV Cache transfers.", labels, buckets=NIXL_DESCRIPTOR_BUCKETS, registry=r).labels(*lv)
-        self.nixl_failed = Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers, including handshake and notification failures. NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.", labels, registry=r).labels(*lv)
-        self.nixl_failed_notifications = Counter("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications. Retained for compatibility; these failures are also included in vllm:nixl_num_failed_transfers.", labels, registry=r).labels(*lv)
-        self.nixl_expired = Counter("vllm:nixl_num_kv_expired_reqs", "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.", labels, registry=r).labels(*lv)
-        self.nixl_after_expiry = Counter("vllm:nixl_num_notifications_after_expiry", "Number of completion notifications for requests that were no longer tracked, usually because their KV lease expired. The KV blocks may have been reused before the transfer finished. Counted per notification (one per remote rank), not per request.", labels, registry=r).labels(*lv)
+        self.nixl_xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            labels,
+            buckets=NIXL_TIME_BUCKETS[1:],
+            registry=r,
+        ).labels(*lv)
+        self.nixl_post_time = Histogram(
+            "vllm:nixl_post_time_seconds",
+            "Histogram of transfer post time for NIXL KV Cache transfers.",
+            labels,
+            buckets=NIXL_TIME_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self.nixl_bytes = Histogram(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            labels,
+            buckets=[2 ** (10 + i) for i in range(1, 25, 2)],
+            registry=r,
+        ).labels(*lv)
+        self.nixl_descriptors = Histogram(
+            "vllm:nixl_num_descriptors",
+            "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+            labels,
+            buckets=NIXL_DESCRIPTOR_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self.nixl_failed = Counter(
+            "vllm:nixl_num_failed_transfers",
+            "Number of failed NIXL KV Cache transfers, including handshake and notification failures. NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.",
+            labels,
+            registry=r,
+        ).labels(*lv)
+        self.nixl_failed_notifications = Counter(
+            "vllm:nixl_num_failed_notifications",
+            "Number of failed NIXL KV Cache notifications. Retained for compatibility; these failures are also included in vllm:nixl_num_failed_transfers.",
+            labels,
+            registry=r,
+        ).labels(*lv)
+        self.nixl_expired = Counter(
+            "vllm:nixl_num_kv_expired_reqs",
+            "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+            labels,
+            registry=r,
+        ).labels(*lv)
+        self.nixl_after_expiry = Counter(
+            "vllm:nixl_num_notifications_after_expiry",
+            "Number of completion notifications for requests that were no longer tracked, usually because their KV lease expired. The KV blocks may have been reused before the transfer finished. Counted per notification (one per remote rank), not per request.",
+            labels,
+            registry=r,
+        ).labels(*lv)
         # a KV consumer's waiting requests by fetch stage (vllm/v1/metrics/loggers.py)
         if kv_consumer:
-            fetch = Gauge("vllm:num_requests_kv_fetch_by_stage", "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an async KV load that has not started; 'in_progress' = load started and not yet reported finished; 'completed_waiting' = load finished, request not running yet.", labels + ["stage"], registry=r)
+            fetch = Gauge(
+                "vllm:num_requests_kv_fetch_by_stage",
+                "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an async KV load that has not started; 'in_progress' = load started and not yet reported finished; 'completed_waiting' = load finished, request not running yet.",
+                labels + ["stage"],
+                registry=r,
+            )
             for stage in KV_FETCH_STAGES:
                 fetch.labels(*lv, stage).set(0)
             self.kv_fetch_in_progress = fetch.labels(*lv, "in_progress")

@@ -103,12 +103,16 @@ class CompletionsFrontend:
                 r = await self.submit(prompt_len, max_tokens)
             except RuntimeError as exc:
                 return _error(500, str(exc), "InternalServerError")
-            return JSONResponse({
-                "id": r.request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
-                "usage": {"prompt_tokens": prompt_len, "completion_tokens": r.output,
-                          "total_tokens": prompt_len + r.output},
-            })  # fmt: skip
+            return JSONResponse(
+                {
+                    "id": r.request_id,
+                    "object": "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": prompt_len, "completion_tokens": r.output, "total_tokens": prompt_len + r.output},
+                }
+            )
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:

@@ -45,16 +45,29 @@ class SimPair:
         cfg.workdir.mkdir(parents=True, exist_ok=True)
         self.kmsg_path = cfg.workdir / "kmsg.log"
         self.kmsg_path.write_text("")
-        self.prefill = SimEngine(name="prefill-0", role="prefill", scenario=sc, port=cfg.prefill_port,
-                                 recorder_dir=cfg.recorder_dir, log_path=cfg.workdir / "prefill.log",
-                                 gpu_index=0, fake_pid=2911)  # fmt: skip
-        self.decode = SimEngine(name="decode-0", role="decode", scenario=sc, port=cfg.decode_port,
-                                recorder_dir=cfg.recorder_dir, log_path=cfg.workdir / "decode.log",
-                                gpu_index=1, fake_pid=3107)  # fmt: skip
+        self.prefill = SimEngine(
+            name="prefill-0",
+            role="prefill",
+            scenario=sc,
+            port=cfg.prefill_port,
+            recorder_dir=cfg.recorder_dir,
+            log_path=cfg.workdir / "prefill.log",
+            gpu_index=0,
+            fake_pid=2911,
+        )
+        self.decode = SimEngine(
+            name="decode-0",
+            role="decode",
+            scenario=sc,
+            port=cfg.decode_port,
+            recorder_dir=cfg.recorder_dir,
+            log_path=cfg.workdir / "decode.log",
+            gpu_index=1,
+            fake_pid=3107,
+        )
         self.client = LoadClient(sc)
         self.frontend: CompletionsFrontend | None = CompletionsFrontend(self) if cfg.serve_completions else None
-        self.nvml = FakeNvmlBackend([FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)")
-                                     for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)])  # fmt: skip
+        self.nvml = FakeNvmlBackend([FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)") for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)])
         self.crashed_at: float | None = None
         self.crash_step: int | None = None
         self.done = asyncio.Event()
@@ -64,11 +77,13 @@ class SimPair:
 
     def engine_configs(self) -> list[EngineConfig]:
         return [
-            EngineConfig(name="prefill-0", url=f"http://127.0.0.1:{self.prefill.port}",
-                         log=str(self.cfg.workdir / "prefill.log"), gpus=[0], pair="pd-0"),
-            EngineConfig(name="decode-0", url=f"http://127.0.0.1:{self.decode.port}",
-                         log=str(self.cfg.workdir / "decode.log"), gpus=[1], pair="pd-0"),
-        ]  # fmt: skip
+            EngineConfig(
+                name="prefill-0", url=f"http://127.0.0.1:{self.prefill.port}", log=str(self.cfg.workdir / "prefill.log"), gpus=[0], pair="pd-0"
+            ),
+            EngineConfig(
+                name="decode-0", url=f"http://127.0.0.1:{self.decode.port}", log=str(self.cfg.workdir / "decode.log"), gpus=[1], pair="pd-0"
+            ),
+        ]
 
     async def start(self) -> None:
         await self.prefill.start_http()
@@ -140,7 +155,7 @@ class SimPair:
                 temperature=round(38 + 30 * load, 1),
                 power_w=round(120 + 480 * busy * (0.5 + 0.5 * load), 1),
                 compute_processes=[(eng.pids["Worker_TP0"], int((40 + 90 * load) * 2**30))],  # NVML's (pid, bytes)
-            )  # fmt: skip
+            )
 
     async def _die(self) -> None:
         """The fault, as a real one shows: the Xid first (kernel log and NVML, ~40 ms after the
@@ -168,8 +183,12 @@ class SimPair:
         log.warning("simulated decode engine died at step %s", self.crash_step)
 
     def status(self) -> dict[str, Any]:
-        return {"decode_step": self.decode.step_counter, "prefill_step": self.prefill.step_counter,
-                "phase": self.client.phase_index, "done": self.client.done_total}  # fmt: skip
+        return {
+            "decode_step": self.decode.step_counter,
+            "prefill_step": self.prefill.step_counter,
+            "phase": self.client.phase_index,
+            "done": self.client.done_total,
+        }
 
     async def close(self) -> None:
         await self.prefill.stop_http()

@@ -18,8 +18,7 @@ def line(process: str, pid: int, level: str, ts: float, where: str, msg: str) ->
     return f"({process} pid={pid}) {level} {stamp} [{where}] {msg}"
 
 
-def throughput(engine_idx: int, prompt_tps: float, gen_tps: float, running: int, waiting: int,
-               kv_usage: float, prefix_hit: float) -> str:  # fmt: skip
+def throughput(engine_idx: int, prompt_tps: float, gen_tps: float, running: int, waiting: int, kv_usage: float, prefix_hit: float) -> str:
     return (
         f"Engine {engine_idx:03d}: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
         f"Avg generation throughput: {gen_tps:.1f} tokens/s, Running: {running} reqs, "
@@ -144,58 +143,119 @@ class DumpStep:
 def _cached_request_data(d: DumpStep) -> Obj:
     # CachedRequestData.anon_repr (vllm/v1/core/sched/output.py): Python reprs, no spaces
     n = len(d.req_ids)
-    return Obj("CachedRequestData", anon=(
-        f"CachedRequestData(req_ids={d.req_ids!r},resumed_req_ids=set(),new_token_ids_lens=[],"
-        f"all_token_ids_lens={{}},new_block_ids={[None] * n!r},num_computed_tokens={d.num_computed_tokens!r},"
-        f"num_output_tokens={d.num_output_tokens!r})"
-    ))  # fmt: skip
+    return Obj(
+        "CachedRequestData",
+        anon=(
+            f"CachedRequestData(req_ids={d.req_ids!r},resumed_req_ids=set(),new_token_ids_lens=[],"
+            f"all_token_ids_lens={{}},new_block_ids={[None] * n!r},num_computed_tokens={d.num_computed_tokens!r},"
+            f"num_output_tokens={d.num_output_tokens!r})"
+        ),
+    )
 
 
 def scheduler_output(d: DumpStep) -> Obj:
     """The decode step's ``SchedulerOutput`` (vLLM 0.32's fields, in order), its connector
     metadata a ``MultiKVConnectorMetadata`` over NIXL's and HiSparse's."""
-    nixl = Obj("NixlConnectorMetadata", [
-        ("reqs_to_recv", {}), ("reqs_to_save", {}), ("reqs_to_send", {}), ("scheduler_clock", d.scheduler_clock),
-        ("reqs_in_batch", set()), ("reqs_not_processed", set()), ("heartbeat_by_engine", {}),
-        ("push_registrations", {}), ("push_finished_blocks", {}),
-    ])  # fmt: skip
+    nixl = Obj(
+        "NixlConnectorMetadata",
+        [
+            ("reqs_to_recv", {}),
+            ("reqs_to_save", {}),
+            ("reqs_to_send", {}),
+            ("scheduler_clock", d.scheduler_clock),
+            ("reqs_in_batch", set()),
+            ("reqs_not_processed", set()),
+            ("heartbeat_by_engine", {}),
+            ("push_registrations", {}),
+            ("push_finished_blocks", {}),
+        ],
+    )
     mirrors = {
-        rid: tuple(Obj("SparseKVRowMirror", [("source_starts", m.source_starts), ("destination_start", m.destination_start),
-                                              ("num_rows", m.num_rows)]) for m in ms)
+        rid: tuple(
+            Obj("SparseKVRowMirror", [("source_starts", m.source_starts), ("destination_start", m.destination_start), ("num_rows", m.num_rows)])
+            for m in ms
+        )
         for rid, ms in d.row_mirrors.items()
-    }  # fmt: skip
-    hisparse = Obj("HiSparseConnectorMetadata", [
-        ("command", Obj("SparseKVOffloadCommand", [("page_transfers", [])])), ("host_block_copies", ()),
-        ("source_block_ids", ()), ("row_mirrors", mirrors), ("all_context_pages_resident", False),
-        ("residency_updates", {}),
-    ])  # fmt: skip
-    return Obj("SchedulerOutput", [
-        ("scheduled_new_reqs", []), ("scheduled_cached_reqs", _cached_request_data(d)),
-        ("num_scheduled_tokens", {i: 1 for i in d.req_ids}), ("total_num_scheduled_tokens", len(d.req_ids)),
-        ("scheduled_spec_decode_tokens", {}), ("scheduled_encoder_inputs", {}), ("finished_req_ids", set()),
-        ("free_encoder_mm_hashes", []), ("scheduled_encoder_input_stats", None), ("preempted_req_ids", set()),
-        ("has_structured_output_requests", False), ("pending_structured_output_tokens", False),
-        ("num_invalid_spec_tokens", None),
-        ("kv_connector_metadata", Obj("MultiKVConnectorMetadata", [("metadata", (nixl, hisparse)), ("extra_async_saves", None)])),
-        ("has_sync_kv_loads", False), ("aux_output_connector_metadata", None), ("ec_connector_metadata", None),
-        ("ec_manager_metadata", None), ("new_block_ids_to_zero", None), ("kv_cache_block_copies", None),
-        ("kv_connector_block_state", None), ("num_spec_tokens_to_schedule", 0), ("num_common_prefix_blocks", [0]),
-    ])  # fmt: skip
+    }
+    hisparse = Obj(
+        "HiSparseConnectorMetadata",
+        [
+            ("command", Obj("SparseKVOffloadCommand", [("page_transfers", [])])),
+            ("host_block_copies", ()),
+            ("source_block_ids", ()),
+            ("row_mirrors", mirrors),
+            ("all_context_pages_resident", False),
+            ("residency_updates", {}),
+        ],
+    )
+    return Obj(
+        "SchedulerOutput",
+        [
+            ("scheduled_new_reqs", []),
+            ("scheduled_cached_reqs", _cached_request_data(d)),
+            ("num_scheduled_tokens", {i: 1 for i in d.req_ids}),
+            ("total_num_scheduled_tokens", len(d.req_ids)),
+            ("scheduled_spec_decode_tokens", {}),
+            ("scheduled_encoder_inputs", {}),
+            ("finished_req_ids", set()),
+            ("free_encoder_mm_hashes", []),
+            ("scheduled_encoder_input_stats", None),
+            ("preempted_req_ids", set()),
+            ("has_structured_output_requests", False),
+            ("pending_structured_output_tokens", False),
+            ("num_invalid_spec_tokens", None),
+            ("kv_connector_metadata", Obj("MultiKVConnectorMetadata", [("metadata", (nixl, hisparse)), ("extra_async_saves", None)])),
+            ("has_sync_kv_loads", False),
+            ("aux_output_connector_metadata", None),
+            ("ec_connector_metadata", None),
+            ("ec_manager_metadata", None),
+            ("new_block_ids_to_zero", None),
+            ("kv_cache_block_copies", None),
+            ("kv_connector_block_state", None),
+            ("num_spec_tokens_to_schedule", 0),
+            ("num_common_prefix_blocks", [0]),
+        ],
+    )
 
 
 def scheduler_stats(d: DumpStep) -> Obj:
     """The step's ``SchedulerStats`` (vLLM 0.32's fields, in order)."""
-    prefix = Obj("PrefixCacheStats", [("reset", False), ("requests", 0), ("queries", 0), ("hits", 0),
-                                      ("preempted_requests", 0), ("preempted_queries", 0), ("preempted_hits", 0),
-                                      ("hits_by_source", {})])  # fmt: skip
-    return Obj("SchedulerStats", [
-        ("num_running_reqs", len(d.req_ids)), ("num_waiting_reqs", d.waiting), ("num_skipped_waiting_reqs", 0),
-        ("num_kv_fetch_reqs_by_stage", {}), ("step_counter", d.step), ("current_wave", 0),
-        ("kv_cache_usage", d.kv_cache_usage), ("iteration_details", None), ("prefix_cache_stats", prefix),
-        ("connector_prefix_cache_stats", None), ("kv_cache_eviction_events", []), ("spec_decoding_stats", None),
-        ("kv_connector_stats", d.kv_connector_stats), ("ec_connector_stats", None), ("waiting_lora_adapters", {}),
-        ("running_lora_adapters", {}), ("cudagraph_stats", None), ("perf_stats", None),
-    ])  # fmt: skip
+    prefix = Obj(
+        "PrefixCacheStats",
+        [
+            ("reset", False),
+            ("requests", 0),
+            ("queries", 0),
+            ("hits", 0),
+            ("preempted_requests", 0),
+            ("preempted_queries", 0),
+            ("preempted_hits", 0),
+            ("hits_by_source", {}),
+        ],
+    )
+    return Obj(
+        "SchedulerStats",
+        [
+            ("num_running_reqs", len(d.req_ids)),
+            ("num_waiting_reqs", d.waiting),
+            ("num_skipped_waiting_reqs", 0),
+            ("num_kv_fetch_reqs_by_stage", {}),
+            ("step_counter", d.step),
+            ("current_wave", 0),
+            ("kv_cache_usage", d.kv_cache_usage),
+            ("iteration_details", None),
+            ("prefix_cache_stats", prefix),
+            ("connector_prefix_cache_stats", None),
+            ("kv_cache_eviction_events", []),
+            ("spec_decoding_stats", None),
+            ("kv_connector_stats", d.kv_connector_stats),
+            ("ec_connector_stats", None),
+            ("waiting_lora_adapters", {}),
+            ("running_lora_adapters", {}),
+            ("cudagraph_stats", None),
+            ("perf_stats", None),
+        ],
+    )
 
 
 def crash_dump(pid: int, ts: float, d: DumpStep, model: str, version: str) -> list[str]:
@@ -209,10 +269,24 @@ def crash_dump(pid: int, ts: float, d: DumpStep, model: str, version: str) -> li
         line(p, pid, "ERROR", ts, "dump_input.py:81", f"Dumping scheduler stats: {py_repr(scheduler_stats(d))}"),
         line(p, pid, "ERROR", ts, "core.py:866", "EngineCore encountered a fatal error."),
         line(p, pid, "ERROR", ts, "core.py:866", "Traceback (most recent call last):"),
-        line(p, pid, "ERROR", ts, "core.py:866", '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 857, in run_engine_core'),
+        line(
+            p,
+            pid,
+            "ERROR",
+            ts,
+            "core.py:866",
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 857, in run_engine_core',
+        ),
         line(p, pid, "ERROR", ts, "core.py:866", "    engine_core.run_busy_loop()"),
-        line(p, pid, "ERROR", ts, "core.py:866", "RuntimeError: Worker failed with error 'CUDA error: unspecified launch failure', please check the stack trace above for the root cause"),
-    ]  # fmt: skip
+        line(
+            p,
+            pid,
+            "ERROR",
+            ts,
+            "core.py:866",
+            "RuntimeError: Worker failed with error 'CUDA error: unspecified launch failure', please check the stack trace above for the root cause",
+        ),
+    ]
 
 
 def api_server_death(pid: int, ts: float) -> list[str]:
@@ -220,11 +294,25 @@ def api_server_death(pid: int, ts: float) -> list[str]:
     return [
         line(p, pid, "ERROR", ts, "async_llm.py:525", "AsyncLLM output_handler failed."),
         line(p, pid, "ERROR", ts, "async_llm.py:525", "Traceback (most recent call last):"),
-        line(p, pid, "ERROR", ts, "async_llm.py:525", '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 481, in output_handler'),
+        line(
+            p,
+            pid,
+            "ERROR",
+            ts,
+            "async_llm.py:525",
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 481, in output_handler',
+        ),
         line(p, pid, "ERROR", ts, "async_llm.py:525", "    outputs = await engine_core.get_output_async()"),
-        line(p, pid, "ERROR", ts, "async_llm.py:525", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."),
+        line(
+            p,
+            pid,
+            "ERROR",
+            ts,
+            "async_llm.py:525",
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        ),
         line(p, pid, "INFO", ts, "launcher.py:110", "Shutting down FastAPI HTTP server."),
-    ]  # fmt: skip
+    ]
 
 
 def kmsg_xid(seq: int, usec: int, bus: str, xid: int, pid: int, name: str = "python3") -> str:

@@ -72,20 +72,37 @@ def checklist(header: Mapping[str, Any], peers: Sequence[Mapping[str, Any]], eve
         _item("block_size", "Block size", fp.get("block_size")),
     ]
     nccl = _engines_env("NCCL_NET_PLUGIN", engine, fp, peers)
-    items.append(_item("nccl_net_plugin", "NCCL_NET_PLUGIN on each engine of the pair", nccl,
-                       recorded=all(v != NOT_RECORDED for v in nccl.values()) and len(nccl) >= 2))  # fmt: skip
+    items.append(
+        _item(
+            "nccl_net_plugin",
+            "NCCL_NET_PLUGIN on each engine of the pair",
+            nccl,
+            recorded=all(v != NOT_RECORDED for v in nccl.values()) and len(nccl) >= 2,
+        )
+    )
     clb, clb_ok = _env(fp, "CUDA_LAUNCH_BLOCKING")
     items.append(_item("cuda_launch_blocking", "CUDA_LAUNCH_BLOCKING", clb, recorded=clb_ok))
     # the configured mode, and the mode the last recorded step ran (vLLM's --cudagraph-metrics)
-    items.append(_item("cuda_graph_mode", "CUDA graph mode", fp.get("cuda_graph_mode"),
-                       detail={"at_last_step": s.get("cudagraph_at_last_step")} if s.get("cudagraph_at_last_step") else None))  # fmt: skip
-    items.append(_item("load_concurrency", "Load at the crash (peak running + waiting in the ring)", s.get("peak_concurrency"),
-                       detail={"at_last_step": s.get("concurrency_at_fault")}))  # fmt: skip
+    items.append(
+        _item(
+            "cuda_graph_mode",
+            "CUDA graph mode",
+            fp.get("cuda_graph_mode"),
+            detail={"at_last_step": s.get("cudagraph_at_last_step")} if s.get("cudagraph_at_last_step") else None,
+        )
+    )
+    items.append(
+        _item(
+            "load_concurrency",
+            "Load at the crash (peak running + waiting in the ring)",
+            s.get("peak_concurrency"),
+            detail={"at_last_step": s.get("concurrency_at_fault")},
+        )
+    )
     items.append(_item("running", "Running requests at the last step", s.get("running")))
     ctx = None
     if reqs:
-        ctx = {"min": reqs.get("context_len_min"), "mean": round(float(reqs.get("context_len_mean") or 0)),
-               "max": reqs.get("context_len_max")}  # fmt: skip
+        ctx = {"min": reqs.get("context_len_min"), "mean": round(float(reqs.get("context_len_mean") or 0)), "max": reqs.get("context_len_max")}
     items.append(_item("context_lengths", "Context lengths at the last step", ctx))
     items.append(_item("kv_cache_usage", "kv_cache_usage at the last step", s.get("kv_cache_usage")))
     items.append(_item("preemptions", "Preemptions in the recorded steps", s.get("preemptions_in_ring")))

@@ -175,8 +175,12 @@ class SnapshotCommitter:
             o.intent_path = intent.write(self.spool_dir, o.engine, o.trigger, time.time())
         except OSError as exc:
             o.error = f"trigger not durable: {exc}"
-            log.error("cannot write the intent of the %s trigger of %s (%s): a kill before its snapshot is "
-                      "spooled loses it", o.trigger.kind.value, o.engine, exc)  # fmt: skip
+            log.error(
+                "cannot write the intent of the %s trigger of %s (%s): a kill before its snapshot is spooled loses it",
+                o.trigger.kind.value,
+                o.engine,
+                exc,
+            )
 
     def _put(self, job: _Job) -> None:
         self._seq += 1
@@ -249,8 +253,13 @@ class SnapshotCommitter:
         o = job.open
         assert job.capture is not None
         doc, blobs = await asyncio.to_thread(_build, job.capture)
-        meta = {"incident_key": f"{o.trigger.kind.value}:{int(o.trigger.ts)}", "trigger_uid": o.trigger.uid,
-                "snapshot_id": o.snapshot_id, "amend": job.amend, "counts": doc.counts()}  # fmt: skip
+        meta = {
+            "incident_key": f"{o.trigger.kind.value}:{int(o.trigger.ts)}",
+            "trigger_uid": o.trigger.uid,
+            "snapshot_id": o.snapshot_id,
+            "amend": job.amend,
+            "counts": doc.counts(),
+        }
         name = f"snapshot-{job.capture.trigger.ts:.6f}-{_safe(o.engine)}-{o.trigger.uid[:12]}.spool"
         try:
             if o.spool_path is not None and o.spool_path.name != name:
@@ -285,10 +294,15 @@ class SnapshotCommitter:
         try:
             if o.snapshot_id is None:
                 sid, _, stored = await asyncio.to_thread(
-                    self.repo.commit_snapshot, doc, incident_window_s=self.window_s,
-                    incident_key=str(sp.meta.get("incident_key")), blobs=sp.blobs, counts=counts,
-                    trigger_uid=o.trigger.uid or None, trigger_event=event_row(o.trigger),
-                )  # fmt: skip
+                    self.repo.commit_snapshot,
+                    doc,
+                    incident_window_s=self.window_s,
+                    incident_key=str(sp.meta.get("incident_key")),
+                    blobs=sp.blobs,
+                    counts=counts,
+                    trigger_uid=o.trigger.uid or None,
+                    trigger_event=event_row(o.trigger),
+                )
                 o.snapshot_id = sid
                 if not stored and o.retake is None:
                     # The same trigger reported again (a restarted sidecar reading a dead engine's
@@ -306,15 +320,15 @@ class SnapshotCommitter:
             o.error = str(exc)
             if exc.permanent:
                 self.failed += 1
-                log.error("the database refused the snapshot of %s for good (%s); its spool file is kept aside",
-                          o.engine, exc)  # fmt: skip
+                log.error("the database refused the snapshot of %s for good (%s); its spool file is kept aside", o.engine, exc)
                 if o.spool_path is not None:
                     spool.set_aside(o.spool_path, str(exc))
                 self._drop_intent(o)  # retaking it would be refused again
                 self._resolve(o)
                 return True
-            log.error("snapshot of %s not committed yet (%s); spooled at %s, retrying",
-                      o.engine, exc, o.spool_path.name if o.spool_path else "memory")  # fmt: skip
+            log.error(
+                "snapshot of %s not committed yet (%s); spooled at %s, retrying", o.engine, exc, o.spool_path.name if o.spool_path else "memory"
+            )
             return False
         o.error = ""
         self._waiting = [j for j in self._waiting if j.open is not o or j is job]
@@ -329,8 +343,7 @@ class SnapshotCommitter:
             self.committed += 1
             self.commit_latency.append(max(time.time() - o.trigger.ts, 0.0))
             del self.commit_latency[:-1000]
-            log.info("snapshot %d of %s committed (trigger %s: %s)", o.snapshot_id, o.engine, o.trigger.kind.value,
-                     o.trigger.message[:120])  # fmt: skip
+            log.info("snapshot %d of %s committed (trigger %s: %s)", o.snapshot_id, o.engine, o.trigger.kind.value, o.trigger.message[:120])
             self._resolve(o)
             doc.id = o.snapshot_id
             for cb in self.on_committed:
@@ -414,8 +427,7 @@ class SnapshotCommitter:
                 with contextlib.suppress(StorageError):
                     await asyncio.to_thread(self.repo.store_event, event_row(it.event), sid)
                 intent.remove(it.path)
-                log.warning("trigger %s of %s (intent %s) already has snapshot %d", it.event.kind.value, it.engine,
-                            it.path.name, sid)  # fmt: skip
+                log.warning("trigger %s of %s (intent %s) already has snapshot %d", it.event.kind.value, it.engine, it.path.name, sid)
                 continue
             o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
             cap = self._capture(it.engine, it.event)
@@ -429,12 +441,17 @@ class SnapshotCommitter:
             cap.events = [e for e in cap.events if e.ts <= cut and e.uid != it.event.uid]
             cap.events.append(it.event)
             cap.events.sort(key=lambda e: e.ts)
-            cap.extra["retaken"] = {**intent.to_meta(it), "retaken_at": time.time(), "steps_after_fault_left_out": later,
-                                    "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"
-                                    + ("" if kept else "; the rings no longer hold the steps before the fault")}  # fmt: skip
+            cap.extra["retaken"] = {
+                **intent.to_meta(it),
+                "retaken_at": time.time(),
+                "steps_after_fault_left_out": later,
+                "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"
+                + ("" if kept else "; the rings no longer hold the steps before the fault"),
+            }
             self._recent.append(o)
-            log.warning("retaking the snapshot of %s for the %s trigger at %.3f (intent %s)", it.engine,
-                        it.event.kind.value, it.event.ts, it.path.name)  # fmt: skip
+            log.warning(
+                "retaking the snapshot of %s for the %s trigger at %.3f (intent %s)", it.engine, it.event.kind.value, it.event.ts, it.path.name
+            )
             self._put(_Job(o, cap, amend=False))
             for cb in self.on_retaken:
                 try:
@@ -465,7 +482,7 @@ class SnapshotCommitter:
                 try:
                     o.spool_path = await asyncio.wait_for(
                         asyncio.to_thread(spool.write, self.spool_dir, name, sp.header, sp.meta, sp.blobs), left / 2
-                    )  # fmt: skip
+                    )
                     sp.path = o.spool_path
                     log.warning("snapshot of %s spooled at stop (%s)", o.engine, name)
                 except (OSError, TimeoutError) as exc:
@@ -480,14 +497,24 @@ class SnapshotCommitter:
                 continue
             if o.spool_path is not None:
                 continue  # spooled: committed at the next start
-            what = (f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} "
-                    f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(o.trigger.ts))}, event {o.trigger.uid}): "
-                    f"{o.trigger.message[:120]!r}")  # fmt: skip
+            what = (
+                f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} "
+                f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(o.trigger.ts))}, event {o.trigger.uid}): "
+                f"{o.trigger.message[:120]!r}"
+            )
             kept = o.intent_path.name if o.intent_path is not None and o.intent_path.exists() else None
-            after = (f"its trigger is kept ({kept}) and is retaken from the rings at the next start, if they still hold the fault"
-                     if kept else "its trigger is lost too")  # fmt: skip
-            log.critical("SNAPSHOT LOST at stop: %s -- neither spooled (%s) nor committed (%s); %s", what,
-                         o.spool_error or "?", (o.error or "timed out").splitlines()[0][:300], after)  # fmt: skip
+            after = (
+                f"its trigger is kept ({kept}) and is retaken from the rings at the next start, if they still hold the fault"
+                if kept
+                else "its trigger is lost too"
+            )
+            log.critical(
+                "SNAPSHOT LOST at stop: %s -- neither spooled (%s) nor committed (%s); %s",
+                what,
+                o.spool_error or "?",
+                (o.error or "timed out").splitlines()[0][:300],
+                after,
+            )
             lost.append(what)
         while not self._queue.empty():  # captures the drain had no time to build
             _, _, job = self._queue.get_nowait()
@@ -496,9 +523,13 @@ class SnapshotCommitter:
                 continue  # the snapshot is committed; only its late evidence is not
             has_intent = o.intent_path is not None and o.intent_path.exists()
             what = f"engine {o.engine}, trigger {o.trigger.kind.value} at {o.trigger.ts:.3f} (event {o.trigger.uid})"
-            log.critical("SNAPSHOT LOST at stop: %s -- not taken before the stop; %s", what,
-                         "its trigger is kept and is retaken from the rings at the next start, if they still hold the fault"
-                         if has_intent else "its trigger is lost too")  # fmt: skip
+            log.critical(
+                "SNAPSHOT LOST at stop: %s -- not taken before the stop; %s",
+                what,
+                "its trigger is kept and is retaken from the rings at the next start, if they still hold the fault"
+                if has_intent
+                else "its trigger is lost too",
+            )
             lost.append(what)
         return lost
 
@@ -517,13 +548,19 @@ class SnapshotCommitter:
                 if kept is not None:
                     trigger = kept.event  # the trigger as it was accepted (the header's is redacted)
                 else:
-                    trigger = intent.event_from_dict({"source": "spool", **sp.header["trigger"], "ts": sp.header["fault_ts"],
-                                                      "uid": uid})  # fmt: skip
+                    trigger = intent.event_from_dict({"source": "spool", **sp.header["trigger"], "ts": sp.header["fault_ts"], "uid": uid})
             except (spool.SpoolError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 spool.set_aside(path, str(exc))
                 continue
-            o = OpenSnapshot(engine, trigger, 0.0, snapshot_id=sp.meta.get("snapshot_id"), amended=True, spool_path=path,
-                             intent_path=kept.path if kept is not None else None)  # fmt: skip
+            o = OpenSnapshot(
+                engine,
+                trigger,
+                0.0,
+                snapshot_id=sp.meta.get("snapshot_id"),
+                amended=True,
+                spool_path=path,
+                intent_path=kept.path if kept is not None else None,
+            )
             job = _Job(o, None, amend=o.snapshot_id is not None, spooled=sp)
             self._recent.append(o)
             if not await self._commit(job):

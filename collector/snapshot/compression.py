@@ -119,5 +119,3 @@ def assemble_gzip(pieces: Sequence[bytes | Segment]) -> bytes:
         total += seg.length
     out.append(_EMPTY_FINAL_BLOCK + struct.pack("<II", crc, total & 0xFFFFFFFF))
     return b"".join(out)
-
-

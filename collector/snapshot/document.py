@@ -46,8 +46,7 @@ from typing import Any, overload
 SCHEMA = "flightrec.snapshot/v1"
 PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload", "scrapes")
 NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder) = null, not []
-HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
-                 "summary", "fingerprint")  # fmt: skip
+HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger", "summary", "fingerprint")
 ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
 
 
@@ -211,17 +210,27 @@ class SnapshotDoc:
 
     def counts(self) -> dict[str, Any]:
         """What the ``snapshots`` row keeps of the parts (lists show it without reading them)."""
-        return {"step_count": len(self.steps), "request_rows": len(self.requests),
-                "first_step": self.steps[0]["step"] if self.steps else None,
-                "last_step": self.steps[-1]["step"] if self.steps else None}  # fmt: skip
+        return {
+            "step_count": len(self.steps),
+            "request_rows": len(self.requests),
+            "first_step": self.steps[0]["step"] if self.steps else None,
+            "last_step": self.steps[-1]["step"] if self.steps else None,
+        }
 
     def header(self) -> dict[str, Any]:
         """The export's fields other than the parts."""
         return {
-            "schema": SCHEMA, "id": self.id, "incident_id": self.incident_id, "host": self.host,
-            "engine": self.engine, "created_at": self.created_at, "fault_ts": self.fault_ts,
-            "trigger": self.trigger, "summary": self.summary, "fingerprint": self.fingerprint,
-        }  # fmt: skip
+            "schema": SCHEMA,
+            "id": self.id,
+            "incident_id": self.incident_id,
+            "host": self.host,
+            "engine": self.engine,
+            "created_at": self.created_at,
+            "fault_ts": self.fault_ts,
+            "trigger": self.trigger,
+            "summary": self.summary,
+            "fingerprint": self.fingerprint,
+        }
 
     def to_export(self) -> dict[str, Any]:
         out = self.header()
@@ -248,8 +257,21 @@ from collector.snapshot.compression import (  # noqa: E402 - the byte layer, re-
     unpack,
 )
 
-__all__ = ["PARTS", "SCHEMA", "RequestTable", "Segment", "SnapshotDoc", "assemble_gzip", "crc32_combine",
-           "deflate_segment", "dumps", "export_gzip", "pack", "segment_of", "unpack"]
+__all__ = [
+    "PARTS",
+    "SCHEMA",
+    "RequestTable",
+    "Segment",
+    "SnapshotDoc",
+    "assemble_gzip",
+    "crc32_combine",
+    "deflate_segment",
+    "dumps",
+    "export_gzip",
+    "pack",
+    "segment_of",
+    "unpack",
+]
 
 
 def _empty_part(name: str) -> Any:

@@ -25,17 +25,32 @@ from collector.snapshot.document import RequestTable, SnapshotDoc
 # does not; CRASH_DUMP lines ride along with the fatal error that accompanies them.
 TRIGGER_KINDS = frozenset(
     {
-        EventKind.XID, EventKind.GPU_LOST, EventKind.CUDA_ERROR, EventKind.NCCL_ERROR,
-        EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.ENGINE_DOWN,
-        EventKind.RECORDER_SILENT, EventKind.MANUAL,
+        EventKind.XID,
+        EventKind.GPU_LOST,
+        EventKind.CUDA_ERROR,
+        EventKind.NCCL_ERROR,
+        EventKind.ENGINE_FATAL,
+        EventKind.ENGINE_DEAD,
+        EventKind.ENGINE_DOWN,
+        EventKind.RECORDER_SILENT,
+        EventKind.MANUAL,
     }
-)  # fmt: skip
+)
 # Events that name a process that failed (a TP worker, the engine core).
 FAILURE_KINDS = frozenset({EventKind.CUDA_ERROR, EventKind.NCCL_ERROR, EventKind.ENGINE_FATAL})
 TRIGGER_KIND_VALUES = frozenset(k.value for k in TRIGGER_KINDS) | {EventKind.ANOMALY.value}
 # Triggers that mean the engine died: requests still in flight failed with it.
-CRASH_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.CUDA_ERROR, EventKind.NCCL_ERROR,
-                         EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.RECORDER_SILENT})  # fmt: skip
+CRASH_KINDS = frozenset(
+    {
+        EventKind.XID,
+        EventKind.GPU_LOST,
+        EventKind.CUDA_ERROR,
+        EventKind.NCCL_ERROR,
+        EventKind.ENGINE_FATAL,
+        EventKind.ENGINE_DEAD,
+        EventKind.RECORDER_SILENT,
+    }
+)
 
 
 def is_trigger(ev: Event) -> bool:
@@ -49,16 +64,27 @@ def is_trigger(ev: Event) -> bool:
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """A step as the export's ``steps`` part holds it: unknown figures are null."""
     return {
-        "step": rec.step, "ts": rec.ts, "running": rec.running, "waiting": rec.waiting,
-        "kv_cache_usage": rec.kv_cache_usage, "preemptions": rec.preemptions,
-        "prompt_tokens": rec.prompt_tokens, "generation_tokens": rec.generation_tokens,
-        "finished": rec.finished, "mirror_rows": rec.mirror_rows, "host_blocks": rec.host_blocks,
-        "waiting_by_reason": rec.waiting_by_reason, "connector": rec.connector,
-        "prefix_cache_queries": rec.prefix_cache_queries, "prefix_cache_hits": rec.prefix_cache_hits,
-        "engine_index": rec.engine_index, "has_requests": rec.request_block is not None,
-        "has_stats": bool(rec.halves & HALF_STATS), "requests": rec.request_count,
+        "step": rec.step,
+        "ts": rec.ts,
+        "running": rec.running,
+        "waiting": rec.waiting,
+        "kv_cache_usage": rec.kv_cache_usage,
+        "preemptions": rec.preemptions,
+        "prompt_tokens": rec.prompt_tokens,
+        "generation_tokens": rec.generation_tokens,
+        "finished": rec.finished,
+        "mirror_rows": rec.mirror_rows,
+        "host_blocks": rec.host_blocks,
+        "waiting_by_reason": rec.waiting_by_reason,
+        "connector": rec.connector,
+        "prefix_cache_queries": rec.prefix_cache_queries,
+        "prefix_cache_hits": rec.prefix_cache_hits,
+        "engine_index": rec.engine_index,
+        "has_requests": rec.request_block is not None,
+        "has_stats": bool(rec.halves & HALF_STATS),
+        "requests": rec.request_count,
         "details": rec.details or None,
-    }  # fmt: skip
+    }
 
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
@@ -126,24 +152,32 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
         preempt = [s.preemptions for s in steps if s.preemptions is not None]
         both = [s.running + s.waiting for s in steps if s.running is not None and s.waiting is not None]
         out.update(
-            first_step=steps[0].step, last_step=last.step, last_step_ts=last.ts,
-            running=known["running"], waiting=known["waiting"], kv_cache_usage=known["kv_cache_usage"],
-            mirror_rows=known["mirror_rows"], host_blocks=known["host_blocks"], at_step=at,
+            first_step=steps[0].step,
+            last_step=last.step,
+            last_step_ts=last.ts,
+            running=known["running"],
+            waiting=known["waiting"],
+            kv_cache_usage=known["kv_cache_usage"],
+            mirror_rows=known["mirror_rows"],
+            host_blocks=known["host_blocks"],
+            at_step=at,
             preemptions_in_ring=sum(preempt) if preempt else None,
             max_running_in_ring=_max(s.running for s in steps),
-            concurrency_at_fault=(known["running"] + known["waiting"]
-                                  if known["running"] is not None and known["waiting"] is not None else None),
+            concurrency_at_fault=(known["running"] + known["waiting"] if known["running"] is not None and known["waiting"] is not None else None),
             # the load phase: the most requests the engine held at once in the ring
             peak_concurrency=max(both) if both else None,
             steps_with_stats=sum(1 for s in steps if s.halves & HALF_STATS),
             steps_with_requests=sum(1 for s in steps if s.request_block is not None),
-        )  # fmt: skip
+        )
         graph = next((s for s in reversed(steps) if isinstance(s.details.get("cudagraph"), dict)), None)
         if graph is not None:  # --cudagraph-metrics: the graph the engine's last recorded step ran
             g = graph.details["cudagraph"]
-            out["cudagraph_at_last_step"] = {"step": graph.step, "runtime_mode": g.get("runtime_mode"),
-                                             "num_padded_tokens": g.get("num_padded_tokens"),
-                                             "num_unpadded_tokens": g.get("num_unpadded_tokens")}  # fmt: skip
+            out["cudagraph_at_last_step"] = {
+                "step": graph.step,
+                "runtime_mode": g.get("runtime_mode"),
+                "num_padded_tokens": g.get("num_padded_tokens"),
+                "num_unpadded_tokens": g.get("num_unpadded_tokens"),
+            }
         with_reqs = next((s for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
         if with_reqs is not None:
             block = with_reqs.request_block
@@ -170,8 +204,14 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
                 step, how = dump_step, "crash_dump"
             if step is None and steps:
                 step, how = _step_at(steps, ev.ts), "last_step_before"
-            failed[ev.process] = {"ts": ev.ts, "message": redact(ev.message)[:500], "pid": ev.pid, "kind": ev.kind.value,
-                                  "step": step, "step_from": how}  # fmt: skip
+            failed[ev.process] = {
+                "ts": ev.ts,
+                "message": redact(ev.message)[:500],
+                "pid": ev.pid,
+                "kind": ev.kind.value,
+                "step": step,
+                "step_from": how,
+            }
     if failed:
         out["failed_processes"] = failed
     xids = sorted({ev.xid for ev in events if ev.xid is not None})
@@ -214,10 +254,16 @@ class Capture:
 
     def build(self) -> SnapshotDoc:
         doc = build_snapshot(
-            host=self.host, engine=self.engine, trigger=self.trigger, steps=self._steps(),
-            gpu_samples=self.gpu_samples, events=self.events, log_lines=self.log_lines,
-            fingerprint=self.fingerprint, extra_summary=self.extra,
-        )  # fmt: skip
+            host=self.host,
+            engine=self.engine,
+            trigger=self.trigger,
+            steps=self._steps(),
+            gpu_samples=self.gpu_samples,
+            events=self.events,
+            log_lines=self.log_lines,
+            fingerprint=self.fingerprint,
+            extra_summary=self.extra,
+        )
         doc.scrapes = [{"ts": s.ts, "values": s.values, "rates": s.rates} for s in self.scrapes]
         doc.workload = self.workload
         return doc
@@ -226,8 +272,9 @@ class Capture:
 SCRAPE_SECONDS = 300.0  # the scrapes a snapshot holds: the last five minutes before its trigger
 
 
-def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = SCRAPE_SECONDS,
-            scrape_interval: float | None = None) -> Capture:  # fmt: skip
+def capture(
+    hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = SCRAPE_SECONDS, scrape_interval: float | None = None
+) -> Capture:
     st = hub.engines.get(engine) or hub.engine(engine)
     steps = st.ring.steps()
     samples = hub.gpu_samples(since=trigger.ts - gpu_seconds, gpus=hub.gpus_of(st) or None)
@@ -249,18 +296,26 @@ def capture(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape
         )
     workload = st.workload.export(trigger.ts, crashed=trigger.kind in CRASH_KINDS) if len(st.workload) else None
     return Capture(
-        host=hub.host, engine=engine, trigger=trigger, steps=steps, blocks=[s.request_block for s in steps],
-        gpu_samples=samples, events=events,
-        log_lines=st.lines.all(), fingerprint=dict(st.fingerprint), extra=extra,
-        scrapes=[s for s in st.scrapes if s.ts >= trigger.ts - scrape_seconds], workload=workload,
-    )  # fmt: skip
+        host=hub.host,
+        engine=engine,
+        trigger=trigger,
+        steps=steps,
+        blocks=[s.request_block for s in steps],
+        gpu_samples=samples,
+        events=events,
+        log_lines=st.lines.all(),
+        fingerprint=dict(st.fingerprint),
+        extra=extra,
+        scrapes=[s for s in st.scrapes if s.ts >= trigger.ts - scrape_seconds],
+        workload=workload,
+    )
 
 
-def freeze(hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = SCRAPE_SECONDS,
-           scrape_interval: float | None = None) -> SnapshotDoc:  # fmt: skip
+def freeze(
+    hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = SCRAPE_SECONDS, scrape_interval: float | None = None
+) -> SnapshotDoc:
     """``capture`` then ``build`` in one call (tests, tools)."""
-    return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds,
-                   scrape_interval=scrape_interval).build()  # fmt: skip
+    return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds, scrape_interval=scrape_interval).build()
 
 
 @contextmanager
@@ -295,10 +350,17 @@ def build_snapshot(
 
 
 def _build(
-    host: str, engine: str, trigger: Event, steps: Sequence[StepRecord], gpu_samples: Sequence[GpuSample],
-    events: Sequence[Event], log_lines: Sequence[LogLine], fingerprint: dict[str, Any],
-    extra_summary: dict[str, Any] | None, created_at: float | None,
-) -> SnapshotDoc:  # fmt: skip
+    host: str,
+    engine: str,
+    trigger: Event,
+    steps: Sequence[StepRecord],
+    gpu_samples: Sequence[GpuSample],
+    events: Sequence[Event],
+    log_lines: Sequence[LogLine],
+    fingerprint: dict[str, Any],
+    extra_summary: dict[str, Any] | None,
+    created_at: float | None,
+) -> SnapshotDoc:
     requests = request_table(steps)  # first: steps given as row objects get their blocks here
     summary = summarize(steps, events)
     if extra_summary:

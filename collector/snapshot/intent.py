@@ -84,12 +84,22 @@ def decode(path: Path, data: bytes) -> Intent:
 def event_from_dict(e: dict[str, Any]) -> Event:
     """An ``Event.to_dict`` back into an event; raises KeyError, TypeError, ValueError."""
     return Event(
-        kind=EventKind(e["kind"]), ts=float(e["ts"]), source=str(e["source"]), message=str(e.get("message", "")),
-        severity=Severity(e.get("severity", "warning")), engine=e.get("engine"), gpu=e.get("gpu"),
-        xid=e.get("xid"), pid=e.get("pid"), process=e.get("process"), frames=list(e.get("frames") or []),
-        lines=list(e.get("lines") or []), data=dict(e.get("data") or {}), sources=list(e.get("sources") or []),
+        kind=EventKind(e["kind"]),
+        ts=float(e["ts"]),
+        source=str(e["source"]),
+        message=str(e.get("message", "")),
+        severity=Severity(e.get("severity", "warning")),
+        engine=e.get("engine"),
+        gpu=e.get("gpu"),
+        xid=e.get("xid"),
+        pid=e.get("pid"),
+        process=e.get("process"),
+        frames=list(e.get("frames") or []),
+        lines=list(e.get("lines") or []),
+        data=dict(e.get("data") or {}),
+        sources=list(e.get("sources") or []),
         uid=str(e.get("uid") or ""),
-    )  # fmt: skip
+    )
 
 
 def write(directory: Path, engine: str, ev: Event, accepted_at: float) -> Path:

@@ -44,6 +44,7 @@ class Spooled:
 
 def write(directory: Path, name: str, header: dict[str, Any], meta: dict[str, Any], blobs: dict[str, bytes]) -> Path:
     """Write atomically; raises OSError (disk full, no permission) for the caller to report."""
+
     def chunks() -> Iterator[bytes]:
         yield MAGIC
         yield json.dumps({"header": header, "meta": meta}, default=str).encode() + b"\n"

@@ -61,11 +61,7 @@ def keep_line(line: LogRecordLine) -> bool:
             return True
     elif not _UVICORN_QUIET.match(line.message):
         return bool(line.message.strip())
-    return bool(
-        is_throughput_line(line.message)
-        or _ALWAYS_KEEP.search(line.message)
-        or classify(line.message)
-    )
+    return bool(is_throughput_line(line.message) or _ALWAYS_KEEP.search(line.message) or classify(line.message))
 
 
 class EngineLogSource:

@@ -260,6 +260,10 @@ def kmsg_source_from_setting(
     else:
         mode, path = "path", value
     return KmsgSource(
-        path, mode=mode, from_start=from_start, poll_interval=poll_interval,
-        clock=clock, host_boot_time=host_boot_time,
+        path,
+        mode=mode,
+        from_start=from_start,
+        poll_interval=poll_interval,
+        clock=clock,
+        host_boot_time=host_boot_time,
     )

@@ -45,7 +45,6 @@ from collector.xid.parser import XidParseError, normalize_bus_id
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class CallTiming:
     """How long one kind of NVML call took, over all GPUs."""
@@ -315,7 +314,11 @@ class NvmlSource:
         where = (gpu.bus_id or gpu.key) if gpu else None
         if ev.event_type != XID_EVENT_TYPE:
             return Event(
-                kind=EventKind.LOG, ts=ts, source="nvml", gpu=where, severity=Severity.INFO,
+                kind=EventKind.LOG,
+                ts=ts,
+                source="nvml",
+                gpu=where,
+                severity=Severity.INFO,
                 message=f"NVML event type {ev.event_type:#x} data {ev.data}",
                 data={"event_type": ev.event_type, "event_data": ev.data},
             )

@@ -118,9 +118,7 @@ class PynvmlBackend:
         text = f"{what}: {exc}"
         if is_("NVML_ERROR_GPU_IS_LOST"):
             return GpuLost(text, code)
-        if is_("NVML_ERROR_NOT_SUPPORTED") or is_("NVML_ERROR_NO_PERMISSION") or is_(
-            "NVML_ERROR_FUNCTION_NOT_FOUND"
-        ):
+        if is_("NVML_ERROR_NOT_SUPPORTED") or is_("NVML_ERROR_NO_PERMISSION") or is_("NVML_ERROR_FUNCTION_NOT_FOUND"):
             return FieldNotSupported(text, code)
         if is_("NVML_ERROR_LIBRARY_NOT_FOUND") or is_("NVML_ERROR_DRIVER_NOT_LOADED"):
             return NvmlUnavailable(text)

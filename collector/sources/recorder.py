@@ -118,9 +118,7 @@ class RecorderSource:
             "lost_bytes": self.lost_bytes + sum(t.reader.lost_bytes for t in self._tails.values()),
             "lag_s": round(max(lag), 3) if lag else None,
             "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
-            "unconfigured": sorted(
-                {t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}
-            ),
+            "unconfigured": sorted({t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}),
         }
 
     def joined_engines(self) -> set[str]:
@@ -175,14 +173,15 @@ class RecorderSource:
         joined = self.join.resolve(own, tail.meta)
         if not joined.configured:
             waiting_for = self.join.names - self.joined_engines()
-            if (wait and waiting_for and self.join.targets and now - tail.first_seen < self.join_wait
-                    and len(tail.held) < self.max_held):
+            if wait and waiting_for and self.join.targets and now - tail.first_seen < self.join_wait and len(tail.held) < self.max_held:
                 return False
             log.warning(
                 "recorder ring %s (engine %s) matches no configured engine: its steps are kept as engine %r; "
                 "set FLIGHTREC_ENGINE_NAME in that engine's environment, or add its URL to engines:",
-                tail.reader.path.name, own, own,
-            )  # fmt: skip
+                tail.reader.path.name,
+                own,
+                own,
+            )
         tail.joined = joined
         tail.engine = joined.name
         return True
@@ -254,10 +253,7 @@ class RecorderSource:
                         engine=tail.engine,
                         pid=info.pid,
                         process=tail.role,
-                        message=(
-                            f"recorder channel of {tail.engine} ({tail.role}, pid {info.pid}) went "
-                            f"silent and its process is gone"
-                        ),
+                        message=(f"recorder channel of {tail.engine} ({tail.role}, pid {info.pid}) went silent and its process is gone"),
                         data={"ring": path.name, "last_data_ts": tail.last_data},
                         # One death, one id: a sidecar restarted within the window reads the same
                         # dead ring again and reports the same event, which the store already holds

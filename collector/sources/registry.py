@@ -30,18 +30,20 @@ def _nvml(settings: Settings) -> list[Any]:
     from collector.sources.nvml import nvml_source_from_setting
 
     src = nvml_source_from_setting(
-        settings.nvml, interval=settings.gpu_poll_interval, pcie_interval=settings.pcie_interval,
-        lost_retry_interval=settings.gpu_lost_retry, event_timeout_ms=settings.event_timeout_ms,
+        settings.nvml,
+        interval=settings.gpu_poll_interval,
+        pcie_interval=settings.pcie_interval,
+        lost_retry_interval=settings.gpu_lost_retry,
+        event_timeout_ms=settings.event_timeout_ms,
         xid_events=settings.xid_events,
-    )  # fmt: skip
+    )
     return [src] if src is not None else []
 
 
 def _kmsg(settings: Settings) -> list[Any]:
     from collector.sources.kmsg import kmsg_source_from_setting
 
-    src = kmsg_source_from_setting(settings.kmsg, from_start=settings.kmsg_from_start,
-                                   poll_interval=settings.kmsg_poll_interval)
+    src = kmsg_source_from_setting(settings.kmsg, from_start=settings.kmsg_from_start, poll_interval=settings.kmsg_poll_interval)
     return [src] if src is not None else []
 
 
@@ -54,11 +56,28 @@ def _engine_logs(settings: Settings) -> list[Any]:
     s = settings
     for eng in settings.engines:
         if eng.log == "-":
-            out.append(EngineLogSource(eng.name, None, stream=sys.stdin.buffer, from_start=s.log_from_start,
-                                       poll_interval=s.log_poll_interval, idle_flush=s.log_idle_flush, keep=s.log_keep))
+            out.append(
+                EngineLogSource(
+                    eng.name,
+                    None,
+                    stream=sys.stdin.buffer,
+                    from_start=s.log_from_start,
+                    poll_interval=s.log_poll_interval,
+                    idle_flush=s.log_idle_flush,
+                    keep=s.log_keep,
+                )
+            )
         elif eng.log:
-            out.append(EngineLogSource(eng.name, Path(eng.log), from_start=s.log_from_start,
-                                       poll_interval=s.log_poll_interval, idle_flush=s.log_idle_flush, keep=s.log_keep))
+            out.append(
+                EngineLogSource(
+                    eng.name,
+                    Path(eng.log),
+                    from_start=s.log_from_start,
+                    poll_interval=s.log_poll_interval,
+                    idle_flush=s.log_idle_flush,
+                    keep=s.log_keep,
+                )
+            )
     return out
 
 

@@ -154,9 +154,7 @@ def counter_keys(page: ParsedPage) -> Callable[[str], bool]:
     return is_counter
 
 
-def page_to_scrapes(
-    page: ParsedPage, *, name: str, ts: float
-) -> tuple[list[MetricsScrape], set[str]]:
+def page_to_scrapes(page: ParsedPage, *, name: str, ts: float) -> tuple[list[MetricsScrape], set[str]]:
     """Group a parsed page by vLLM ``engine`` label. Returns the records and the counter keys."""
     by_engine: dict[str, MetricsScrape] = {}
     counters: set[str] = set()
@@ -166,9 +164,7 @@ def page_to_scrapes(
         label = sample.labels.get("engine", "0")
         scrape = by_engine.get(label)
         if scrape is None:
-            scrape = by_engine[label] = MetricsScrape(
-                engine=_engine_name(name, label), ts=ts, values={}
-            )
+            scrape = by_engine[label] = MetricsScrape(engine=_engine_name(name, label), ts=ts, values={})
         if scrape.model_name is None:
             scrape.model_name = sample.labels.get("model_name")
         key = _key(sample)
@@ -398,10 +394,7 @@ class VllmMetricsSource:
                     source="scrape",
                     severity=Severity.CRITICAL,
                     engine=state.name,
-                    message=(
-                        f"engine {state.name} down: {state.consecutive_failures} failed scrapes "
-                        f"in a row; last: {error}"
-                    ),
+                    message=(f"engine {state.name} down: {state.consecutive_failures} failed scrapes in a row; last: {error}"),
                     data={
                         "url": state.url,
                         "consecutive_failures": state.consecutive_failures,

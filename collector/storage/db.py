@@ -90,7 +90,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             "connect_timeout": CONNECT_TIMEOUT_S,
             "options": options,
             # a peer that stops answering mid-query (SIGSTOP, a dead link) is noticed by TCP
-            "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 2,
+            "keepalives": 1,
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 2,
         },
         **kwargs,
     )

@@ -173,9 +173,7 @@ class SnapshotRow(Base):
 class SnapshotPartRow(Base):
     __tablename__ = "snapshot_parts"
 
-    snapshot_id: Mapped[int] = mapped_column(
-        ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True
-    )
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True)
     part: Mapped[str] = mapped_column(String(32), primary_key=True)
     encoding: Mapped[str] = mapped_column(String(16))  # "json+gzip"
     payload: Mapped[bytes] = mapped_column(LargeBinary)
@@ -206,6 +204,4 @@ class EventRow(Base):
     process: Mapped[str | None] = mapped_column(String(128))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
-    snapshot_id: Mapped[int | None] = mapped_column(
-        ForeignKey("snapshots.id", ondelete="SET NULL"), nullable=True
-    )
+    snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("snapshots.id", ondelete="SET NULL"), nullable=True)

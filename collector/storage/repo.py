@@ -63,22 +63,43 @@ class SnapshotFilter:
 
 
 # A step row in the writer's tuple form: the engine's name, then the columns (``write_batch``).
-STEP_TUPLE = ("engine", "ts", "step", "run", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens",
-              "generation_tokens", "mirror_rows", "host_blocks")  # fmt: skip
+STEP_TUPLE = (
+    "engine",
+    "ts",
+    "step",
+    "run",
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "mirror_rows",
+    "host_blocks",
+)
 SUMMARY_COLUMNS = (
-    SnapshotRow.id, SnapshotRow.incident_id, SnapshotRow.host, SnapshotRow.engine,
-    SnapshotRow.created_at, SnapshotRow.fault_ts, SnapshotRow.trigger_kind,
-    SnapshotRow.trigger_source, SnapshotRow.trigger_message, SnapshotRow.step_count,
-    SnapshotRow.request_rows, SnapshotRow.first_step, SnapshotRow.last_step, SnapshotRow.summary,
-)  # fmt: skip
+    SnapshotRow.id,
+    SnapshotRow.incident_id,
+    SnapshotRow.host,
+    SnapshotRow.engine,
+    SnapshotRow.created_at,
+    SnapshotRow.fault_ts,
+    SnapshotRow.trigger_kind,
+    SnapshotRow.trigger_source,
+    SnapshotRow.trigger_message,
+    SnapshotRow.step_count,
+    SnapshotRow.request_rows,
+    SnapshotRow.first_step,
+    SnapshotRow.last_step,
+    SnapshotRow.summary,
+)
 
 
 def pack_parts(doc: SnapshotDoc) -> dict[str, bytes]:
     """The stored form of a snapshot's parts (peers are added at commit). Encode once: the
     same blobs make the spool file and the database rows. The request rows are stored as the
     recorder wrote them (``RequestTable.stored_blob``), decoded when read."""
-    return {name: doc.requests.stored_blob() if name == "requests" else pack(doc.part(name))
-            for name in PARTS if name != "peers"}  # fmt: skip
+    return {name: doc.requests.stored_blob() if name == "requests" else pack(doc.part(name)) for name in PARTS if name != "peers"}
 
 
 def nul_free(value: Any) -> Any:
@@ -123,22 +144,18 @@ class Repository:
         cached = self._engine_ids.get(name)
         if cached is not None:
             return cached
-        row = conn.execute(
-            select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)
-        ).first()
+        row = conn.execute(select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)).first()
         if row is None:
             now = time.time()
             try:
                 with conn.begin_nested():
                     new_id = conn.execute(
-                        insert(EngineRow).values(host=self.host, name=name, url=url, pair=pair,
-                                                 state="unknown", first_seen=now, last_seen=now)
+                        insert(EngineRow)
+                        .values(host=self.host, name=name, url=url, pair=pair, state="unknown", first_seen=now, last_seen=now)
                         .returning(EngineRow.id)
-                    ).scalar_one()  # fmt: skip
+                    ).scalar_one()
             except IntegrityError:
-                new_id = conn.execute(
-                    select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)
-                ).scalar_one()
+                new_id = conn.execute(select(EngineRow.id).where(EngineRow.host == self.host, EngineRow.name == name)).scalar_one()
         else:
             new_id = row[0]
         self._engine_ids[name] = new_id
@@ -163,9 +180,10 @@ class Repository:
         if row is None:
             now = time.time()
             new_id = conn.execute(
-                insert(GpuRow).values(host=self.host, gpu=gpu, index=index, bus_id=bus_id, name=name,
-                                      first_seen=now, last_seen=now).returning(GpuRow.id)
-            ).scalar_one()  # fmt: skip
+                insert(GpuRow)
+                .values(host=self.host, gpu=gpu, index=index, bus_id=bus_id, name=name, first_seen=now, last_seen=now)
+                .returning(GpuRow.id)
+            ).scalar_one()
         else:
             new_id = row[0]
         self._gpu_ids[gpu] = new_id
@@ -209,8 +227,7 @@ class Repository:
                 rows = []
                 for g in gpu_samples:
                     g = dict(g)
-                    g["gpu_id"] = self.gpu_id(conn, g.pop("gpu"), index=g.pop("index"),
-                                              bus_id=g.pop("bus_id"), name=g.pop("name"))  # fmt: skip
+                    g["gpu_id"] = self.gpu_id(conn, g.pop("gpu"), index=g.pop("index"), bus_id=g.pop("bus_id"), name=g.pop("name"))
                     rows.append(g)
                 conn.execute(insert(GpuSampleRow), rows)
             if events:
@@ -244,37 +261,55 @@ class Repository:
 
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=keys)
 
-    def prune(self, *, steps_before: float, gpu_before: float, events_before: float,
-              snapshots_before: float | None) -> dict[str, int]:  # fmt: skip
+    def prune(self, *, steps_before: float, gpu_before: float, events_before: float, snapshots_before: float | None) -> dict[str, int]:
         counts = {}
         with self._tx() as conn:
             counts["engine_steps"] = conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < steps_before)).rowcount
             counts["engine_scrapes"] = conn.execute(delete(EngineScrapeRow).where(EngineScrapeRow.ts < steps_before)).rowcount
             counts["gpu_samples"] = conn.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < gpu_before)).rowcount
-            counts["events"] = conn.execute(
-                delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))
-            ).rowcount
+            counts["events"] = conn.execute(delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))).rowcount
             if snapshots_before is not None:
                 old = select(SnapshotRow.id).where(SnapshotRow.created_at < snapshots_before)
                 conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id.in_(old)))
-                counts["snapshots"] = conn.execute(
-                    delete(SnapshotRow).where(SnapshotRow.created_at < snapshots_before)
-                ).rowcount
+                counts["snapshots"] = conn.execute(delete(SnapshotRow).where(SnapshotRow.created_at < snapshots_before)).rowcount
         return counts
 
     # -- snapshots and incidents -----------------------------------------------------------
-    def store_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
-                       blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None,
-                       trigger_uid: str | None = None, trigger_event: dict[str, Any] | None = None) -> tuple[int, int]:  # fmt: skip
+    def store_snapshot(
+        self,
+        doc: SnapshotDoc,
+        *,
+        incident_window_s: float,
+        incident_key: str,
+        blobs: dict[str, bytes] | None = None,
+        counts: dict[str, Any] | None = None,
+        trigger_uid: str | None = None,
+        trigger_event: dict[str, Any] | None = None,
+    ) -> tuple[int, int]:
         """Commit a snapshot and file it under an incident; returns (snapshot id, incident id).
         ``commit_snapshot`` is the same, and also says whether it was stored by this call."""
-        sid, iid, _ = self.commit_snapshot(doc, incident_window_s=incident_window_s, incident_key=incident_key, blobs=blobs,
-                                           counts=counts, trigger_uid=trigger_uid, trigger_event=trigger_event)  # fmt: skip
+        sid, iid, _ = self.commit_snapshot(
+            doc,
+            incident_window_s=incident_window_s,
+            incident_key=incident_key,
+            blobs=blobs,
+            counts=counts,
+            trigger_uid=trigger_uid,
+            trigger_event=trigger_event,
+        )
         return sid, iid
 
-    def commit_snapshot(self, doc: SnapshotDoc, *, incident_window_s: float, incident_key: str,
-                        blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None,
-                        trigger_uid: str | None = None, trigger_event: dict[str, Any] | None = None) -> tuple[int, int, bool]:  # fmt: skip
+    def commit_snapshot(
+        self,
+        doc: SnapshotDoc,
+        *,
+        incident_window_s: float,
+        incident_key: str,
+        blobs: dict[str, bytes] | None = None,
+        counts: dict[str, Any] | None = None,
+        trigger_uid: str | None = None,
+        trigger_event: dict[str, Any] | None = None,
+    ) -> tuple[int, int, bool]:
         """Commit a snapshot and file it under an incident: (snapshot id, incident id, stored
         now), the last False when its trigger's snapshot was already stored.
 
@@ -298,8 +333,9 @@ class Repository:
             if trigger_uid:
                 have = conn.execute(
                     select(SnapshotRow.id, SnapshotRow.incident_id).where(
-                        SnapshotRow.host == doc.host, SnapshotRow.engine == doc.engine, SnapshotRow.trigger_uid == trigger_uid)
-                ).first()  # fmt: skip
+                        SnapshotRow.host == doc.host, SnapshotRow.engine == doc.engine, SnapshotRow.trigger_uid == trigger_uid
+                    )
+                ).first()
                 if have is not None:
                     if trigger_event is not None:
                         self._store_event(conn, trigger_event, have.id)
@@ -311,23 +347,28 @@ class Repository:
             summary = dict(doc.summary)
             summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
             snap_id = conn.execute(
-                insert(SnapshotRow).values(
-                    incident_id=incident_id, host=doc.host, engine=doc.engine, created_at=doc.created_at,
-                    fault_ts=doc.fault_ts, trigger_kind=str(doc.trigger.get("kind")),
+                insert(SnapshotRow)
+                .values(
+                    incident_id=incident_id,
+                    host=doc.host,
+                    engine=doc.engine,
+                    created_at=doc.created_at,
+                    fault_ts=doc.fault_ts,
+                    trigger_kind=str(doc.trigger.get("kind")),
                     trigger_source=str(doc.trigger.get("source")),
-                    trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]), trigger_uid=trigger_uid or None,
+                    trigger_message=nul_free(str(doc.trigger.get("message", ""))[:4000]),
+                    trigger_uid=trigger_uid or None,
                     **(counts or doc.counts()),
-                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint),
-                ).returning(SnapshotRow.id)
-            ).scalar_one()  # fmt: skip
+                    summary=nul_free(summary),
+                    fingerprint=nul_free(doc.fingerprint),
+                )
+                .returning(SnapshotRow.id)
+            ).scalar_one()
             conn.execute(
                 insert(SnapshotPartRow),
                 [{"snapshot_id": snap_id, "part": n, "encoding": ENCODING, "payload": b} for n, b in blobs.items()],
             )
-            conn.execute(
-                update(IncidentRow).where(IncidentRow.id == incident_id)
-                .values(snapshot_count=IncidentRow.snapshot_count + 1)
-            )  # fmt: skip
+            conn.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(snapshot_count=IncidentRow.snapshot_count + 1))
             if trigger_event is not None:
                 self._store_event(conn, trigger_event, snap_id)
         doc.id, doc.incident_id = snap_id, incident_id
@@ -345,7 +386,7 @@ class Repository:
             update(EventRow)
             .where(EventRow.host == self.host, EventRow.uid == row["uid"], EventRow.snapshot_id.is_(None))
             .values(snapshot_id=snapshot_id)
-        )  # fmt: skip
+        )
 
     def store_event(self, ev: dict[str, Any], snapshot_id: int) -> None:
         """``_store_event`` in its own transaction (a retaken trigger whose snapshot is stored)."""
@@ -356,9 +397,10 @@ class Repository:
         """The id of the snapshot stored for this trigger and engine, or None."""
         with self._tx() as conn:
             row = conn.execute(
-                select(SnapshotRow.id).where(SnapshotRow.host == (host or self.host), SnapshotRow.engine == engine,
-                                             SnapshotRow.trigger_uid == trigger_uid)
-            ).first()  # fmt: skip
+                select(SnapshotRow.id).where(
+                    SnapshotRow.host == (host or self.host), SnapshotRow.engine == engine, SnapshotRow.trigger_uid == trigger_uid
+                )
+            ).first()
         return None if row is None else int(row[0])
 
     def _peers(self, conn: Connection, doc: SnapshotDoc) -> list[dict[str, Any]]:
@@ -366,46 +408,60 @@ class Repository:
         known = {(p.get("host"), p.get("engine")): p for p in doc.peers}
         pair = doc.summary.get("pair")
         if pair:
-            q = select(EngineRow.host, EngineRow.name, EngineRow.pair, EngineRow.fingerprint).where(
-                EngineRow.pair == str(pair)
-            )
+            q = select(EngineRow.host, EngineRow.name, EngineRow.pair, EngineRow.fingerprint).where(EngineRow.pair == str(pair))
             for r in conn.execute(q):
                 if (r.host, r.name) == (doc.host, doc.engine) or (r.host, r.name) in known:
                     continue
                 fp = r.fingerprint or {}
                 known[(r.host, r.name)] = {
-                    "host": r.host, "engine": r.name, "pair": r.pair,
-                    "role": fp.get("role") or fp.get("kv_role"), "fingerprint": redact(fp),
-                }  # fmt: skip
+                    "host": r.host,
+                    "engine": r.name,
+                    "pair": r.pair,
+                    "role": fp.get("role") or fp.get("kv_role"),
+                    "fingerprint": redact(fp),
+                }
         return sorted(known.values(), key=lambda p: (str(p.get("host")), str(p.get("engine"))))
 
     def _incident_for(self, conn: Connection, doc: SnapshotDoc, window: float, key: str) -> int:
         t = doc.fault_ts
-        row = conn.execute(
-            select(IncidentRow)
-            .where(IncidentRow.opened_at <= t + window, IncidentRow.updated_at >= t - window)
-            .order_by(IncidentRow.updated_at.desc()).limit(8)
-        ).mappings().all()  # fmt: skip
+        row = (
+            conn.execute(
+                select(IncidentRow)
+                .where(IncidentRow.opened_at <= t + window, IncidentRow.updated_at >= t - window)
+                .order_by(IncidentRow.updated_at.desc())
+                .limit(8)
+            )
+            .mappings()
+            .all()
+        )
         if row:
             # the incident nearest in time: a late-committed snapshot must not join a newer one
-            best = min(row, key=lambda r: 0.0 if r["opened_at"] <= t <= r["updated_at"]
-                       else min(abs(t - r["opened_at"]), abs(t - r["updated_at"])))  # fmt: skip
+            best = min(row, key=lambda r: 0.0 if r["opened_at"] <= t <= r["updated_at"] else min(abs(t - r["opened_at"]), abs(t - r["updated_at"])))
             hosts = sorted(set(best["hosts"] or []) | {doc.host})
             engines = sorted(set(best["engines"] or []) | {f"{doc.host}/{doc.engine}"})
             conn.execute(
-                update(IncidentRow).where(IncidentRow.id == best["id"])
-                .values(updated_at=max(best["updated_at"], t), opened_at=min(best["opened_at"], t),
-                        hosts=hosts, engines=engines)
-            )  # fmt: skip
+                update(IncidentRow)
+                .where(IncidentRow.id == best["id"])
+                .values(updated_at=max(best["updated_at"], t), opened_at=min(best["opened_at"], t), hosts=hosts, engines=engines)
+            )
             return int(best["id"])
         title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
-        return int(conn.execute(
-            insert(IncidentRow).values(
-                key=key, title=nul_free(title), opened_at=t, updated_at=t,
-                trigger_kind=str(doc.trigger.get("kind")), hosts=[doc.host],
-                engines=[f"{doc.host}/{doc.engine}"], snapshot_count=0,
-            ).returning(IncidentRow.id)
-        ).scalar_one())  # fmt: skip
+        return int(
+            conn.execute(
+                insert(IncidentRow)
+                .values(
+                    key=key,
+                    title=nul_free(title),
+                    opened_at=t,
+                    updated_at=t,
+                    trigger_kind=str(doc.trigger.get("kind")),
+                    hosts=[doc.host],
+                    engines=[f"{doc.host}/{doc.engine}"],
+                    snapshot_count=0,
+                )
+                .returning(IncidentRow.id)
+            ).scalar_one()
+        )
 
     def list_snapshots(self, flt: SnapshotFilter, *, limit: int = 50, cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, by (created_at, id); the cursor is the last row's key, so pages never
@@ -425,10 +481,7 @@ class Repository:
             q = q.where(SnapshotRow.created_at < flt.until)
         if cursor:
             c_created, c_id = decode_cursor(cursor)
-            q = q.where(
-                (SnapshotRow.created_at < c_created)
-                | ((SnapshotRow.created_at == c_created) & (SnapshotRow.id < c_id))
-            )
+            q = q.where((SnapshotRow.created_at < c_created) | ((SnapshotRow.created_at == c_created) & (SnapshotRow.id < c_id)))
         q = q.order_by(SnapshotRow.created_at.desc(), SnapshotRow.id.desc()).limit(limit + 1)
         with self._tx() as conn:
             rows = [dict(r._mapping) for r in conn.execute(q)]
@@ -449,22 +502,26 @@ class Repository:
                 p.part: bytes(p.payload)
                 for p in conn.execute(
                     select(SnapshotPartRow.part, SnapshotPartRow.payload).where(
-                        SnapshotPartRow.snapshot_id == snap_id, SnapshotPartRow.part.in_(list(parts)))
+                        SnapshotPartRow.snapshot_id == snap_id, SnapshotPartRow.part.in_(list(parts))
+                    )
                 )
-            }  # fmt: skip
-            trigger_ev = conn.execute(
-                select(EventRow.id).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)
-            ).first()  # fmt: skip
+            }
+            trigger_ev = conn.execute(select(EventRow.id).where(EventRow.snapshot_id == snap_id).order_by(EventRow.ts).limit(1)).first()
         summary = dict(row["summary"] or {})
-        trigger = dict(summary.get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"],
-                                                  "message": row["trigger_message"]})  # fmt: skip
+        trigger = dict(summary.get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"], "message": row["trigger_message"]})
         if trigger_ev is not None:
             trigger.setdefault("event_id", trigger_ev[0])
         doc = SnapshotDoc(
-            host=row["host"], engine=row["engine"], created_at=row["created_at"], fault_ts=row["fault_ts"],
-            trigger=trigger, summary=summary, fingerprint=dict(row["fingerprint"] or {}), id=row["id"],
+            host=row["host"],
+            engine=row["engine"],
+            created_at=row["created_at"],
+            fault_ts=row["fault_ts"],
+            trigger=trigger,
+            summary=summary,
+            fingerprint=dict(row["fingerprint"] or {}),
+            id=row["id"],
             incident_id=row["incident_id"],
-        )  # fmt: skip
+        )
         return doc, blobs
 
     def get_snapshot(self, snap_id: int, *, parts: Sequence[str] = PARTS) -> SnapshotDoc:
@@ -479,9 +536,7 @@ class Repository:
     def add_replay(self, snap_id: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
         """Append a replay's outcome to the snapshot's ``summary.replays``; returns the list."""
         with self._tx() as conn:
-            summary = conn.execute(
-                select(SnapshotRow.summary).where(SnapshotRow.id == snap_id).with_for_update()
-            ).scalar_one_or_none()  # fmt: skip
+            summary = conn.execute(select(SnapshotRow.summary).where(SnapshotRow.id == snap_id).with_for_update()).scalar_one_or_none()
             if summary is None:
                 raise NotFound(f"snapshot {snap_id} not found")
             summary = dict(summary)
@@ -490,8 +545,7 @@ class Repository:
             conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(summary=summary))
         return replays
 
-    def amend_snapshot(self, snap_id: int, doc: SnapshotDoc, *, blobs: dict[str, bytes] | None = None,
-                       counts: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def amend_snapshot(self, snap_id: int, doc: SnapshotDoc, *, blobs: dict[str, bytes] | None = None, counts: dict[str, Any] | None = None) -> None:
         """Replace a snapshot's parts and summary with a later freeze of the same fault."""
         blobs = dict(blobs) if blobs is not None else pack_parts(doc)
         with self._tx() as conn:
@@ -506,10 +560,14 @@ class Repository:
                 summary["replays"] = old["replays"]
             summary["amended_at"] = time.time()
             conn.execute(
-                update(SnapshotRow).where(SnapshotRow.id == snap_id).values(
-                    summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(counts or doc.counts()),
+                update(SnapshotRow)
+                .where(SnapshotRow.id == snap_id)
+                .values(
+                    summary=nul_free(summary),
+                    fingerprint=nul_free(doc.fingerprint),
+                    **(counts or doc.counts()),
                 )
-            )  # fmt: skip
+            )
             # delete + insert, not update: a part added since the first commit (peers) has no row
             conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id))
             conn.execute(
@@ -536,14 +594,20 @@ class Repository:
             out = _incident_dict(row)
             out["snapshots"] = [
                 dict(r._mapping)
-                for r in conn.execute(
-                    select(*SUMMARY_COLUMNS).where(SnapshotRow.incident_id == incident_id).order_by(SnapshotRow.id)
-                )
+                for r in conn.execute(select(*SUMMARY_COLUMNS).where(SnapshotRow.incident_id == incident_id).order_by(SnapshotRow.id))
             ]
         return out
 
-    def list_events(self, *, kind: str | None = None, engine: str | None = None, since: float | None = None,
-                    until: float | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    def list_events(
+        self,
+        *,
+        kind: str | None = None,
+        engine: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
         q = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
         if kind:
             q = q.where(EventRow.kind == kind)
@@ -566,8 +630,7 @@ class Repository:
         if ev.get("uid"):
             where = [EventRow.host == self.host, EventRow.uid == ev["uid"]]
         else:  # a row written before events had ids
-            where = [EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"],
-                     EventRow.source == ev["source"]]  # fmt: skip
+            where = [EventRow.host == self.host, EventRow.ts == ev["ts"], EventRow.kind == ev["kind"], EventRow.source == ev["source"]]
         with self._tx() as conn:
             return int(
                 conn.execute(
@@ -575,7 +638,7 @@ class Repository:
                     .where(*where, EventRow.snapshot_id.is_(None) | (EventRow.snapshot_id == snapshot_id))
                     .values(snapshot_id=snapshot_id, data=nul_free(ev["data"]))
                 ).rowcount
-            )  # fmt: skip
+            )
 
     def insert_event(self, ev: dict[str, Any], *, snapshot_id: int | None = None) -> int:
         with self._tx() as conn:
@@ -595,16 +658,22 @@ class Repository:
 
     def recent_scrapes(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         with self._tx() as conn:
-            q = (select(EngineScrapeRow).join(EngineRow, EngineRow.id == EngineScrapeRow.engine_id)
-                 .where(EngineRow.name == engine, EngineRow.host == self.host, EngineScrapeRow.ts >= since)
-                 .order_by(EngineScrapeRow.ts))  # fmt: skip
+            q = (
+                select(EngineScrapeRow)
+                .join(EngineRow, EngineRow.id == EngineScrapeRow.engine_id)
+                .where(EngineRow.name == engine, EngineRow.host == self.host, EngineScrapeRow.ts >= since)
+                .order_by(EngineScrapeRow.ts)
+            )
             return [_row_dict(r) for r in conn.execute(q).mappings()]
 
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         with self._tx() as conn:
-            q = (select(EngineStepRow).join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
-                 .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
-                 .order_by(EngineStepRow.ts))  # fmt: skip
+            q = (
+                select(EngineStepRow)
+                .join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
+                .where(EngineRow.name == engine, EngineRow.host == self.host, EngineStepRow.ts >= since)
+                .order_by(EngineStepRow.ts)
+            )
             return [_row_dict(r) for r in conn.execute(q).mappings()]
 
 
@@ -614,4 +683,3 @@ def _row_dict(row: Any) -> dict[str, Any]:
 
 def _incident_dict(row: Any) -> dict[str, Any]:
     return dict(row)
-

@@ -58,22 +58,34 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
 
 def gpu_row(s: GpuSample) -> dict[str, Any]:
     return {
-        "gpu": s.gpu, "index": s.index, "bus_id": s.bus_id, "name": s.name, "ts": s.ts,
-        "memory_used": s.memory_used, "memory_total": s.memory_total, "utilization": s.utilization,
-        "temperature": s.temperature, "power_w": s.power_w, "sm_clock_mhz": s.sm_clock_mhz,
+        "gpu": s.gpu,
+        "index": s.index,
+        "bus_id": s.bus_id,
+        "name": s.name,
+        "ts": s.ts,
+        "memory_used": s.memory_used,
+        "memory_total": s.memory_total,
+        "utilization": s.utilization,
+        "temperature": s.temperature,
+        "power_w": s.power_w,
+        "sm_clock_mhz": s.sm_clock_mhz,
         "clock_event_reasons": s.clock_event_reasons,
         "ecc_volatile_uncorrected": s.ecc_volatile_uncorrected,
-        "remapped_rows_uncorrectable": s.remapped_rows_uncorrectable, "pcie_replay": s.pcie_replay,
-    }  # fmt: skip
+        "remapped_rows_uncorrectable": s.remapped_rows_uncorrectable,
+        "pcie_replay": s.pcie_replay,
+    }
 
 
 def scrape_row(s: MetricsScrape) -> dict[str, Any]:
     v = s.values
     return {
-        "engine": s.engine, "ts": s.ts, "running": v.get("num_requests_running"),
-        "waiting": v.get("num_requests_waiting"), "kv_cache_usage": v.get("kv_cache_usage_perc"),
+        "engine": s.engine,
+        "ts": s.ts,
+        "running": v.get("num_requests_running"),
+        "waiting": v.get("num_requests_waiting"),
+        "kv_cache_usage": v.get("kv_cache_usage_perc"),
         "values": {**v, **{f"rate:{k}": r for k, r in s.rates.items()}},
-    }  # fmt: skip
+    }
 
 
 def event_row(ev: Event) -> dict[str, Any]:
@@ -84,11 +96,20 @@ def event_row(ev: Event) -> dict[str, Any]:
         data["lines"] = ev.lines[-200:]
     data["sources"] = ev.sources
     return {
-        "uid": ev.uid or None, "ts": ev.ts, "kind": ev.kind.value, "source": ev.source,
-        "severity": ev.severity.value, "engine": ev.engine, "gpu": ev.gpu, "xid": ev.xid, "pid": ev.pid,
-        "process": ev.process, "message": redact_text(ev.message)[:8000], "data": redact(data),
+        "uid": ev.uid or None,
+        "ts": ev.ts,
+        "kind": ev.kind.value,
+        "source": ev.source,
+        "severity": ev.severity.value,
+        "engine": ev.engine,
+        "gpu": ev.gpu,
+        "xid": ev.xid,
+        "pid": ev.pid,
+        "process": ev.process,
+        "message": redact_text(ev.message)[:8000],
+        "data": redact(data),
         "snapshot_id": ev.data.get("snapshot_id"),
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -102,8 +123,9 @@ class _Queue:
 
 
 class BatchWriter:
-    def __init__(self, repo: Repository, *, interval: float, hold_s: float = 1.0,
-                 clock: Any = time.monotonic, max_pending: int = MAX_PENDING) -> None:  # fmt: skip
+    def __init__(
+        self, repo: Repository, *, interval: float, hold_s: float = 1.0, clock: Any = time.monotonic, max_pending: int = MAX_PENDING
+    ) -> None:
         self.repo = repo
         self.interval = interval
         self.hold_s = hold_s
@@ -231,16 +253,20 @@ class BatchWriter:
             self.rejected += self._write_apart(steps, gpu, events, scrapes, batch.seen)
             log.error("database refused %d row(s) of a batch: %s", self.rejected, exc)
         for name, facts in batch.fingerprints.items():
-            self.repo.update_engine(name, fingerprint=redact(facts),
-                                    vllm_version=str(facts.get("vllm_version") or "")[:64] or None)  # fmt: skip
+            self.repo.update_engine(name, fingerprint=redact(facts), vllm_version=str(facts.get("vllm_version") or "")[:64] or None)
         self.steps_written += len(tuples)
         return len(tuples) + len(gpu) + len(events) + len(scrapes)
 
-    def _write_apart(self, steps: list[dict[str, Any]], gpu: list[dict[str, Any]], events: list[dict[str, Any]],
-                     scrapes: list[dict[str, Any]], seen: dict[str, float]) -> int:  # fmt: skip
+    def _write_apart(
+        self,
+        steps: list[dict[str, Any]],
+        gpu: list[dict[str, Any]],
+        events: list[dict[str, Any]],
+        scrapes: list[dict[str, Any]],
+        seen: dict[str, float],
+    ) -> int:
         refused = 0
-        kinds: list[tuple[str, list[dict[str, Any]]]] = [("steps", steps), ("gpu", gpu), ("events", events),
-                                                          ("scrapes", scrapes)]  # fmt: skip
+        kinds: list[tuple[str, list[dict[str, Any]]]] = [("steps", steps), ("gpu", gpu), ("events", events), ("scrapes", scrapes)]
         for kind, rows in kinds:
             for row in rows:
                 args: dict[str, Any] = {"steps": [], "gpu_samples": [], "events": [], "scrapes": []}

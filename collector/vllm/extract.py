@@ -36,11 +36,16 @@ from collector.errors import FlightrecError
 LEVELS = {"HiSparseConnector": frozenset({"host_cache_usage_perc", "pending_page_transfers"})}
 DELTAS = {
     "HiSparseConnector": frozenset({"cache_hits", "cache_misses", "host_to_device_bytes"}),
-    "NixlConnector": frozenset({
-        "num_failed_transfers", "num_failed_notifications", "num_failed_handshakes",
-        "num_kv_expired_reqs", "num_notifications_after_expiry",
-    }),
-}  # fmt: skip
+    "NixlConnector": frozenset(
+        {
+            "num_failed_transfers",
+            "num_failed_notifications",
+            "num_failed_handshakes",
+            "num_kv_expired_reqs",
+            "num_notifications_after_expiry",
+        }
+    ),
+}
 _EMPTY: frozenset[str] = frozenset()
 _MAX_DEPTH = 6
 

@@ -33,10 +33,16 @@ ENV_PREFIXES = ("NCCL_", "VLLM_")
 ENV_NAMES = ("CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES")
 # NixlConnector's extra-config keys (vllm/distributed/kv_transfer/kv_connector/v1/nixl/).
 NIXL_KEYS = (
-    "backends", "kv_lease_duration", "bidirectional_kv_xfer", "num_threads", "engine_ttl",
-    "enforce_handshake_compat", "kv_recompute_threshold", "decoder_kv_blocks_ttl",
+    "backends",
+    "kv_lease_duration",
+    "bidirectional_kv_xfer",
+    "num_threads",
+    "engine_ttl",
+    "enforce_handshake_compat",
+    "kv_recompute_threshold",
+    "decoder_kv_blocks_ttl",
     "push_registration_timeout",
-)  # fmt: skip
+)
 GIB = 1 << 30
 
 
@@ -125,9 +131,7 @@ def _float_or_none(value: Any) -> float | None:
 
 def select_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables that change how an engine fails, secrets masked."""
-    picked = {
-        k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)
-    }
+    picked = {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
     return dict(sorted(redact(picked).items()))
 
 
@@ -158,8 +162,7 @@ def build_fingerprint(
     hs_cfg = _get(vllm_config, "attention_config", "hisparse_config")
     hisparse = None
     if hs_cfg is not None:
-        hisparse = {"eager_host_mirror": _get(hs_cfg, "eager_host_mirror"),
-                    "device_buffer_size": _get(hs_cfg, "device_buffer_size")}  # fmt: skip
+        hisparse = {"eager_host_mirror": _get(hs_cfg, "eager_host_mirror"), "device_buffer_size": _get(hs_cfg, "device_buffer_size")}
     served = _get(model, "served_model_name")
     if isinstance(served, (list, tuple)):
         served = served[0] if len(served) == 1 else list(served)
@@ -206,8 +209,12 @@ def fingerprint_facts(vllm_config: Any, identity: EngineIdentity) -> dict[str, A
     """The fingerprint of the engine this process records, with the joining facts of
     ``identity`` (server pid, host, port)."""
     facts = build_fingerprint(
-        vllm_config, engine_index=identity.engine_index, vllm_version=identity.engine_version,
-        environ=os.environ, hostname=socket.gethostname(), pid=os.getpid(),
-    )  # fmt: skip
+        vllm_config,
+        engine_index=identity.engine_index,
+        vllm_version=identity.engine_version,
+        environ=os.environ,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+    )
     facts.update(identity.facts())
     return facts

@@ -70,9 +70,7 @@ class _SchedRecorder:
 
     def __init__(self, vllm_config: Any, *, connector: Any = None, base: type | None = None) -> None:
         version = vllm_version()
-        self.recorder = RequestRecorder(
-            server_identity(vllm_config, _engine_index(vllm_config), version, in_engine_core=True)
-        )
+        self.recorder = RequestRecorder(server_identity(vllm_config, _engine_index(vllm_config), version, in_engine_core=True))
         self.channel = self.recorder.channel
         self.engine_index = self.recorder.identity.engine_index
         self.columns = RequestColumns()
@@ -113,10 +111,18 @@ class _SchedRecorder:
             mirror = mirror_rows_column(cols.id_list, row_mirrors_of(getattr(output, "kv_connector_metadata", None)))
             host = self.host_blocks.column(cols.id_list)
         self.recorder.write_requests(
-            self.step, ts=time.time(), n=len(running), ids=cols.ids, prompt_len=cols.prompt,
-            computed=computed, output=out, preemptions=cols.preempt, status=cols.status,
-            mirror_rows=mirror, host_blocks=host,
-        )  # fmt: skip
+            self.step,
+            ts=time.time(),
+            n=len(running),
+            ids=cols.ids,
+            prompt_len=cols.prompt,
+            computed=computed,
+            output=out,
+            preemptions=cols.preempt,
+            status=cols.status,
+            mirror_rows=mirror,
+            host_blocks=host,
+        )
 
     def updating(self, output: Any) -> None:
         self.current = self.in_flight.pop(id(output), self.current)

@@ -58,9 +58,7 @@ def server_pid(
 
 def parse_server_args(argv: Sequence[str]) -> tuple[str | None, int | None]:
     """``(host, port)`` from a vLLM server command line (pure)."""
-    is_server = any("vllm" in a for a in argv[:3]) and any(
-        a == "serve" or a.endswith("api_server") or a.endswith("api_server.py") for a in argv[:4]
-    )
+    is_server = any("vllm" in a for a in argv[:3]) and any(a == "serve" or a.endswith("api_server") or a.endswith("api_server.py") for a in argv[:4])
     opts: dict[str, str] = {}
     flags: set[str] = set()
     i = 0
@@ -106,6 +104,10 @@ def server_identity(
     pid = server_pid(vllm_config, in_engine_core=in_engine_core, started_by_parent=started_by_parent)
     host, port = parse_server_args(read_cmdline(pid, proc=proc))
     return EngineIdentity.from_env(
-        server_pid=pid, engine_index=engine_index, server_host=host, server_port=port,
-        engine_version=version, environ=environ,
-    )  # fmt: skip
+        server_pid=pid,
+        engine_index=engine_index,
+        server_host=host,
+        server_port=port,
+        engine_version=version,
+        environ=environ,
+    )

@@ -169,7 +169,7 @@ def split_record(raw: str) -> KernelRecord:
     m = _DMESG_STAMP.match(text)
     if m is not None:
         frac = (m.group("frac") + "000000")[:6]
-        return KernelRecord(message=text[m.end():], usec=int(m.group("sec")) * 1_000_000 + int(frac))
+        return KernelRecord(message=text[m.end() :], usec=int(m.group("sec")) * 1_000_000 + int(frac))
     return KernelRecord(message=text)
 
 
@@ -207,8 +207,12 @@ def _parse_xid(message: str, record: KernelRecord) -> XidRecord:
             raise XidParseError(f"unreadable Xid line: {message[:120]!r}")
         xid = int(loose.group("xid"))
         return XidRecord(
-            xid=xid, bus_id=None, message=message, detail=message[loose.end():].strip(),
-            gpu_lost=xid == GPU_LOST_XID, record=record,
+            xid=xid,
+            bus_id=None,
+            message=message,
+            detail=message[loose.end() :].strip(),
+            gpu_lost=xid == GPU_LOST_XID,
+            record=record,
         )
     xid = int(m.group("xid"))
     rest = (m.group("rest") or "").strip()
@@ -217,16 +221,16 @@ def _parse_xid(message: str, record: KernelRecord) -> XidRecord:
     pm = _PID.match(rest)
     if pm is not None:
         pid = int(pm.group("pid")) if pm.group("pid") else None
-        rest = rest[pm.end():]
+        rest = rest[pm.end() :]
     nm = _NAME.match(rest)
     if nm is not None:
         raw_name = nm.group("name").rstrip().strip("'")
         name = None if raw_name in ("<unknown>", "") else raw_name
-        rest = rest[nm.end():]
+        rest = rest[nm.end() :]
     cm = _CHANNEL.match(rest)
     if cm is not None:
         channel = cm.group("ch")
-        rest = rest[cm.end():]
+        rest = rest[cm.end() :]
     nvlink = None
     lm = _NVLINK.match(rest)
     if lm is not None:

@@ -99,8 +99,10 @@ class Collector:
             merged, is_new = self.merger.offer(item)
             if is_new:
                 self.published.append(merged)
-            print(f"  event  {item.source:5s} {item.kind.value:8s} xid={item.xid} gpu={item.gpu} "
-                  f"pid={item.pid} new={is_new} :: {item.message[:110]}", flush=True)
+            print(
+                f"  event  {item.source:5s} {item.kind.value:8s} xid={item.xid} gpu={item.gpu} pid={item.pid} new={is_new} :: {item.message[:110]}",
+                flush=True,
+            )
 
 
 def call_costs(backend: PynvmlBackend, n: int) -> dict[str, dict[str, float]]:
@@ -126,9 +128,7 @@ async def plant(kind: str, collector: Collector, settle_s: float) -> dict[str, A
     code = CHILD_TORCH if kind == "torch_index" else CHILD_CUPY
     args = ["-c", code] + ([] if kind == "torch_index" else [kind])
     seen_before = len(collector.events)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     except TimeoutError:
@@ -181,8 +181,7 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
         pass
     collector = Collector()
     backend = PynvmlBackend()
-    source = NvmlSource(backend, interval=args.interval, pcie_interval=args.pcie_interval,
-                        event_timeout_ms=args.event_timeout_ms)
+    source = NvmlSource(backend, interval=args.interval, pcie_interval=args.pcie_interval, event_timeout_ms=args.event_timeout_ms)
     t0 = time.perf_counter()
     try:
         source.start()
@@ -213,7 +212,7 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
 
     print(f"sampling for {args.sample_seconds}s ...", flush=True)
     await asyncio.sleep(args.sample_seconds)
-    for s in collector.samples[-len(source.gpus):]:
+    for s in collector.samples[-len(source.gpus) :]:
         print("  sample", json.dumps(s.to_dict()), flush=True)
     report["samples_before"] = [s.to_dict() for s in collector.samples]
 
@@ -247,13 +246,11 @@ async def drill(args: argparse.Namespace) -> dict[str, Any]:
             if isinstance(exc, SourceError):
                 report.setdefault("source_errors", []).append(f"{t.get_name()}: {exc}")
     report["source_call_timings_us"] = {
-        k: {"count": v.count, "mean_us": round(v.mean_us, 1), "max_us": round(v.max_s * 1e6, 1)}
-        for k, v in source.timings.items()
+        k: {"count": v.count, "mean_us": round(v.mean_us, 1), "max_us": round(v.max_s * 1e6, 1)} for k, v in source.timings.items()
     }
     report["unsupported"] = {g.index: sorted(g.unsupported) for g in source.gpus}
     report["event_thread_error"] = source.event_thread_error
-    report["kmsg_stats"] = {"lines": kmsg.lines_read, "parse_errors": kmsg.parse_errors,
-                            "records_lost": kmsg.records_lost, "uuids": kmsg.uuids}
+    report["kmsg_stats"] = {"lines": kmsg.lines_read, "parse_errors": kmsg.parse_errors, "records_lost": kmsg.records_lost, "uuids": kmsg.uuids}
     report["events"] = [{"arrived": t, **e.to_dict()} for t, e in collector.events]
     report["published"] = [e.to_dict() for e in collector.published]
     report["summary"] = summarise(faults)
@@ -268,8 +265,11 @@ def summarise(faults: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("launch_to_nvml_ms", "launch_to_kmsg_ms", "launch_to_process_error_ms"):
         v = vals(key)
         out[key] = {"min": min(v), "median": round(statistics.median(v), 1), "max": max(v)} if v else None
-    gaps = [abs(f["launch_to_nvml_ms"] - f["launch_to_kmsg_ms"]) for f in faults
-            if isinstance(f.get("launch_to_nvml_ms"), float) and isinstance(f.get("launch_to_kmsg_ms"), float)]
+    gaps = [
+        abs(f["launch_to_nvml_ms"] - f["launch_to_kmsg_ms"])
+        for f in faults
+        if isinstance(f.get("launch_to_nvml_ms"), float) and isinstance(f.get("launch_to_kmsg_ms"), float)
+    ]
     out["nvml_kmsg_gap_ms"] = {"min": round(min(gaps), 1), "median": round(statistics.median(gaps), 1), "max": round(max(gaps), 1)} if gaps else None
     return out
 

@@ -47,8 +47,14 @@ class FakeAlertmanagers:
 
 
 def alert(name: str = "VllmEngineCrashed", engine: str = "decode-0", **kw) -> Alert:
-    return Alert(name=name, severity=Severity.CRITICAL, labels={"engine": engine, "host": "n1"},
-                 annotations={"summary": "s"}, starts_at=kw.pop("starts_at", time.time()), **kw)
+    return Alert(
+        name=name,
+        severity=Severity.CRITICAL,
+        labels={"engine": engine, "host": "n1"},
+        annotations={"summary": "s"},
+        starts_at=kw.pop("starts_at", time.time()),
+        **kw,
+    )
 
 
 def run_with(fake: FakeAlertmanagers, urls: list[str], scenario: Callable, **kw) -> AlertmanagerClient:
@@ -88,8 +94,7 @@ def test_a_fired_alert_is_posted_within_milliseconds_with_endsAt_ahead() -> None
     host, posted_at, body = fake.posts[0]
     assert posted_at - fired_at[0] < 0.05
     (sent,) = body
-    assert sent["labels"] == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0",
-                              "host": "n1"}
+    assert sent["labels"] == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0", "host": "n1"}
     ends = parse_ts(sent["endsAt"])
     assert 4 * 60 - 2 < ends - posted_at <= 4 * 60 + 1
 
@@ -122,7 +127,7 @@ def test_firing_alerts_are_resent_every_interval_and_the_same_label_set_is_one_a
     assert all(parse_ts(a["startsAt"]) == pytest.approx(first, abs=0.001) for a in sent)
     times = [t for _, t, _ in fake.posts]
     assert all(b - a >= 0.08 for a, b in zip(times, times[1:], strict=False))
-    for (_, t, body) in fake.posts:
+    for _, t, body in fake.posts:
         assert parse_ts(body[0]["endsAt"]) - t == pytest.approx(0.4, abs=0.05)
 
 

@@ -17,8 +17,7 @@ from collector.xid.catalog import lookup as xid_lookup
 
 # A real kernel-log Xid line (fixtures/kmsg-h200-xid.txt) and a real vLLM worker error line.
 XID_LINE = "NVRM: Xid (PCI:0000:00:06): 31, pid=444, name=python3, channel 0x0000000a, intr 00000000."
-CUDA_LINE = ("(Worker_TP0 pid=3107) ERROR 09-13 10:41:07 [multiproc_executor.py:1063] "
-             "torch.AcceleratorError: CUDA error: unspecified launch failure")
+CUDA_LINE = "(Worker_TP0 pid=3107) ERROR 09-13 10:41:07 [multiproc_executor.py:1063] torch.AcceleratorError: CUDA error: unspecified launch failure"
 
 KW = dict(host="node-1", public_url="http://flightrec.local:8080", runbook_base="https://docs.example/alerting")
 
@@ -28,12 +27,10 @@ KW = dict(host="node-1", public_url="http://flightrec.local:8080", runbook_base=
     [EventKind.CUDA_ERROR, EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD],
 )
 def test_crash_kinds_page_as_one_critical_alert_per_engine(kind: EventKind) -> None:
-    event = Event(kind=kind, ts=1757760067.5, source="log", message=CUDA_LINE, engine="decode-0",
-                  process="Worker_TP0")
+    event = Event(kind=kind, ts=1757760067.5, source="log", message=CUDA_LINE, engine="decode-0", process="Worker_TP0")
     alert = alert_for_event(event, snapshot_id=42, **KW)
     assert alert is not None
-    assert alert.label_set() == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0",
-                                 "Hostname": "node-1"}
+    assert alert.label_set() == {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0", "Hostname": "node-1"}
     assert alert.generator_url == "http://flightrec.local:8080/snapshots/42"
     assert alert.annotations["runbook_url"] == "https://docs.example/alerting#vllmenginecrashed"
     assert "unspecified launch failure" in alert.annotations["summary"]
@@ -52,8 +49,7 @@ def test_a_cuda_error_and_the_engine_death_after_it_are_the_same_alert() -> None
 
 @pytest.mark.parametrize("severity", [Severity.CRITICAL, Severity.WARNING, Severity.INFO])
 def test_xid_takes_the_catalog_severity_and_carries_gpu_and_xid(severity: Severity) -> None:
-    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=severity,
-                  gpu="0000:00:06.0", xid=31, pid=444)
+    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=severity, gpu="0000:00:06.0", xid=31, pid=444)
     alert = alert_for_event(event, **KW)
     assert alert is not None
     labels = alert.label_set()
@@ -66,10 +62,8 @@ def test_xid_takes_the_catalog_severity_and_carries_gpu_and_xid(severity: Severi
 
 
 def test_engine_down_has_no_hold_and_gpu_lost_is_critical() -> None:
-    down = alert_for_event(Event(kind=EventKind.ENGINE_DOWN, ts=1.0, source="scrape", message="refused",
-                                 engine="decode-0"), **KW)
-    lost = alert_for_event(Event(kind=EventKind.GPU_LOST, ts=1.0, source="nvml", message="GPU is lost",
-                                 gpu="0000:00:06.0"), **KW)
+    down = alert_for_event(Event(kind=EventKind.ENGINE_DOWN, ts=1.0, source="scrape", message="refused", engine="decode-0"), **KW)
+    lost = alert_for_event(Event(kind=EventKind.GPU_LOST, ts=1.0, source="nvml", message="GPU is lost", gpu="0000:00:06.0"), **KW)
     assert down is not None and down.name == "VllmEngineDown" and down.expires_at is None
     assert lost is not None and lost.name == "GpuLost" and lost.severity is Severity.CRITICAL
 
@@ -100,11 +94,17 @@ def test_payload_is_what_alertmanager_v2_takes() -> None:
 
 
 def test_anomaly_event_and_detector_state_build_the_same_alert() -> None:
-    state = DetectorState("engine_stall", Severity.CRITICAL, "3 requests waiting and no token computed for 31s",
-                          "py-spy dump", 31.0, {"engine": "decode-0"}, 100.0)
-    event = Event(kind=EventKind.ANOMALY, ts=100.0, source="detector", message=state.reason,
-                  severity=Severity.CRITICAL,
-                  data={"detector": "engine_stall", "state": "critical", "labels": {"engine": "decode-0"}})
+    state = DetectorState(
+        "engine_stall", Severity.CRITICAL, "3 requests waiting and no token computed for 31s", "py-spy dump", 31.0, {"engine": "decode-0"}, 100.0
+    )
+    event = Event(
+        kind=EventKind.ANOMALY,
+        ts=100.0,
+        source="detector",
+        message=state.reason,
+        severity=Severity.CRITICAL,
+        data={"detector": "engine_stall", "state": "critical", "labels": {"engine": "decode-0"}},
+    )
     from_state = alert_for_state(state, **KW)
     from_event = alert_for_event(event, **KW)
     assert from_event is not None
@@ -129,17 +129,22 @@ def test_rfc3339_is_utc_with_milliseconds() -> None:
     assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
 
 
-H200 = GpuSample(gpu="GPU-5c1e0d2a-1111-2222-3333-444455556666", index=1, ts=0.0, bus_id="0000:00:06.0",
-                 name="NVIDIA H200")
+H200 = GpuSample(gpu="GPU-5c1e0d2a-1111-2222-3333-444455556666", index=1, ts=0.0, bus_id="0000:00:06.0", name="NVIDIA H200")
 
 
 def test_gpu_alerts_carry_dcgm_labels_and_the_catalog_meaning() -> None:
-    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=Severity.WARNING,
-                  gpu="0000:00:06.0", xid=43, pid=444)
+    event = Event(kind=EventKind.XID, ts=10.0, source="kmsg", message=XID_LINE, severity=Severity.WARNING, gpu="0000:00:06.0", xid=43, pid=444)
     alert = alert_for_event(event, gpus=[H200], **KW)
     assert alert is not None
-    assert alert.label_set() == {"alertname": "GpuXidError", "severity": "warning", "Hostname": "node-1", "gpu": "1",
-                                 "UUID": H200.gpu, "pci_bus_id": "00000000:00:06.0", "xid": "43"}
+    assert alert.label_set() == {
+        "alertname": "GpuXidError",
+        "severity": "warning",
+        "Hostname": "node-1",
+        "gpu": "1",
+        "UUID": H200.gpu,
+        "pci_bus_id": "00000000:00:06.0",
+        "xid": "43",
+    }
     info = xid_lookup(43)
     assert alert.annotations["action"] == info.action and info.meaning in alert.annotations["meaning"]
     assert "NVIDIA H200" in alert.annotations["summary"]
@@ -150,7 +155,11 @@ def test_a_gpu_detector_alert_names_the_gpu_as_the_xid_alert_does() -> None:
     alert = alert_for_state(state, gpus=[H200], **KW)
     labels = alert.label_set()
     assert {k: labels[k] for k in ("gpu", "UUID", "pci_bus_id", "Hostname")} == {
-        "gpu": "1", "UUID": H200.gpu, "pci_bus_id": "00000000:00:06.0", "Hostname": "node-1"}
+        "gpu": "1",
+        "UUID": H200.gpu,
+        "pci_bus_id": "00000000:00:06.0",
+        "Hostname": "node-1",
+    }
 
 
 def test_one_name_for_a_gone_scrape_target() -> None:
@@ -173,8 +182,7 @@ def test_the_runbook_lists_the_catalog_as_it_is() -> None:
 def test_alerts_leave_redacted() -> None:
     # the engine's own words reach Alertmanager (and its receivers) only redacted
     msg = CUDA_LINE + " while writing to postgresql://u:hunter2@db/x with --api-key sk-live-abcdef123"
-    event = Event(kind=EventKind.CUDA_ERROR, ts=1757760067.5, source="log", message=msg, engine="decode-0",
-                  process="Worker_TP0")
+    event = Event(kind=EventKind.CUDA_ERROR, ts=1757760067.5, source="log", message=msg, engine="decode-0", process="Worker_TP0")
     alert = alert_for_event(event, snapshot_id=42, **KW)
     assert alert is not None
     wire = repr(alert.payload(ends_at=1757760367.5))

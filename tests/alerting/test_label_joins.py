@@ -42,8 +42,7 @@ def rule_labels(alertname: str) -> list[dict[str, str]]:
         for group in yaml.safe_load(path.read_text())["tests"]:
             for case in group.get("alert_rule_test", []):
                 if case["alertname"] == alertname:
-                    out += [{**{k: str(v) for k, v in a["exp_labels"].items()}, "alertname": alertname}
-                            for a in case.get("exp_alerts", [])]  # fmt: skip
+                    out += [{**{k: str(v) for k, v in a["exp_labels"].items()}, "alertname": alertname} for a in case.get("exp_alerts", [])]
     return out
 
 
@@ -55,8 +54,7 @@ def sidecar_crash() -> dict[str, str]:
 
 
 def sidecar_xid() -> dict[str, str]:
-    ev = Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message=XID, xid=43, gpu="0000:00:06.0",
-               severity=Severity.WARNING)  # fmt: skip
+    ev = Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message=XID, xid=43, gpu="0000:00:06.0", severity=Severity.WARNING)
     alert = alert_for_event(ev, host=HOST, public_url="", gpus=[H200_1])
     assert alert is not None
     return alert.label_set()
@@ -66,19 +64,20 @@ def test_the_sidecar_and_the_rules_send_one_label_set_per_fault() -> None:
     assert sidecar_crash() in rule_labels("VllmEngineCrashed")
     xid = sidecar_xid()
     assert {**xid, "UUID": "GPU-abc"} in rule_labels("GpuXidError")
-    stalled = alert_for_state(DetectorState("engine_stall", Severity.CRITICAL, "no tokens", labels={"engine": "decode-0"}, ts=1.0),
-                              host=HOST, public_url="").label_set()  # fmt: skip
+    stalled = alert_for_state(
+        DetectorState("engine_stall", Severity.CRITICAL, "no tokens", labels={"engine": "decode-0"}, ts=1.0), host=HOST, public_url=""
+    ).label_set()
     assert stalled in rule_labels("VllmEngineStalled")
-    gone = alert_for_state(DetectorState("scrape_target_gone", Severity.CRITICAL, "gone", labels={"engine": "a"}, ts=1.0),
-                           host=HOST, public_url="").label_set()  # fmt: skip
+    gone = alert_for_state(
+        DetectorState("scrape_target_gone", Severity.CRITICAL, "gone", labels={"engine": "a"}, ts=1.0), host=HOST, public_url=""
+    ).label_set()
     assert gone in rule_labels("VllmScrapeTargetGone")
 
 
 def test_every_sidecar_alertname_is_one_the_rules_or_the_docs_know() -> None:
     from collector.alerting.alerts import DETECTOR_ALERTS
 
-    rules = {r["alert"] for g in yaml.safe_load((ROOT / "rules" / "flightrec-alerts.yml").read_text())["groups"]
-             for r in g["rules"] if "alert" in r}  # fmt: skip
+    rules = {r["alert"] for g in yaml.safe_load((ROOT / "rules" / "flightrec-alerts.yml").read_text())["groups"] for r in g["rules"] if "alert" in r}
     docs = (ROOT / "docs" / "alerting.md").read_text()
     for name in set(DETECTOR_ALERTS.values()) | {"VllmEngineCrashed", "GpuXidError", "GpuLost", "VllmEngineDown"}:
         assert name in rules or f"### {name}" in docs, name
@@ -100,8 +99,12 @@ def test_amtool_accepts_the_shipped_config() -> None:
 @pytest.mark.parametrize("labels", [sidecar_crash(), *rule_labels("VllmEngineCrashed")[:1], sidecar_xid()])
 def test_amtool_routes_both_senders_alike(labels: dict[str, str]) -> None:
     args = [f"{k}={v}" for k, v in sorted(labels.items())]
-    r = subprocess.run([str(AMTOOL), "config", "routes", "test", f"--config.file={AM_CONFIG}", "--verify.receivers=default",
-                        *args], capture_output=True, text=True, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [str(AMTOOL), "config", "routes", "test", f"--config.file={AM_CONFIG}", "--verify.receivers=default", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -147,8 +150,7 @@ def test_shipped_config_merges_the_two_senders_and_inhibits_down() -> None:
         assert downs[0]["status"]["inhibitedBy"]
         notified = wait_for(lambda: [a for a in hook.alerts("firing") if a["labels"]["alertname"] == "VllmEngineCrashed"])
         assert {a["labels"]["Hostname"] for a in notified} == {HOST}
-        assert not [a for a in hook.alerts("firing") if a["labels"]["alertname"] == "VllmEngineDown"
-                    and a["labels"]["Hostname"] == HOST]  # fmt: skip
+        assert not [a for a in hook.alerts("firing") if a["labels"]["alertname"] == "VllmEngineDown" and a["labels"]["Hostname"] == HOST]
     finally:
         am.close()
         hook.stop()

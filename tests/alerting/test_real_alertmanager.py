@@ -36,8 +36,7 @@ def alertmanager(webhook: WebhookReceiver) -> Iterator[LocalAlertmanager]:
 
 
 def xid_event(gpu: str = "0000:00:06.0") -> Event:
-    return Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message=XID_LINE, severity=Severity.CRITICAL,
-                 gpu=gpu, xid=43, pid=415)
+    return Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message=XID_LINE, severity=Severity.CRITICAL, gpu=gpu, xid=43, pid=415)
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> float:
@@ -65,8 +64,9 @@ def run_client(urls: list[str], scenario, **kw) -> None:
 
 
 def test_a_fault_becomes_an_alert_in_alertmanager(alertmanager: LocalAlertmanager, webhook: WebhookReceiver) -> None:
-    alert = alert_for_event(xid_event(), host="node-1", public_url="http://127.0.0.1:8080", snapshot_id=7,
-                            runbook_base="https://docs.example/alerting")
+    alert = alert_for_event(
+        xid_event(), host="node-1", public_url="http://127.0.0.1:8080", snapshot_id=7, runbook_base="https://docs.example/alerting"
+    )
     assert alert is not None
 
     async def scenario(client: AlertmanagerClient) -> None:
@@ -76,8 +76,7 @@ def test_a_fault_becomes_an_alert_in_alertmanager(alertmanager: LocalAlertmanage
 
     run_client([alertmanager.url], scenario)
     (seen,) = alertmanager.alerts("GpuXidError")
-    assert seen["labels"] == {"alertname": "GpuXidError", "severity": "critical", "Hostname": "node-1",
-                              "pci_bus_id": "00000000:00:06.0", "xid": "43"}
+    assert seen["labels"] == {"alertname": "GpuXidError", "severity": "critical", "Hostname": "node-1", "pci_bus_id": "00000000:00:06.0", "xid": "43"}
     assert seen["generatorURL"] == "http://127.0.0.1:8080/snapshots/7"
     assert seen["annotations"]["runbook_url"] == "https://docs.example/alerting#gpuxiderror"
     assert seen["status"]["state"] == "active"
@@ -88,6 +87,7 @@ def test_alertmanager_down_then_up_still_gets_the_alert(webhook: WebhookReceiver
     alert = alert_for_event(xid_event(), host="node-1", public_url="")
     assert alert is not None
     try:
+
         async def scenario(client: AlertmanagerClient) -> None:
             client.fire(alert)
             await eventually(lambda: client.stats().failed >= 2)  # it tried, and is backing off
@@ -101,8 +101,7 @@ def test_alertmanager_down_then_up_still_gets_the_alert(webhook: WebhookReceiver
 
 
 def test_a_cleared_condition_resolves(alertmanager: LocalAlertmanager, webhook: WebhookReceiver) -> None:
-    down = Event(kind=EventKind.ENGINE_DOWN, ts=time.time(), source="scrape", message="connection refused",
-                 engine="decode-0")
+    down = Event(kind=EventKind.ENGINE_DOWN, ts=time.time(), source="scrape", message="connection refused", engine="decode-0")
     alert = alert_for_event(down, host="node-1", public_url="")
     assert alert is not None
 
@@ -125,6 +124,7 @@ def test_an_ha_pair_both_get_it_when_one_is_down(webhook: WebhookReceiver) -> No
     alert = alert_for_event(xid_event(), host="node-1", public_url="")
     assert alert is not None
     try:
+
         async def scenario(client: AlertmanagerClient) -> None:
             client.fire(alert)
             took = await eventually(lambda: bool(up.alerts("GpuXidError")))

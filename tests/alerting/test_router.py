@@ -46,8 +46,9 @@ def _wired(url: str, tmp_path: Path, **kw: Any) -> tuple[Hub, SnapshotCommitter,
     repo = Repository(make_engine(url), host=hub.host)
     committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.1, window_s=30)
     client = RecordingClient()
-    alerter = Alerter(settings, host=hub.host, snapshots_for=committer.snapshots_for, engine_up=lambda n: None,
-                      port=lambda: 8787, client=client, **kw)  # type: ignore[arg-type]
+    alerter = Alerter(
+        settings, host=hub.host, snapshots_for=committer.snapshots_for, engine_up=lambda n: None, port=lambda: 8787, client=client, **kw
+    )  # type: ignore[arg-type]
     committed: list[tuple[float, int]] = []
 
     def on_commit(doc: Any, trigger: Event) -> None:
@@ -66,16 +67,32 @@ def test_the_crash_alert_waits_for_the_commit_and_links_the_snapshot(migrated_ur
         task = asyncio.create_task(committer.run())
         for i in range(20):
             hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=i, running=2))
-        hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0",
-                       message="CUDA error: unspecified launch failure", severity=Severity.CRITICAL))  # fmt: skip
+        hub.emit(
+            Event(
+                kind=EventKind.CUDA_ERROR,
+                ts=time.time(),
+                source="log",
+                engine="decode-0",
+                message="CUDA error: unspecified launch failure",
+                severity=Severity.CRITICAL,
+            )
+        )
         assert client.fired == []  # held: its snapshot is not committed yet
         for _ in range(100):
             if client.fired:
                 break
             await asyncio.sleep(0.02)
         # a late witness of the same fault pages at once, with the same link
-        hub.emit(Event(kind=EventKind.ENGINE_FATAL, ts=time.time(), source="log", engine="decode-0",
-                       message="EngineCore encountered a fatal error.", severity=Severity.CRITICAL))  # fmt: skip
+        hub.emit(
+            Event(
+                kind=EventKind.ENGINE_FATAL,
+                ts=time.time(),
+                source="log",
+                engine="decode-0",
+                message="EngineCore encountered a fatal error.",
+                severity=Severity.CRITICAL,
+            )
+        )
         task.cancel()
 
     asyncio.run(scenario())
@@ -93,8 +110,7 @@ def test_a_database_that_is_down_does_not_hold_the_page(tmp_path: Path) -> None:
     async def scenario() -> None:
         task = asyncio.create_task(committer.run())
         hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=1, running=2))
-        hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0",
-                       message="CUDA error", severity=Severity.CRITICAL))  # fmt: skip
+        hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine="decode-0", message="CUDA error", severity=Severity.CRITICAL))
         for _ in range(20):
             alerter.tick()
             if client.fired:
@@ -115,13 +131,24 @@ def test_a_critical_stall_takes_its_snapshot_with_no_alertmanager(migrated_url: 
     now = [t0 + 40]
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")])
     hub = Hub(settings, clock=lambda: now[0])
-    committer = SnapshotCommitter(hub, Repository(make_engine(migrated_url), host=hub.host),
-                                  spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)  # fmt: skip
+    committer = SnapshotCommitter(hub, Repository(make_engine(migrated_url), host=hub.host), spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)
     hub.consumers.append(committer.on_event)
     task = DetectorTask(hub, settings.detectors)
     for i in range(400):  # 40 s of steps with requests waiting and no token computed
-        hub.emit(StepRecord(engine="decode-0", ts=t0 + i * 0.1, step=i, running=0, waiting=3, kv_cache_usage=0.5,
-                            preemptions=0, prompt_tokens=0, generation_tokens=0, halves=1))  # fmt: skip
+        hub.emit(
+            StepRecord(
+                engine="decode-0",
+                ts=t0 + i * 0.1,
+                step=i,
+                running=0,
+                waiting=3,
+                kv_cache_usage=0.5,
+                preemptions=0,
+                prompt_tokens=0,
+                generation_tokens=0,
+                halves=1,
+            )
+        )
     assert committer.backlog == 0
     for _ in range(settings.detectors.enter_after + 1):
         task.tick()
@@ -147,9 +174,14 @@ def test_an_xid_line_becomes_an_alert_whose_link_opens(alertmanager: LocalAlertm
     kmsg = tmp_path / "kern.log"
     kmsg.write_text("")
     settings = Settings(
-        engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], database=f"sqlite:///{tmp_path / 'f.db'}",
-        alertmanager=[alertmanager.url], kmsg=str(kmsg), nvml="off", port=0, recorder_dir=tmp_path / "rec",
-    )  # fmt: skip
+        engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")],
+        database=f"sqlite:///{tmp_path / 'f.db'}",
+        alertmanager=[alertmanager.url],
+        kmsg=str(kmsg),
+        nvml="off",
+        port=0,
+        recorder_dir=tmp_path / "rec",
+    )
     svc = Service(settings)
 
     async def scenario() -> tuple[dict[str, Any], int]:
@@ -186,8 +218,7 @@ def test_a_trigger_retaken_at_start_pages_with_its_retaken_snapshot(migrated_url
     commit); the next start retakes the trigger from its intent, and the page goes with the link."""
     from collector.snapshot import intent
 
-    ev = Event(kind=EventKind.XID, ts=time.time() - 5, source="kmsg", message=XID_LINE, xid=43, severity=Severity.CRITICAL,
-               uid="ab" * 16)  # fmt: skip
+    ev = Event(kind=EventKind.XID, ts=time.time() - 5, source="kmsg", message=XID_LINE, xid=43, severity=Severity.CRITICAL, uid="ab" * 16)
     intent.write(tmp_path / "spool", "decode-0", ev, ev.ts)  # what the killed sidecar left
     hub, committer, alerter, client, committed = _wired(migrated_url, tmp_path)
     committer.on_retaken.append(lambda e: alerter.on_event(e, True))  # as the service wires it

@@ -29,5 +29,13 @@ def make_context(url: str, *, host_name: str = "node-a", spool_dir: Path | None 
 
     committer = SnapshotCommitter(hub, repo, spool_dir=spool_dir or Path(tempfile.mkdtemp()), settle_s=0.2, window_s=30.0)
     hub.consumers.append(committer.on_event)
-    return AppContext(settings=s, hub=hub, repo=repo, writer=writer, committer=committer,
-                      detectors=DetectorTask(hub, s.detectors), loop=asyncio.new_event_loop(), manual_wait_s=0.05)
+    return AppContext(
+        settings=s,
+        hub=hub,
+        repo=repo,
+        writer=writer,
+        committer=committer,
+        detectors=DetectorTask(hub, s.detectors),
+        loop=asyncio.new_event_loop(),
+        manual_wait_s=0.05,
+    )

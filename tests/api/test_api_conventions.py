@@ -22,16 +22,20 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1757760067.5", 1757760067.5), ("2025-09-13T10:41:07Z", 1757760067.0),
-    ("2025-09-13T12:41:07.250+02:00", 1757760067.25), ("2025-09-13 10:41:07z", 1757760067.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1757760067.5", 1757760067.5),
+        ("2025-09-13T10:41:07Z", 1757760067.0),
+        ("2025-09-13T12:41:07.250+02:00", 1757760067.25),
+        ("2025-09-13 10:41:07z", 1757760067.0),
+    ],
+)
 def test_times_are_unix_seconds_or_rfc3339(text: str, seconds: float) -> None:
     assert parse_time("since", text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["2025-09-13T10:41:07", "yesterday", "nan", "-1", "inf", "2025-13-45T10:41:07Z",
-                                  "0000-01-01T00:00:00Z"])
+@pytest.mark.parametrize("text", ["2025-09-13T10:41:07", "yesterday", "nan", "-1", "inf", "2025-13-45T10:41:07Z", "0000-01-01T00:00:00Z"])
 def test_a_time_without_offset_or_sense_is_422(client: TestClient, text: str) -> None:
     r = client.get("/api/v1/events", params={"since": text})
     # FastAPI's validation body, as the OpenAPI schema declares for 422
@@ -40,9 +44,27 @@ def test_a_time_without_offset_or_sense_is_422(client: TestClient, text: str) ->
 
 
 def add_events(ctx: Any, times: list[float]) -> None:
-    ctx.repo.write_batch([], [], [{"ts": ts, "kind": "xid", "source": "kmsg", "severity": "warning", "engine": None,
-                                   "gpu": "0000:00:06.0", "xid": 43, "pid": None, "process": None,
-                                   "message": "NVRM: Xid (PCI:0000:00:06): 43", "data": {}} for ts in times], {})  # fmt: skip
+    ctx.repo.write_batch(
+        [],
+        [],
+        [
+            {
+                "ts": ts,
+                "kind": "xid",
+                "source": "kmsg",
+                "severity": "warning",
+                "engine": None,
+                "gpu": "0000:00:06.0",
+                "xid": 43,
+                "pid": None,
+                "process": None,
+                "message": "NVRM: Xid (PCI:0000:00:06): 43",
+                "data": {},
+            }
+            for ts in times
+        ],
+        {},
+    )
 
 
 def test_rfc3339_filters_the_same_rows_as_seconds(client: TestClient, ctx: Any) -> None:
@@ -96,8 +118,10 @@ def test_the_page_of_an_unknown_snapshot_is_404(client: TestClient, ctx: Any) ->
 def test_openapi_has_the_bearer_scheme_and_the_error_responses(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer",
-        "description": "api_token; required for writes, and for reads when bound beyond loopback"}  # fmt: skip
+        "type": "http",
+        "scheme": "bearer",
+        "description": "api_token; required for writes, and for reads when bound beyond loopback",
+    }
     snapshots = doc["paths"]["/api/v1/snapshots"]
     assert snapshots["get"]["security"] == [{"bearer": []}]
     assert {"401", "403", "503"} <= set(snapshots["get"]["responses"]) and "413" not in snapshots["get"]["responses"]

@@ -18,21 +18,41 @@ HUGE = [str(2**63), str(2**64 + 5), "9" * 30]
 
 
 @pytest.mark.parametrize("value", HUGE)
-@pytest.mark.parametrize(("path", "param"), [
-    ("/api/v1/snapshots", "incident_id"), ("/api/v1/incidents", "before_id"), ("/api/v1/events", "before_id"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/api/v1/snapshots", "incident_id"),
+        ("/api/v1/incidents", "before_id"),
+        ("/api/v1/events", "before_id"),
+    ],
+)
 def test_huge_ints_in_filters_are_422(client: TestClient, path: str, param: str, value: str) -> None:
     # on SQLite and on Postgres (the client fixture runs on both)
     r = client.get(path, params={param: value})
     assert r.status_code == 422, r.text
 
 
-@pytest.mark.parametrize(("header", "gzip"), [
-    ("gzip", True), ("gzip, deflate, br", True), ("GZIP;q=0.5", True), ("*", True), ("x-gzip", True),
-    ("gzip;q=0", False), ("gzip; q=0.0, identity", False), ("identity", False), ("", False), (None, False),
-    ("*;q=0", False), ("br;q=1, *;q=0", False), ("gzip;q=0, *", False), ("gzip;q=abc", False),
-    ("deflate, gzip;q=0.001", True), ("gzip;q=2", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("header", "gzip"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),
+        ("GZIP;q=0.5", True),
+        ("*", True),
+        ("x-gzip", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0, identity", False),
+        ("identity", False),
+        ("", False),
+        (None, False),
+        ("*;q=0", False),
+        ("br;q=1, *;q=0", False),
+        ("gzip;q=0, *", False),
+        ("gzip;q=abc", False),
+        ("deflate, gzip;q=0.001", True),
+        ("gzip;q=2", False),
+    ],
+)
 def test_accept_encoding_negotiation(header: str | None, gzip: bool) -> None:
     assert accepts_gzip(header) is gzip
 
@@ -44,8 +64,19 @@ def test_gzip_q0_gets_identity(client: TestClient, ctx: Any) -> None:
     assert r.json()["engine"] == "decode-0"
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/api/v1/engines", "/api/v1/snapshots", "/api/v1/events",
-                                  "/api/v1/incidents", "/api/v1/snapshots/999", "/api/v1/nope", "/openapi.json"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/healthz",
+        "/api/v1/engines",
+        "/api/v1/snapshots",
+        "/api/v1/events",
+        "/api/v1/incidents",
+        "/api/v1/snapshots/999",
+        "/api/v1/nope",
+        "/openapi.json",
+    ],
+)
 def test_every_response_says_nosniff(client: TestClient, path: str) -> None:
     r = client.get(path)
     assert r.headers.get("x-content-type-options") == "nosniff", (path, r.status_code)
@@ -86,8 +117,15 @@ def test_a_database_that_does_not_answer_is_a_503_within_the_reads_bound(migrate
         monkeypatch.setattr(ctx.repo, name, hung)
     try:
         with TestClient(create_app(ctx)) as client:
-            for path in ("/api/v1/snapshots", "/api/v1/incidents", "/api/v1/events", "/api/v1/snapshots/1",
-                         "/api/v1/snapshots/1/export", "/api/v1/snapshots/1/checklist", "/api/v1/incidents/1"):
+            for path in (
+                "/api/v1/snapshots",
+                "/api/v1/incidents",
+                "/api/v1/events",
+                "/api/v1/snapshots/1",
+                "/api/v1/snapshots/1/export",
+                "/api/v1/snapshots/1/checklist",
+                "/api/v1/incidents/1",
+            ):
                 t0 = _time.monotonic()
                 r = client.get(path)
                 took = _time.monotonic() - t0

@@ -23,11 +23,26 @@ def exposition(tmp_path, *, latency: LatencyHistogram | None = None) -> str:
     ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
     now = time.time()
     ctx.hub.emit(StepRecord(engine="decode-0", ts=now, step=7, running=16, waiting=2, kv_cache_usage=0.032))
-    ctx.hub.emit(GpuSample(gpu=UUID, index=1, ts=now, bus_id="0000:00:06.0", name="NVIDIA H200", utilization=87.0,
-                           temperature=61.0, memory_used=2**30, power_w=450.0, clock_event_reasons=0))  # fmt: skip
+    ctx.hub.emit(
+        GpuSample(
+            gpu=UUID,
+            index=1,
+            ts=now,
+            bus_id="0000:00:06.0",
+            name="NVIDIA H200",
+            utilization=87.0,
+            temperature=61.0,
+            memory_used=2**30,
+            power_w=450.0,
+            clock_event_reasons=0,
+        )
+    )
     # the kernel names the GPU by its PCI bus id, in its own short form
-    ctx.hub.emit(Event(kind=EventKind.XID, ts=now, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43,
-                       gpu="0000:00:06.0", severity=Severity.WARNING))  # fmt: skip
+    ctx.hub.emit(
+        Event(
+            kind=EventKind.XID, ts=now, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43, gpu="0000:00:06.0", severity=Severity.WARNING
+        )
+    )
     ctx.snapshot_counts[("decode-0", "xid")] = 1
     hist = latency or LatencyHistogram()
     return generate_latest(sidecar_registry(ctx, commit_latency=hist)).decode()
@@ -45,8 +60,7 @@ def test_gpu_series_and_xid_counter_carry_the_same_dcgm_labels(tmp_path) -> None
     got = samples(exposition(tmp_path))
     [(gauge, value)] = got["flightrec_gpu_utilization_ratio"]
     assert value == pytest.approx(0.87)
-    assert gauge == {"Hostname": "node-a", "gpu": "1", "UUID": UUID, "pci_bus_id": "00000000:00:06.0",
-                     "modelName": "NVIDIA H200"}  # fmt: skip
+    assert gauge == {"Hostname": "node-a", "gpu": "1", "UUID": UUID, "pci_bus_id": "00000000:00:06.0", "modelName": "NVIDIA H200"}
     [(xid, n)] = got["flightrec_xid_events_total"]
     assert n == 1
     assert {k: xid[k] for k in gauge} == gauge

@@ -24,30 +24,65 @@ PG_SECRET = "postgresql+psycopg://flight:hunter2-pw@db.internal:5432/flightrec"
 HF_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
 
 
-def make_doc(engine: str = "decode-0", *, host: str = "node-a", ts: float | None = None, steps: int = 20,
-             reqs: int = 4, kind: EventKind = EventKind.XID, pair: str | None = None,
-             fingerprint: dict[str, Any] | None = None) -> SnapshotDoc:  # fmt: skip
+def make_doc(
+    engine: str = "decode-0",
+    *,
+    host: str = "node-a",
+    ts: float | None = None,
+    steps: int = 20,
+    reqs: int = 4,
+    kind: EventKind = EventKind.XID,
+    pair: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
+) -> SnapshotDoc:
     ts = time.time() if ts is None else ts
     recs = [
-        StepRecord(engine=engine, ts=ts - steps + i, step=1000 + i, running=reqs, waiting=1, kv_cache_usage=0.032,
-                   requests=[RequestRow(f"req-{j}", 32000, 32000 + i, i, mirror_rows=400 + i) for j in range(reqs)])
+        StepRecord(
+            engine=engine,
+            ts=ts - steps + i,
+            step=1000 + i,
+            running=reqs,
+            waiting=1,
+            kv_cache_usage=0.032,
+            requests=[RequestRow(f"req-{j}", 32000, 32000 + i, i, mirror_rows=400 + i) for j in range(reqs)],
+        )
         for i in range(steps)
-    ]  # fmt: skip
-    trigger = Event(kind=kind, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43,
-                    severity=Severity.CRITICAL)  # fmt: skip
-    failure = Event(kind=EventKind.CUDA_ERROR, ts=ts + 0.4, source="log", engine=engine, process="Worker_TP0",
-                    message=f"CUDA error: unspecified launch failure (db {PG_SECRET})",
-                    lines=["Traceback (most recent call last):", f"  connecting to {PG_SECRET}",
-                           "torch.AcceleratorError: CUDA error: unspecified launch failure"])  # fmt: skip
-    fp = fingerprint if fingerprint is not None else {
-        "vllm_version": "0.11.1", "block_size": 64, "env": {"HF_TOKEN": HF_SECRET, "NCCL_NET_PLUGIN": "none"},
-    }  # fmt: skip
+    ]
+    trigger = Event(kind=kind, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43", xid=43, severity=Severity.CRITICAL)
+    failure = Event(
+        kind=EventKind.CUDA_ERROR,
+        ts=ts + 0.4,
+        source="log",
+        engine=engine,
+        process="Worker_TP0",
+        message=f"CUDA error: unspecified launch failure (db {PG_SECRET})",
+        lines=[
+            "Traceback (most recent call last):",
+            f"  connecting to {PG_SECRET}",
+            "torch.AcceleratorError: CUDA error: unspecified launch failure",
+        ],
+    )
+    fp = (
+        fingerprint
+        if fingerprint is not None
+        else {
+            "vllm_version": "0.11.1",
+            "block_size": 64,
+            "env": {"HF_TOKEN": HF_SECRET, "NCCL_NET_PLUGIN": "none"},
+        }
+    )
     return build_snapshot(
-        host=host, engine=engine, trigger=trigger, steps=recs,
+        host=host,
+        engine=engine,
+        trigger=trigger,
+        steps=recs,
         gpu_samples=[GpuSample(gpu="GPU-1", index=1, ts=ts - 1, utilization=90.0)],
-        events=[trigger, failure], log_lines=[LogLine(engine, ts, f"DATABASE_URL={PG_SECRET} token={HF_SECRET}")],
-        fingerprint=fp, extra_summary={"pair": pair} if pair else None, created_at=ts,
-    )  # fmt: skip
+        events=[trigger, failure],
+        log_lines=[LogLine(engine, ts, f"DATABASE_URL={PG_SECRET} token={HF_SECRET}")],
+        fingerprint=fp,
+        extra_summary={"pair": pair} if pair else None,
+        created_at=ts,
+    )
 
 
 def store(repo: Repository, doc: SnapshotDoc, window: float = 30.0) -> tuple[int, int]:
@@ -77,9 +112,26 @@ def test_export_is_one_gzip_file_of_the_documented_schema(client: TestClient, ct
     assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
     assert r.headers["content-disposition"] == f'attachment; filename="flightrec-snapshot-{sid}.json.gz"'
     data = json.loads(gzip.decompress(r.content))  # one gzip member, CRC and length checked
-    assert list(data) == ["schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger",
-                          "summary", "fingerprint", "steps", "requests", "gpu_samples", "events", "log_lines", "peers",
-                          "workload", "scrapes"]  # fmt: skip
+    assert list(data) == [
+        "schema",
+        "id",
+        "incident_id",
+        "host",
+        "engine",
+        "created_at",
+        "fault_ts",
+        "trigger",
+        "summary",
+        "fingerprint",
+        "steps",
+        "requests",
+        "gpu_samples",
+        "events",
+        "log_lines",
+        "peers",
+        "workload",
+        "scrapes",
+    ]
     assert data["workload"] is None  # recorded by no workload log: null, not an empty list
     SnapshotDocOut.model_validate(data)
     again = SnapshotDoc.from_export(data)  # the export reads back into the document it came from
@@ -98,8 +150,11 @@ def test_secrets_never_leave_in_a_snapshot(client: TestClient, ctx: Any) -> None
 
 def test_engines_are_served_without_secrets_even_as_an_older_sidecar_stored_them(client: TestClient, ctx: Any) -> None:
     # a row written before redaction reached the engines table (or by another sidecar)
-    ctx.repo.update_engine("decode-0", fingerprint={"env": {"HF_TOKEN": HF_SECRET}, "db": "postgresql://flight:hunter2-pw@db/x",
-                                                    "argv": ["--api-key", "sk-live-abcdef"]}, vllm_version="0.32.0")  # fmt: skip
+    ctx.repo.update_engine(
+        "decode-0",
+        fingerprint={"env": {"HF_TOKEN": HF_SECRET}, "db": "postgresql://flight:hunter2-pw@db/x", "argv": ["--api-key", "sk-live-abcdef"]},
+        vllm_version="0.32.0",
+    )
     body = client.get("/api/v1/engines", headers={"Accept-Encoding": "identity"}).text
     for secret in (HF_SECRET, "hunter2-pw", "sk-live-abcdef"):
         assert secret not in body, secret
@@ -231,8 +286,14 @@ def test_checklist_reads_the_pair_peer_fingerprint(client: TestClient, ctx: Any)
     items = {i["key"]: i for i in client.get(f"/api/v1/snapshots/{sid}/checklist").json()["items"]}
     assert items["nccl_net_plugin"]["value"] == {"decode-0": "none", "prefill-0": "none"}
     assert items["block_size"]["value"] == 64 and items["xid"]["value"] == [43]
-    assert items["cuda_graph_mode"] == {"key": "cuda_graph_mode", "label": "CUDA graph mode", "recorded": False,
-                                        "value": None, "text": "not recorded", "detail": None}  # fmt: skip
+    assert items["cuda_graph_mode"] == {
+        "key": "cuda_graph_mode",
+        "label": "CUDA graph mode",
+        "recorded": False,
+        "value": None,
+        "text": "not recorded",
+        "detail": None,
+    }
     peers = client.get(f"/api/v1/snapshots/{sid}").json()["peers"]
     assert peers[0]["engine"] == "prefill-0" and peers[0]["fingerprint"]["env"]["HF_TOKEN"] == "***"
 
@@ -260,8 +321,16 @@ def test_a_replay_link_is_served_at_once_even_when_the_export_was_cached(api_url
     auth = {"Authorization": "Bearer tok-123"}
     snap_id, _ = store(ctx.repo, make_doc(ts=time.time() - 3600))  # settled: its export is cached
     assert c.get(f"/api/v1/snapshots/{snap_id}").json()["summary"].get("replays") is None
-    link = {"snapshot_id": snap_id + 1, "ts": time.time(), "target": "http://vllm:8000", "speed": 1.0, "died": True,
-            "died_phase": 5, "died_concurrency": 16, "done_before_death": 10}  # fmt: skip
+    link = {
+        "snapshot_id": snap_id + 1,
+        "ts": time.time(),
+        "target": "http://vllm:8000",
+        "speed": 1.0,
+        "died": True,
+        "died_phase": 5,
+        "died_concurrency": 16,
+        "done_before_death": 10,
+    }
     assert c.post(f"/api/v1/snapshots/{snap_id}/replays", json=link).status_code == 401
     r = c.post(f"/api/v1/snapshots/{snap_id}/replays", json=link, headers=auth)
     assert r.status_code == 201 and r.json()["replays"] == [link], r.text

@@ -40,20 +40,35 @@ class Browser:
         cmd_r, self._cmd_w = os.pipe()
         self._evt_r, evt_w = os.pipe()
         args = [
-            executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-extensions", "--disable-sync", "--no-first-run", "--no-default-browser-check",
-            "--disable-dev-shm-usage", "--mute-audio", "--hide-scrollbars", f"--window-size={width},{height}",
-            f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank",
-        ]  # fmt: skip
+            executable,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-extensions",
+            "--disable-sync",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-dev-shm-usage",
+            "--mute-audio",
+            "--hide-scrollbars",
+            f"--window-size={width},{height}",
+            f"--user-data-dir={self.profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         # fd 3 and 4 of the child are the pipes' ends, whatever numbers they have here (bash: dash
         # cannot redirect from descriptors above 9)
         shell = f'exec "$@" 3<&{cmd_r} 4>&{evt_w}'
         self.log_path = Path(self.profile) / "chromium.log"
         log = open(self.log_path, "wb")  # noqa: SIM115  (the child keeps it)
         self.proc = subprocess.Popen(
-            ["/bin/bash", "-c", shell, "bash", *args], pass_fds=(cmd_r, evt_w),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+            ["/bin/bash", "-c", shell, "bash", *args],
+            pass_fds=(cmd_r, evt_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         log.close()
         os.close(cmd_r)
         os.close(evt_w)
@@ -84,8 +99,7 @@ class Browser:
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)  # type: ignore[no-any-return]
 
-    def send(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:  # fmt: skip
+    def send(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
         self._next_id += 1
         msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if session:
@@ -161,12 +175,10 @@ class Page:
     def navigate(self, url: str, timeout: float = 30.0) -> None:
         seen = len(self._mine())
         self.send("Page.navigate", {"url": url})
-        self.browser.wait_for(lambda: any(e["method"] == "Page.loadEventFired" for e in self._mine()[seen:]),
-                              timeout, f"load of {url}")  # fmt: skip
+        self.browser.wait_for(lambda: any(e["method"] == "Page.loadEventFired" for e in self._mine()[seen:]), timeout, f"load of {url}")
 
     def evaluate(self, expression: str, timeout: float = 30.0) -> Any:
-        res = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True},
-                        timeout=timeout)  # fmt: skip
+        res = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}, timeout=timeout)
         if "exceptionDetails" in res:
             raise CdpError(f"evaluate failed: {res['exceptionDetails']}")
         return res["result"].get("value")

@@ -13,8 +13,7 @@ from cdp import Browser, find_chromium
 from png import decode
 
 CHROMIUM = find_chromium()
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")]  # fmt: skip
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")]
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img" / "snapshot-page.png"
 
 # For each canvas: how many of its pixels are not the background, and how many distinct colours.
@@ -64,9 +63,17 @@ def test_the_snapshot_page_draws_its_plots_with_no_console_error(serve: Any, bro
 
         plots = page.evaluate(CANVAS_INK)
         titles = {p["title"] for p in plots}
-        assert {"Running and waiting requests", "kv_cache_usage", "Preemptions per step", "Host-mirror rows (all requests)",
-                "Context length per request (computed tokens)", "GPU utilisation (%)", "GPU memory used (GiB)",
-                "GPU temperature (°C)", "GPU power (W)"} <= titles  # fmt: skip
+        assert {
+            "Running and waiting requests",
+            "kv_cache_usage",
+            "Preemptions per step",
+            "Host-mirror rows (all requests)",
+            "Context length per request (computed tokens)",
+            "GPU utilisation (%)",
+            "GPU memory used (GiB)",
+            "GPU temperature (°C)",
+            "GPU power (W)",
+        } <= titles
         for p in plots:
             assert p["drawn"] > 1, p
             assert p["ink"] > 0.01 * p["total"] and p["colours"] >= 3, p  # axes, a line, the fault marker
@@ -78,8 +85,10 @@ def test_the_snapshot_page_draws_its_plots_with_no_console_error(serve: Any, bro
         assert "hisparse/worker.py" in text and "copy_event.synchronize()" in text
 
         # the same plots, as the compositor drew them: a screenshot of the step plots
-        box = page.evaluate("(() => { const r = document.getElementById('step-plots').getBoundingClientRect();"
-                            " return {x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height}; })()")  # fmt: skip
+        box = page.evaluate(
+            "(() => { const r = document.getElementById('step-plots').getBoundingClientRect();"
+            " return {x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height}; })()"
+        )
         shot = decode(page.screenshot(clip={"x": box["x"], "y": box["y"], "width": box["w"], "height": box["h"], "scale": 0.5}))
         step_plots = [p for p in plots if abs(p["y"] - box["y"]) < box["h"] and p["x"] >= box["x"] - 1 and p["y"] < box["y"] + box["h"]]
         assert step_plots
@@ -199,8 +208,9 @@ def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Br
     ctx = make_context(url, host_name="node-a")
     now = time.time()
     trigger = Event(kind=EventKind.MANUAL, ts=now, source="api", message="manual snapshot: drill", engine="decode-0")
-    doc = build_snapshot(host="node-a", engine="decode-0", trigger=trigger, steps=[], gpu_samples=[], events=[trigger],
-                         log_lines=[], fingerprint={}, created_at=now)  # fmt: skip
+    doc = build_snapshot(
+        host="node-a", engine="decode-0", trigger=trigger, steps=[], gpu_samples=[], events=[trigger], log_lines=[], fingerprint={}, created_at=now
+    )
     sid, _ = ctx.repo.store_snapshot(doc, incident_window_s=30, incident_key="k")
     with ServerThread(create_app(ctx), free_port()) as srv:
         page = _open(browser, f"{srv.url}/snapshots/{sid}")

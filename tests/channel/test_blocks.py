@@ -10,8 +10,7 @@ from collector.model import RequestRow
 def _blocks() -> list[RequestBlock]:
     out: list[RequestBlock] = []
     for step in range(3):
-        rows = [RequestRow("cmpl-a-0", 100, 10 + step, step, 0, "running", 2, 5),
-                RequestRow("cmpl-b-0", 50, 5, 0, 1, "preempted", None, None)]
+        rows = [RequestRow("cmpl-a-0", 100, 10 + step, step, 0, "running", 2, 5), RequestRow("cmpl-b-0", 50, 5, 0, 1, "preempted", None, None)]
         out.append(RequestBlock.from_rows(step, float(step), rows, out[-1] if out else None))
     return out
 

@@ -38,13 +38,24 @@ def test_binary_step_round_trip_without_extras() -> None:
 
 def test_step_record_round_trip_with_extras() -> None:
     rec = StepRecord(
-        engine="d", ts=12.25, step=9, running=3, waiting=2, kv_cache_usage=0.5, preemptions=2,
-        prompt_tokens=10, generation_tokens=3, finished=1,
+        engine="d",
+        ts=12.25,
+        step=9,
+        running=3,
+        waiting=2,
+        kv_cache_usage=0.5,
+        preemptions=2,
+        prompt_tokens=10,
+        generation_tokens=3,
+        finished=1,
         waiting_by_reason={"capacity": 1, "deferred": 1, "kv_fetch_in_progress": 4},
-        prefix_cache_queries=5, prefix_cache_hits=4, connector={"Nixl.num_failed": 1, "mirror_rows": 12},
-        engine_index=2, worker="Worker_TP1",
+        prefix_cache_queries=5,
+        prefix_cache_hits=4,
+        connector={"Nixl.num_failed": 1, "mirror_rows": 12},
+        engine_index=2,
+        worker="Worker_TP1",
         finished_requests=[{"request_id": "r1", "finish_reason": "length", "e2e_latency": 1.5}],
-    )  # fmt: skip
+    )
     _, back = decode(encode_step(rec), engine="d")
     assert back == rec
     assert back.mirror_rows == 12
@@ -97,17 +108,23 @@ def test_json_records_still_decode() -> None:
     meta, obs = decode(encode({"t": "meta", "engine": "e", "role": "stats", "pid": 3}))
     assert obs is None and meta == {"t": "meta", "engine": "e", "role": "stats", "pid": 3}
     legacy_req = encode(
-        {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed", "gpu_rows"],
-         "rows": [["r", 10, 11, 3]]}
-    )  # fmt: skip
+        {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed", "gpu_rows"], "rows": [["r", 10, 11, 3]]}
+    )
     _, step = decode(legacy_req)
     assert step is not None and step.requests == [RequestRow("r", 10, 11, extras={"gpu_rows": 3})]
     _, js = decode(encode({"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3}))
     assert js == StepRecord(engine="e", ts=2.0, step=5, running=3)
     fp = Fingerprint(engine="e", ts=1.0, facts={"block_size": 64, "env": {"NCCL_NET_PLUGIN": "x"}})
     assert decode(encode_fingerprint(fp))[1] == fp
-    ev = Event(kind=EventKind.CUDA_ERROR, ts=3.0, source="recorder", message="boom",
-               severity=Severity.CRITICAL, engine="e", frames=[{"file": "a.py", "line": 1}])  # fmt: skip
+    ev = Event(
+        kind=EventKind.CUDA_ERROR,
+        ts=3.0,
+        source="recorder",
+        message="boom",
+        severity=Severity.CRITICAL,
+        engine="e",
+        frames=[{"file": "a.py", "line": 1}],
+    )
     assert decode(encode_event(ev))[1] == ev
 
 
@@ -131,10 +148,8 @@ def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
         decode(payload)
 
 
-
 def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
-    rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 7),
-            RequestRow("cmpl-b-0", 100, 5, 1, 2, "preempted", None)]
+    rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 7), RequestRow("cmpl-b-0", 100, 5, 1, 2, "preempted", None)]
     _, step = decode(encode_requests("d", 77, 3.5, rows), engine="decode-0")
     assert step is not None and step.requests is None
     block = step.request_block
@@ -145,11 +160,9 @@ def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
     assert block.column("status") == ["running", "preempted"]
 
 
-_EVENT = {"t": "ev", "engine": "e", "kind": "cuda_error", "ts": 3.0, "source": "recorder",
-          "message": "boom", "severity": "critical"}  # fmt: skip
+_EVENT = {"t": "ev", "engine": "e", "kind": "cuda_error", "ts": 3.0, "source": "recorder", "message": "boom", "severity": "critical"}
 _STEP = {"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3}
-_REQ = {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"],
-        "rows": [["r", 10, 11]]}  # fmt: skip
+_REQ = {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"], "rows": [["r", 10, 11]]}
 
 
 # Each record decodes with the good value and is a CodecError with the bad one: the value would
@@ -211,12 +224,22 @@ def test_unknown_json_request_status_is_unknown() -> None:
     assert step.requests[0].status == "unknown"
 
 
-@given(st.dictionaries(st.sampled_from(["t", "engine", "kind", "ts", "xid", "pid", "gpu", "step", "running",
-                                         "kv_cache_usage", "rows", "cols", "facts", "data", "lines"]),
-                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
-                                 st.lists(st.integers(), max_size=3),
-                                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
-       .map(lambda d: {**d, "t": d.get("t") if d.get("t") is not None else "ev"}))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["t", "engine", "kind", "ts", "xid", "pid", "gpu", "step", "running", "kv_cache_usage", "rows", "cols", "facts", "data", "lines"]
+        ),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=5),
+            st.lists(st.integers(), max_size=3),
+            st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+        ),
+    ).map(lambda d: {**d, "t": d.get("t") if d.get("t") is not None else "ev"})
+)
 def test_any_json_record_decodes_typed_or_raises_codec_error(body: dict) -> None:
     for t in ("ev", "step", "req", "fp"):
         try:
@@ -232,8 +255,10 @@ def test_any_json_record_decodes_typed_or_raises_codec_error(body: dict) -> None
             assert obs.kv_cache_usage is None or isinstance(obs.kv_cache_usage, float)  # None: unknown
 
 
-@pytest.mark.parametrize("payload", [b"J" + b"[" * 100_000, b'J{"t":"ev","data":' + b"[" * 100_000,
-                                     encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[" * 100_000])
+@pytest.mark.parametrize(
+    "payload",
+    [b"J" + b"[" * 100_000, b'J{"t":"ev","data":' + b"[" * 100_000, encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[" * 100_000],
+)
 def test_deeply_nested_json_is_a_codec_error(payload: bytes) -> None:
     # found by scripts/fuzz.py: json.loads raised RecursionError through decode
     with pytest.raises(CodecError):
@@ -245,8 +270,19 @@ def test_a_read_decoded_together_is_what_each_record_decodes_to_alone_in_the_sam
     with_nulls = encode_step_fields(5, 15.0, 1, 8, None, None, None, 0, 64, 8, 0, None, None)
     with_extras = encode_step_fields(6, 16.0, 1, 8, 3, 1, 0.5, 0, 64, 8, 1, 100, 40, {"connector": {"X.pending": 2}})
     reqs = encode_requests("d", 6, 16.0, [RequestRow("r1", 10, 5)])
-    payloads = [plain[0], encode({"t": "meta", "engine": "d", "role": "stats"}), plain[1], b"Xbad", with_nulls,
-                plain[2], with_extras, reqs, plain[3], b"S short", plain[4]]  # fmt: skip
+    payloads = [
+        plain[0],
+        encode({"t": "meta", "engine": "d", "role": "stats"}),
+        plain[1],
+        b"Xbad",
+        with_nulls,
+        plain[2],
+        with_extras,
+        reqs,
+        plain[3],
+        b"S short",
+        plain[4],
+    ]
     out = decode_many(payloads)
     assert len(out) == len(payloads)
     for payload, (meta, obs, error) in zip(payloads, out, strict=True):

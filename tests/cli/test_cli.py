@@ -27,10 +27,15 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def store_one(url: str) -> int:
     ts = time.time()
-    doc = SnapshotDoc(host="node-a", engine="decode-0", created_at=ts, fault_ts=ts,
-                      trigger={"kind": "cuda_error", "source": "log", "message": "CUDA error: unspecified launch failure"},
-                      steps=[{"step": i, "ts": ts} for i in range(3)],
-                      requests=[{"step": 2, "request_id": "r1", "prompt_len": 32000}])  # fmt: skip
+    doc = SnapshotDoc(
+        host="node-a",
+        engine="decode-0",
+        created_at=ts,
+        fault_ts=ts,
+        trigger={"kind": "cuda_error", "source": "log", "message": "CUDA error: unspecified launch failure"},
+        steps=[{"step": i, "ts": ts} for i in range(3)],
+        requests=[{"step": 2, "request_id": "r1", "prompt_len": 32000}],
+    )
     return Repository(make_engine(url), host="node-a").store_snapshot(doc, incident_window_s=30, incident_key="k")[0]
 
 

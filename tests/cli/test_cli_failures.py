@@ -72,8 +72,7 @@ def test_snapshots_list_in_an_empty_folder_names_db_and_creates_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [["snapshots", "list"], ["snapshots", "show", "1"], ["db", "current"],
-                                  ["db", "downgrade", "base"]])  # fmt: skip
+@pytest.mark.parametrize("argv", [["snapshots", "list"], ["snapshots", "show", "1"], ["db", "current"], ["db", "downgrade", "base"]])
 def test_a_missing_database_folder_is_not_created(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "nonexistent" / "x.db"
     assert main([*argv, "--db", f"sqlite:///{target}"]) == 2
@@ -135,15 +134,32 @@ def test_every_option_has_help_and_every_help_shows_defaults() -> None:
     for path, action in options:
         assert action.help, f"{path} {action.option_strings or action.dest} has no help"
     for cmd in (["snapshots", "list"], ["db", "downgrade"], ["demo"], ["inspect-log"]):
-        text = subprocess.run([sys.executable, "-m", "collector.cli", *cmd, "--help"], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout  # fmt: skip
+        text = subprocess.run(
+            [sys.executable, "-m", "collector.cli", *cmd, "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=True,
+        ).stdout
         assert text.startswith(f"usage: flightrec {' '.join(cmd)}"), text[:80]
-    lst = subprocess.run([sys.executable, "-m", "collector.cli", "snapshots", "list", "--help"], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout  # fmt: skip
+    lst = subprocess.run(
+        [sys.executable, "-m", "collector.cli", "snapshots", "list", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    ).stdout
     assert "(default: 20)" in " ".join(lst.split())
     for cmd in (["serve"], ["demo"], ["replay"], ["simulate"], ["snapshots", "list"]):
-        text = " ".join(subprocess.run([sys.executable, "-m", "collector.cli", *cmd, "--help"], capture_output=True,
-                                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split())  # fmt: skip
+        text = " ".join(
+            subprocess.run(
+                [sys.executable, "-m", "collector.cli", *cmd, "--help"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                check=True,
+            ).stdout.split()
+        )
         assert "(default: None)" not in text, (cmd, text)  # a default the settings give is said once, by the help
 
 
@@ -294,7 +310,8 @@ def test_the_sidecars_own_log_lines_are_redacted(capsys: pytest.CaptureFixture[s
     setup_logging(0, False)
     try:
         logging.getLogger("collector.snapshot.committer").critical(
-            "SNAPSHOT LOST at stop: trigger manual: %r", "reason password: hunter2 at redis://u:Pa55@cache")
+            "SNAPSHOT LOST at stop: trigger manual: %r", "reason password: hunter2 at redis://u:Pa55@cache"
+        )
         logging.getLogger("collector.cli.serve").info("serving on %s", "http://127.0.0.1:1")
     finally:
         logging.getLogger().handlers[:] = []

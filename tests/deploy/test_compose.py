@@ -301,5 +301,5 @@ def test_the_spool_is_a_volume_at_a_configurable_path() -> None:
 
 def test_the_image_health_check_reads_the_settings_not_a_fixed_port() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    [check] = [ln for ln in dockerfile.splitlines() if ln.strip().startswith("CMD [\"flightrec\", \"health\"")]
+    [check] = [ln for ln in dockerfile.splitlines() if ln.strip().startswith('CMD ["flightrec", "health"')]
     assert "8787" not in check and "/etc/flightrec/flightrec.yaml" in check

@@ -123,8 +123,7 @@ def test_every_variable_used_is_defined() -> None:
     used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", DASHBOARD.read_text()))
     builtin = {n for n in used if n.startswith("__")}
     assert used - builtin - defined == set()
-    assert builtin <= {"__rate_interval", "__interval", "__interval_ms", "__range", "__data",
-                       "__unixEpochFilter", "__unixEpochGroup", "__timeFilter"}
+    assert builtin <= {"__rate_interval", "__interval", "__interval_ms", "__range", "__data", "__unixEpochFilter", "__unixEpochGroup", "__timeFilter"}
 
 
 def test_snapshot_table_links_to_the_snapshot_page() -> None:
@@ -132,19 +131,36 @@ def test_snapshot_table_links_to_the_snapshot_page() -> None:
     tables = [p for p in all_panels(dash) if p["type"] == "table" and "FROM snapshots" in json.dumps(p["targets"])]
     assert tables
     for p in tables:
-        links = [link["url"] for o in p["fieldConfig"]["overrides"] if o["matcher"]["options"] == "id"
-                 for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]]  # fmt: skip
+        links = [
+            link["url"]
+            for o in p["fieldConfig"]["overrides"]
+            if o["matcher"]["options"] == "id"
+            for prop in o["properties"]
+            if prop["id"] == "links"
+            for link in prop["value"]
+        ]
         assert links == ["${public_url}/snapshots/${__data.fields.id}"]
 
 
 def test_panels_the_product_promises_are_there() -> None:
     exprs = " ".join(e for _, e in prom_exprs(load()))
     sqls = " ".join(q for _, q in sql_queries(load()))
-    for needle in ("vllm:num_requests_running", "vllm:num_requests_waiting", "flightrec_engine_running_requests",
-                   "vllm:kv_cache_usage_perc", "rate(vllm:num_preemptions_total", "rate(vllm:generation_tokens_total",
-                   "vllm:inter_token_latency_seconds_bucket", "flightrec_gpu_temperature_celsius",
-                   "flightrec_gpu_power_watts", "flightrec_gpu_utilization_ratio", "flightrec_gpu_memory_used_bytes",
-                   "increase(flightrec_xid_events_total", "flightrec_snapshots_total", "flightrec_source_up"):  # fmt: skip
+    for needle in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "flightrec_engine_running_requests",
+        "vllm:kv_cache_usage_perc",
+        "rate(vllm:num_preemptions_total",
+        "rate(vllm:generation_tokens_total",
+        "vllm:inter_token_latency_seconds_bucket",
+        "flightrec_gpu_temperature_celsius",
+        "flightrec_gpu_power_watts",
+        "flightrec_gpu_utilization_ratio",
+        "flightrec_gpu_memory_used_bytes",
+        "increase(flightrec_xid_events_total",
+        "flightrec_snapshots_total",
+        "flightrec_source_up",
+    ):
         assert needle in exprs, needle
     for table in ("FROM snapshots", "FROM events", "FROM engine_steps", "FROM incidents"):
         assert table in sqls, table
@@ -154,8 +170,7 @@ def test_panels_the_product_promises_are_there() -> None:
 
 
 # -- PromQL through promtool -----------------------------------------------------------------
-PROM_VARS = {"__rate_interval": "1m", "__interval": "15s", "__range": "3h", "engine": "decode-0|prefill-0",
-             "instance": ".*", "gpu": ".*"}
+PROM_VARS = {"__rate_interval": "1m", "__interval": "15s", "__range": "3h", "engine": "decode-0|prefill-0", "instance": ".*", "gpu": ".*"}
 
 
 def expand_prom(expr: str) -> str:
@@ -182,8 +197,18 @@ def test_every_promql_expression_parses(tmp_path: Path) -> None:
 def test_promtool_rejects_a_broken_expression(tmp_path: Path) -> None:
     # the check above is only worth something if promtool really parses each expression
     path = tmp_path / "broken.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [
-        {"record": "x:y", "expr": expand_prom('sum by (engine (rate(vllm:num_preemptions_total[$__rate_interval]))')}]}]}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "x",
+                        "rules": [{"record": "x:y", "expr": expand_prom("sum by (engine (rate(vllm:num_preemptions_total[$__rate_interval]))")}],
+                    }
+                ]
+            }
+        )
+    )
     result = subprocess.run([str(PROMTOOL), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
 
@@ -204,9 +229,13 @@ def metric_names(expr: str) -> set[str]:
 # kv_connector/v1/hisparse/stats.py:103-141 counters and gauges; kv_connector/v1/nixl/stats.py:
 # 188 histogram, 244 counter). prometheus_client adds _total to counters, _bucket to histograms.
 CONNECTOR_FAMILIES = {
-    "vllm:num_requests_kv_fetch_by_stage", "vllm:hisparse_cache_hits_total", "vllm:hisparse_cache_misses_total",
-    "vllm:hisparse_host_to_device_bytes_total", "vllm:hisparse_host_cache_usage_perc",
-    "vllm:hisparse_pending_page_transfers", "vllm:nixl_xfer_time_seconds_bucket",
+    "vllm:num_requests_kv_fetch_by_stage",
+    "vllm:hisparse_cache_hits_total",
+    "vllm:hisparse_cache_misses_total",
+    "vllm:hisparse_host_to_device_bytes_total",
+    "vllm:hisparse_host_cache_usage_perc",
+    "vllm:hisparse_pending_page_transfers",
+    "vllm:nixl_xfer_time_seconds_bucket",
     "vllm:nixl_num_failed_transfers_total",
 }
 CONNECTOR_LABELS = {"stage"}
@@ -251,28 +280,56 @@ def sidecar_names(tmp_path: Path) -> set[str]:
     from collector.storage.writer import BatchWriter
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64,
-                        database=url, host_name="node-a")  # fmt: skip
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64, database=url, host_name="node-a")
     repo = Repository(make_engine(url), host="node-a")
     writer = BatchWriter(repo, interval=0.5)
     hub = Hub(settings, rows=writer, clock=lambda: 1000.0)
     committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30.0)
     hub.consumers.append(committer.on_event)
-    alerter = Alerter(settings, host="node-a", snapshots_for=committer.snapshots_for, engine_up=lambda name: True,
-                      port=lambda: 8080)  # fmt: skip
+    alerter = Alerter(settings, host="node-a", snapshots_for=committer.snapshots_for, engine_up=lambda name: True, port=lambda: 8080)
     loop = asyncio.new_event_loop()
     try:
-        ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer,
-                         detectors=DetectorTask(hub, settings.detectors), loop=loop, alerter=alerter,
-                         unsupported=[SourceStatus(name="kmsg", up=True)],
-                         snapshot_counts={("decode-0", "cuda_error"): 1})  # fmt: skip
-        hub.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0", memory_used=1, temperature=40.0,
-                           power_w=100.0, utilization=50.0, clock_event_reasons=0, ecc_volatile_uncorrected=0,
-                           remapped_rows_correctable=0, remapped_rows_uncorrectable=0))  # fmt: skip
-        hub.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=1, waiting=0, kv_cache_usage=0.1, halves=HALF_STATS,
-                            requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)]))  # fmt: skip
-        hub.emit(Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0",
-                       severity=Severity.CRITICAL))  # fmt: skip
+        ctx = AppContext(
+            settings=settings,
+            hub=hub,
+            repo=repo,
+            writer=writer,
+            committer=committer,
+            detectors=DetectorTask(hub, settings.detectors),
+            loop=loop,
+            alerter=alerter,
+            unsupported=[SourceStatus(name="kmsg", up=True)],
+            snapshot_counts={("decode-0", "cuda_error"): 1},
+        )
+        hub.emit(
+            GpuSample(
+                gpu="GPU-a",
+                index=0,
+                ts=999.0,
+                bus_id="0000:00:05.0",
+                memory_used=1,
+                temperature=40.0,
+                power_w=100.0,
+                utilization=50.0,
+                clock_event_reasons=0,
+                ecc_volatile_uncorrected=0,
+                remapped_rows_correctable=0,
+                remapped_rows_uncorrectable=0,
+            )
+        )
+        hub.emit(
+            StepRecord(
+                engine="decode-0",
+                ts=999.5,
+                step=1,
+                running=1,
+                waiting=0,
+                kv_cache_usage=0.1,
+                halves=HALF_STATS,
+                requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)],
+            )
+        )
+        hub.emit(Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0", severity=Severity.CRITICAL))
         assert committer.backlog == 1  # the Xid was decided a snapshot of decode-0
         registry = CollectorRegistry()
         registry.register(SidecarCollector(ctx))
@@ -285,8 +342,14 @@ def sidecar_names(tmp_path: Path) -> set[str]:
 def test_every_metric_name_is_really_exported(tmp_path: Path) -> None:
     exported = vllm_names() | sidecar_names(tmp_path)
     # the step's figures and the sidecar's own health reach /metrics
-    assert {"flightrec_engine_running_requests", "flightrec_engine_mirror_rows", "flightrec_snapshots_waiting",
-            "flightrec_source_up", "flightrec_alerts_total", "flightrec_snapshots_total"} <= exported
+    assert {
+        "flightrec_engine_running_requests",
+        "flightrec_engine_mirror_rows",
+        "flightrec_snapshots_waiting",
+        "flightrec_source_up",
+        "flightrec_alerts_total",
+        "flightrec_snapshots_total",
+    } <= exported
     assert "vllm:num_requests_running" in exported and "flightrec_xid_events_total" in exported
     used = {m for _, e in prom_exprs(load()) for m in metric_names(e)}
     used |= {m for v in load()["templating"]["list"] if v["type"] == "query" for m in metric_names(v["definition"])}
@@ -368,13 +431,12 @@ def expand_sql(query: str, *, t_from: int = T_FROM, t_to: int = T_TO) -> str:
 def test_expand_sql_follows_grafana() -> None:
     cases = [
         ("WHERE $__unixEpochFilter(s.ts)", f"WHERE s.ts >= {T_FROM} AND s.ts <= {T_TO}"),
-        ("WHERE $__timeFilter(to_timestamp(ts))",
-         "WHERE to_timestamp(ts) BETWEEN '2023-11-14T22:13:20Z' AND '2023-11-14T23:13:20Z'"),
+        ("WHERE $__timeFilter(to_timestamp(ts))", "WHERE to_timestamp(ts) BETWEEN '2023-11-14T22:13:20Z' AND '2023-11-14T23:13:20Z'"),
         ("SELECT $__unixEpochGroup(ts, $__interval)", "SELECT floor(ts/20)*20"),
         ("SELECT $__unixEpochGroupAlias(ts, '5m')", 'SELECT floor(ts/300)*300 AS "time"'),
         ("e.name IN ($engine)", "e.name IN ('decode-0','prefill-0')"),
         ("x / ($__interval_ms / 1000.0)", "x / (20000 / 1000.0)"),
-    ]  # fmt: skip
+    ]
     for query, want in cases:
         assert expand_sql(query) == want
 
@@ -398,32 +460,95 @@ def _fill(url: str) -> None:
     with engine.begin() as conn:
         ids = {}
         for name in ("prefill-0", "decode-0"):
-            ids[name] = conn.execute(insert(EngineRow).values(host="node-a", name=name, first_seen=t0, last_seen=t0)
-                                     .returning(EngineRow.id)).scalar_one()  # fmt: skip
-        conn.execute(insert(EngineStepRow), [
-            dict(engine_id=ids[name], ts=t0 + i * 0.25, step=i, running=i % 16, waiting=i % 3, kv_cache_usage=0.03,
-                 preemptions=i % 7 == 0, prompt_tokens=64, generation_tokens=16, mirror_rows=400 + i if name == "decode-0" else None)
-            for name in ids for i in range(400)
-        ])  # fmt: skip
-        gpu = conn.execute(insert(GpuRow).values(host="node-a", gpu="GPU-a", index=0, first_seen=t0, last_seen=t0)
-                           .returning(GpuRow.id)).scalar_one()  # fmt: skip
-        conn.execute(insert(GpuSampleRow), [dict(gpu_id=gpu, ts=t0 + i, temperature=40.0 + i % 5, power_w=300.0)
-                                            for i in range(100)])  # fmt: skip
-        inc = conn.execute(insert(IncidentRow).values(key="k", title="decode-0 CUDA error", opened_at=t0 + 100,
-                                                      updated_at=t0 + 101, trigger_kind="cuda_error",
-                                                      hosts=["node-a"], engines=["decode-0"], snapshot_count=1)
-                           .returning(IncidentRow.id)).scalar_one()  # fmt: skip
-        snap = conn.execute(insert(SnapshotRow).values(
-            incident_id=inc, host="node-a", engine="decode-0", created_at=t0 + 100, fault_ts=t0 + 99.5,
-            trigger_kind="cuda_error", trigger_source="log", trigger_message="CUDA error: unspecified launch failure",
-            step_count=400, request_rows=5000, first_step=0, last_step=399, summary={}, fingerprint={},
-        ).returning(SnapshotRow.id)).scalar_one()  # fmt: skip
-        conn.execute(insert(EventRow), [
-            dict(ts=t0 + 99.5, host="node-a", kind="cuda_error", source="log", severity="critical", engine="decode-0",
-                 gpu=None, xid=None, message="CUDA error", data={}, snapshot_id=snap),
-            dict(ts=t0 + 99.4, host="node-a", kind="xid", source="kmsg", severity="critical", engine=None,
-                 gpu="0000:00:05.0", xid=31, message="Xid 31", data={}, snapshot_id=None),
-        ])  # fmt: skip
+            ids[name] = conn.execute(
+                insert(EngineRow).values(host="node-a", name=name, first_seen=t0, last_seen=t0).returning(EngineRow.id)
+            ).scalar_one()
+        conn.execute(
+            insert(EngineStepRow),
+            [
+                dict(
+                    engine_id=ids[name],
+                    ts=t0 + i * 0.25,
+                    step=i,
+                    running=i % 16,
+                    waiting=i % 3,
+                    kv_cache_usage=0.03,
+                    preemptions=i % 7 == 0,
+                    prompt_tokens=64,
+                    generation_tokens=16,
+                    mirror_rows=400 + i if name == "decode-0" else None,
+                )
+                for name in ids
+                for i in range(400)
+            ],
+        )
+        gpu = conn.execute(insert(GpuRow).values(host="node-a", gpu="GPU-a", index=0, first_seen=t0, last_seen=t0).returning(GpuRow.id)).scalar_one()
+        conn.execute(insert(GpuSampleRow), [dict(gpu_id=gpu, ts=t0 + i, temperature=40.0 + i % 5, power_w=300.0) for i in range(100)])
+        inc = conn.execute(
+            insert(IncidentRow)
+            .values(
+                key="k",
+                title="decode-0 CUDA error",
+                opened_at=t0 + 100,
+                updated_at=t0 + 101,
+                trigger_kind="cuda_error",
+                hosts=["node-a"],
+                engines=["decode-0"],
+                snapshot_count=1,
+            )
+            .returning(IncidentRow.id)
+        ).scalar_one()
+        snap = conn.execute(
+            insert(SnapshotRow)
+            .values(
+                incident_id=inc,
+                host="node-a",
+                engine="decode-0",
+                created_at=t0 + 100,
+                fault_ts=t0 + 99.5,
+                trigger_kind="cuda_error",
+                trigger_source="log",
+                trigger_message="CUDA error: unspecified launch failure",
+                step_count=400,
+                request_rows=5000,
+                first_step=0,
+                last_step=399,
+                summary={},
+                fingerprint={},
+            )
+            .returning(SnapshotRow.id)
+        ).scalar_one()
+        conn.execute(
+            insert(EventRow),
+            [
+                dict(
+                    ts=t0 + 99.5,
+                    host="node-a",
+                    kind="cuda_error",
+                    source="log",
+                    severity="critical",
+                    engine="decode-0",
+                    gpu=None,
+                    xid=None,
+                    message="CUDA error",
+                    data={},
+                    snapshot_id=snap,
+                ),
+                dict(
+                    ts=t0 + 99.4,
+                    host="node-a",
+                    kind="xid",
+                    source="kmsg",
+                    severity="critical",
+                    engine=None,
+                    gpu="0000:00:05.0",
+                    xid=31,
+                    message="Xid 31",
+                    data={},
+                    snapshot_id=None,
+                ),
+            ],
+        )
     engine.dispose()
 
 

@@ -77,14 +77,14 @@ def test_the_vllm_scrape_gets_the_labels_the_rules_join_on(form: str, tmp_path: 
     assert vllm_sm["kind"] == "ServiceMonitor"
     [ep] = vllm_sm["spec"]["endpoints"]
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in ep["relabelings"]}
-    assert relabel == {"flightrec_engine": ["__meta_kubernetes_service_label_flightrec_io_engine"],
-                       "Hostname": ["__meta_kubernetes_pod_node_name"]}  # fmt: skip
+    assert relabel == {"flightrec_engine": ["__meta_kubernetes_service_label_flightrec_io_engine"], "Hostname": ["__meta_kubernetes_pod_node_name"]}
     docs = build(form)
     settings = config_of(docs, "flightrec-config" if form == "base" else "flightrec-node", tmp_path)
     [engine] = settings.engines
     port = int(engine.url.rsplit(":", 1)[1])
-    [svc] = [d for d in docs if d["kind"] == "Service" and any(p["port"] == port for p in d["spec"]["ports"])
-             and "flightrec" not in d["metadata"]["name"]]  # fmt: skip
+    [svc] = [
+        d for d in docs if d["kind"] == "Service" and any(p["port"] == port for p in d["spec"]["ports"]) and "flightrec" not in d["metadata"]["name"]
+    ]
     [expr] = vllm_sm["spec"]["selector"]["matchExpressions"]
     assert expr == {"key": "flightrec.io/engine", "operator": "Exists"}
     assert svc["metadata"]["labels"]["flightrec.io/engine"] == engine.name

@@ -26,8 +26,16 @@ def steps(
     for i in range(n):
         t = start + i / per_s
         rel = t - start
-        record = StepRecord(engine=engine, ts=t, step=i, running=running(rel), waiting=waiting(rel),
-                            kv_cache_usage=kv(rel), generation_tokens=tokens(rel), preemptions=preemptions(rel))
+        record = StepRecord(
+            engine=engine,
+            ts=t,
+            step=i,
+            running=running(rel),
+            waiting=waiting(rel),
+            kv_cache_usage=kv(rel),
+            generation_tokens=tokens(rel),
+            preemptions=preemptions(rel),
+        )
         if mirror_rows is not None:
             rows = mirror_rows(rel)
             k = max(1, record.running)
@@ -36,10 +44,10 @@ def steps(
     return out
 
 
-def scrapes(start: float, seconds: float, *, every: float = 1.0, engine: str = "decode-0",
-            values: Callable[[float], dict[str, float]]) -> list[MetricsScrape]:
-    return [MetricsScrape(engine=engine, ts=start + i * every, values=values(i * every))
-            for i in range(int(seconds / every))]
+def scrapes(
+    start: float, seconds: float, *, every: float = 1.0, engine: str = "decode-0", values: Callable[[float], dict[str, float]]
+) -> list[MetricsScrape]:
+    return [MetricsScrape(engine=engine, ts=start + i * every, values=values(i * every)) for i in range(int(seconds / every))]
 
 
 def noisy(rng: random.Random, base: float, spread: float) -> float:

@@ -21,14 +21,12 @@ def test_host_blocks_per_request_growing_with_a_steady_load_warns() -> None:
 
 def test_host_blocks_growing_with_the_load_is_fine() -> None:
     # twice the requests hold twice the blocks: that is load, not a leak
-    assert detect_host_backlog(s(lambda t: 500 * (4 + t // 8)), s(lambda t: 4 + t // 8), [], [], now=59,
-                               labels=L, thr=THR).state is Severity.OK  # fmt: skip
+    assert detect_host_backlog(s(lambda t: 500 * (4 + t // 8)), s(lambda t: 4 + t // 8), [], [], now=59, labels=L, thr=THR).state is Severity.OK
 
 
 def test_many_mirror_rows_alone_are_not_a_backlog() -> None:
     # the old signal: rows per step following the batch; no host-side series grows
-    assert detect_host_backlog(s(lambda t: 4000), s(lambda t: 16), s(lambda t: 10), s(lambda t: 0.4), now=59,
-                               labels=L, thr=THR).state is Severity.OK  # fmt: skip
+    assert detect_host_backlog(s(lambda t: 4000), s(lambda t: 16), s(lambda t: 10), s(lambda t: 0.4), now=59, labels=L, thr=THR).state is Severity.OK
 
 
 def test_pending_page_transfers_piling_up_warn() -> None:
@@ -37,8 +35,7 @@ def test_pending_page_transfers_piling_up_warn() -> None:
 
 
 def test_a_small_pending_level_is_not_a_backlog() -> None:
-    assert detect_host_backlog([], s(lambda t: 16), s(lambda t: 1 + t // 10), [], now=59, labels=L,
-                               thr=THR).state is Severity.OK  # fmt: skip
+    assert detect_host_backlog([], s(lambda t: 16), s(lambda t: 1 + t // 10), [], now=59, labels=L, thr=THR).state is Severity.OK
 
 
 def test_a_full_host_cache_warns_in_either_unit() -> None:

@@ -36,30 +36,45 @@ def stats_half(records: list[StepRecord]) -> list[StepRecord]:
 
 def test_a_stall_fires_once_and_resolves_once() -> None:
     # 30 s of work, then the queue waits with no tokens for 40 s, then work again
-    records = stats_half(steps(T0, 110, per_s=5, waiting=lambda t: 4,
-                               tokens=lambda t: 0 if 30 <= t < 70 else 8))
+    records = stats_half(steps(T0, 110, per_s=5, waiting=lambda t: 4, tokens=lambda t: 0 if 30 <= t < 70 else 8))
     runner = DetectorRunner(DetectorThresholds(enter_after=2, exit_after=3))
     out = [e for e in replay(runner, records, until=T0 + 110) if e[1] == "engine_stall"]
     assert [(prev, cur) for _, _, prev, cur in out] == [
-        (Severity.OK, Severity.WARNING), (Severity.WARNING, Severity.CRITICAL), (Severity.CRITICAL, Severity.OK)]
+        (Severity.OK, Severity.WARNING),
+        (Severity.WARNING, Severity.CRITICAL),
+        (Severity.CRITICAL, Severity.OK),
+    ]
     fired_at = out[0][0]
     assert 40 <= fired_at <= 43  # 10 s without tokens + 2 evaluations of hysteresis
 
 
 def test_noisy_healthy_engine_raises_nothing() -> None:
     rng = random.Random(11)
-    records = stats_half(steps(T0, 240, per_s=10, running=lambda t: int(noisy(rng, 12, 4)),
-                               waiting=lambda t: int(noisy(rng, 2, 2)), kv=lambda t: noisy(rng, 0.5, 0.1),
-                               tokens=lambda t: int(noisy(rng, 12, 6)),
-                               preemptions=lambda t: 1 if rng.random() < 0.01 else 0))
+    records = stats_half(
+        steps(
+            T0,
+            240,
+            per_s=10,
+            running=lambda t: int(noisy(rng, 12, 4)),
+            waiting=lambda t: int(noisy(rng, 2, 2)),
+            kv=lambda t: noisy(rng, 0.5, 0.1),
+            tokens=lambda t: int(noisy(rng, 12, 6)),
+            preemptions=lambda t: 1 if rng.random() < 0.01 else 0,
+        )
+    )
     runner = DetectorRunner()
     assert replay(runner, records, until=T0 + 240) == []
 
 
 def test_scrapes_alone_drive_the_engine_detectors_and_scrape_gone() -> None:
     def values(t: float) -> dict[str, float]:
-        return {"num_requests_running": 8, "num_requests_waiting": 3, "kv_cache_usage_perc": 0.4,
-                "num_preemptions_total": 2.0 * t, "generation_tokens_total": 100.0 * t}
+        return {
+            "num_requests_running": 8,
+            "num_requests_waiting": 3,
+            "kv_cache_usage_perc": 0.4,
+            "num_preemptions_total": 2.0 * t,
+            "generation_tokens_total": 100.0 * t,
+        }
 
     scrape_list = scrapes(T0, 40, values=values)  # scrapes stop at 40 s
     runner = DetectorRunner()
@@ -75,8 +90,13 @@ def test_steps_with_unknown_figures_are_not_read_as_zeros() -> None:
     # scrapes show a preemption storm: the detectors read the scrapes (steps read as zeros
     # would hide the storm), and the steps' unknown tokens are no stall either.
     def values(t: float) -> dict[str, float]:
-        return {"num_requests_running": 8, "num_requests_waiting": 3, "kv_cache_usage_perc": 0.4,
-                "num_preemptions_total": 2.0 * t, "generation_tokens_total": 100.0 * t}
+        return {
+            "num_requests_running": 8,
+            "num_requests_waiting": 3,
+            "kv_cache_usage_perc": 0.4,
+            "num_preemptions_total": 2.0 * t,
+            "generation_tokens_total": 100.0 * t,
+        }
 
     records = [StepRecord(engine="decode-0", ts=T0 + i / 5, step=i, running=8, halves=HALF_REQUESTS) for i in range(60 * 5)]
     out = replay(DetectorRunner(), records, scrape_list=scrapes(T0, 60, values=values), until=T0 + 60)

@@ -28,8 +28,7 @@ L = {"gpu": "0000:00:06.0"}
     ],
 )
 def test_throttling(reasons: int, temp: float, previous: Severity, expected: Severity) -> None:
-    state = detect_throttling(gpu(1.0, clock_event_reasons=reasons, temperature=temp), previous=previous, now=1.0,
-                              labels=L, thr=THR)
+    state = detect_throttling(gpu(1.0, clock_event_reasons=reasons, temperature=temp), previous=previous, now=1.0, labels=L, thr=THR)
     assert state.state is expected
 
 

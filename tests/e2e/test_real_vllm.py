@@ -75,9 +75,10 @@ def prompt_for(i: int) -> list[int]:
 def send(base: str, model: str, i: int, errors: list[str]) -> None:
     body = json.dumps({"model": model, "prompt": prompt_for(i), "max_tokens": OUTPUT_TOKENS, "ignore_eos": True})
     req = urllib.request.Request(
-        f"{base}/v1/completions", body.encode(),
+        f"{base}/v1/completions",
+        body.encode(),
         {"Content-Type": "application/json", "X-Request-Id": f"e2e{i:03d}"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(req, timeout=600) as resp:
             resp.read()
@@ -133,10 +134,13 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     vllm_base = f"http://127.0.0.1:{vport}"
     try:
         server = start_server(
-            vllm_python, model, vport, tmp_path / "vllm.log",
+            vllm_python,
+            model,
+            vport,
+            tmp_path / "vllm.log",
             env={**common_env, "FLIGHTREC_FAULT_AFTER_STEPS": None},  # no injected fault
             extra_args=["--scheduler-cls", "collector.vllm.RecordingScheduler", "--kv-cache-memory-bytes", "4194304"],
-        )  # fmt: skip
+        )
         procs.append(server)
         sport = free_port(vport + 1)
         config = tmp_path / "flightrec.yaml"
@@ -147,9 +151,12 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
         flightrec = [sys.executable, "-m", "collector.cli"]
         sidecar = subprocess.Popen(
             [*flightrec, "serve", "--config", str(config), "--port", str(sport), "--db", f"sqlite:///{tmp_path / 'fr.db'}"],
-            stdout=open(tmp_path / "sidecar.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, **common_env}, start_new_session=True, cwd=tmp_path,
-        )  # fmt: skip
+            stdout=open(tmp_path / "sidecar.log", "wb"),
+            stderr=subprocess.STDOUT,  # noqa: SIM115
+            env={**os.environ, **common_env},
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         procs.append(sidecar)
         wait_healthy(vllm_base, server, STARTUP_S)
         side_base = f"http://127.0.0.1:{sport}"
@@ -278,7 +285,10 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     assert ran <= {r["request_id"] for r in rows} and len(ran) >= 4
     # and every request sent reached the snapshot's workload, with the prompt length sent
     cols = ((snap.get("workload") or {}).get("requests") or {}).get("columns") or {}
-    got = {int(m.group(1)): plen for rid, plen in zip(cols.get("id", []), cols.get("prompt_len", []), strict=True)
-           if (m := re.search(r"e2e(\d{3})", str(rid)))}  # fmt: skip
+    got = {
+        int(m.group(1)): plen
+        for rid, plen in zip(cols.get("id", []), cols.get("prompt_len", []), strict=True)
+        if (m := re.search(r"e2e(\d{3})", str(rid)))
+    }
     assert got == {i: len(prompt_for(i)) for i in range(sent)}, sorted(set(range(sent)) - set(got))
     assert matched == len(rows)

@@ -59,20 +59,37 @@ def test_a_real_cuda_error_becomes_a_complete_snapshot(tmp_path: Path) -> None:
     log = tmp_path / "vllm.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        server = start_server(python, model, vport, log,
-                              env={**env, "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER)},
-                              extra_args=["--scheduler-cls", "collector.vllm.RecordingScheduler"])  # fmt: skip
+        server = start_server(
+            python,
+            model,
+            vport,
+            log,
+            env={**env, "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER)},
+            extra_args=["--scheduler-cls", "collector.vllm.RecordingScheduler"],
+        )
         procs.append(server)
         (tmp_path / "flightrec.yaml").write_text(
-            f"engines:\n  - name: {ENGINE}\n    url: {base}\n    log: {log}\n"
-            "scrape_interval: 0.5\nnvml: off\nkmsg: off\nsnapshot_settle_s: 2.0\n"
+            f"engines:\n  - name: {ENGINE}\n    url: {base}\n    log: {log}\nscrape_interval: 0.5\nnvml: off\nkmsg: off\nsnapshot_settle_s: 2.0\n"
         )
         sidecar = subprocess.Popen(
-            [sys.executable, "-m", "collector.cli", "serve", "--config", str(tmp_path / "flightrec.yaml"),
-             "--port", str(sport), "--db", f"sqlite:///{tmp_path / 'fr.db'}"],
-            stdout=open(tmp_path / "sidecar.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, **env}, start_new_session=True, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "collector.cli",
+                "serve",
+                "--config",
+                str(tmp_path / "flightrec.yaml"),
+                "--port",
+                str(sport),
+                "--db",
+                f"sqlite:///{tmp_path / 'fr.db'}",
+            ],
+            stdout=open(tmp_path / "sidecar.log", "wb"),
+            stderr=subprocess.STDOUT,  # noqa: SIM115
+            env={**os.environ, **env},
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         procs.append(sidecar)
         wait_healthy(base, server, 300.0)
         time.sleep(2.0)  # a few scrapes of the idle engine

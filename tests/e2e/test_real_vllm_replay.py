@@ -70,8 +70,7 @@ def ramp(base: str, model: str) -> list[tuple[int, int, int]]:
                     if sent[0] >= count:
                         return
                     sent[0] += 1
-                    body = json.dumps({"model": model, "prompt": prompt(rng), "max_tokens": OUTPUT_TOKENS,
-                                       "ignore_eos": True}).encode()  # fmt: skip
+                    body = json.dumps({"model": model, "prompt": prompt(rng), "max_tokens": OUTPUT_TOKENS, "ignore_eos": True}).encode()
                 req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
                 try:
                     with urllib.request.urlopen(req, timeout=600) as resp:
@@ -98,8 +97,7 @@ def wait_snapshot(side: str, *, snap_id: int | None = None, timeout: float = 120
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            items = [i for i in get_json(f"{side}/api/v1/snapshots?engine={ENGINE}")["items"]
-                     if snap_id is None or i["id"] == snap_id]  # fmt: skip
+            items = [i for i in get_json(f"{side}/api/v1/snapshots?engine={ENGINE}")["items"] if snap_id is None or i["id"] == snap_id]
             if items:
                 doc = get_json(f"{side}/api/v1/snapshots/{min(i['id'] for i in items)}", timeout=30)
                 if doc.get("summary", {}).get("amended_at") and doc.get("workload"):
@@ -122,9 +120,13 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
     base, side = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{sport}"
     recorder_dir = tmp_path / "recorder"
     env = {"FLIGHTREC_RECORDER_DIR": str(recorder_dir), "FLIGHTREC_ENGINE_NAME": ENGINE}
-    engine_env = {**env, "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER), "FLIGHTREC_FAULT_MIN_BATCH": str(FAULT_BATCH),
-                  "FLIGHTREC_FAULT_STEP_MIN_MS": str(STEP_MIN_MS),
-                  "PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    engine_env = {
+        **env,
+        "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER),
+        "FLIGHTREC_FAULT_MIN_BATCH": str(FAULT_BATCH),
+        "FLIGHTREC_FAULT_STEP_MIN_MS": str(STEP_MIN_MS),
+        "PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN), os.environ.get("PYTHONPATH", "")]),
+    }
     args = ["--scheduler-cls", "collector.vllm.RecordingScheduler"]
     db = f"sqlite:///{tmp_path / 'fr.db'}"
     (tmp_path / "flightrec.yaml").write_text(
@@ -136,11 +138,13 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
         first = start_server(python, model, vport, tmp_path / "vllm.log", env=engine_env, extra_args=args)
         procs.append(first)
         sidecar = subprocess.Popen(
-            [sys.executable, "-m", "collector.cli", "serve", "--config", str(tmp_path / "flightrec.yaml"),
-             "--port", str(sport), "--db", db],
-            stdout=open(tmp_path / "sidecar.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, **env}, start_new_session=True, cwd=tmp_path,
-        )  # fmt: skip
+            [sys.executable, "-m", "collector.cli", "serve", "--config", str(tmp_path / "flightrec.yaml"), "--port", str(sport), "--db", db],
+            stdout=open(tmp_path / "sidecar.log", "wb"),
+            stderr=subprocess.STDOUT,  # noqa: SIM115
+            env={**os.environ, **env},
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         procs.append(sidecar)
         wait_healthy(base, first, 300.0)
         client_view = ramp(base, str(model))
@@ -154,8 +158,7 @@ def test_a_replayed_ramp_kills_a_fresh_engine_at_the_same_point(tmp_path: Path) 
         time.sleep(2.0)  # the sidecar sees it up again
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            rc = main(["replay", str(original["id"]), "--target", base, "--sidecar", side, "--db", db,
-                       "--model", str(model), "--json"])  # fmt: skip
+            rc = main(["replay", str(original["id"]), "--target", base, "--sidecar", side, "--db", db, "--model", str(model), "--json"])
         result = json.loads(out.getvalue())
         named = (result.get("new_snapshot") or {}).get("id")
         replayed = wait_snapshot(side, snap_id=named) if named else None

@@ -58,8 +58,9 @@ class Node:
         self.log.append(out)
         cmd = [sys.executable, str(WRAPPER)] if point is not None or wrapper else [sys.executable, "-m", "collector.cli"]
         with open(out, "wb") as f:
-            proc = subprocess.Popen([*cmd, "serve", "--config", str(self.config), "--port", "0"], cwd=self.dir, env=env,
-                                    stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [*cmd, "serve", "--config", str(self.config), "--port", "0"], cwd=self.dir, env=env, stdout=f, stderr=subprocess.STDOUT
+            )
         deadline = time.time() + 60
         while time.time() < deadline:
             text_ = out.read_text(errors="replace")
@@ -100,7 +101,7 @@ def make_node(tmp_path: Path, db: str, *, dead_engine: bool = False) -> Node:
         f"database: {db}\nnvml: off\nkmsg: {kmsg}\nkmsg_poll_interval: 0.05\nrecorder_dir: {rec}\nspool_dir: {spool_dir}\n"
         f"host_name: node-k\napi_token: {TOKEN}\nsnapshot_settle_s: {SETTLE_S}\nincident_window_s: 5\n"
         "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n"
-    )  # fmt: skip
+    )
     if dead_engine:  # a process that wrote 300 steps and died before the sidecar started
         subprocess.run([sys.executable, "-c", DEAD_ENGINE, str(rec)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return Node(tmp_path, db, kmsg, spool_dir, cfg, None, step=300)

@@ -34,8 +34,7 @@ def run_disk_full(folder: Path, fill: Callable[[], None], free: Callable[[], Non
     """The sidecar on ``folder`` (database and spool); the disk fills while steps and a fault
     come in, then space returns, then a graceful stop. Returns what was seen."""
     db = f"sqlite:///{folder / 'f.db'}"
-    settings = Settings(engines=[], database=db, nvml="off", kmsg="off", port=0, recorder_dir=folder.parent / "rec",
-                        write_batch_interval=0.1)  # fmt: skip
+    settings = Settings(engines=[], database=db, nvml="off", kmsg="off", port=0, recorder_dir=folder.parent / "rec", write_batch_interval=0.1)
     svc = Service(settings, spool_dir=folder / "spool")
     seen: dict[str, Any] = {}
     caplog.set_level(logging.INFO)
@@ -65,8 +64,9 @@ def run_disk_full(folder: Path, fill: Callable[[], None], free: Callable[[], Non
                 break
         seen["full_health"] = ctx.health()
         seen["steps_at_fault"] = step
-        ctx.hub.emit(Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine=ENGINE,
-                           message="EngineDeadError", severity=Severity.CRITICAL))  # fmt: skip
+        ctx.hub.emit(
+            Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine=ENGINE, message="EngineDeadError", severity=Severity.CRITICAL)
+        )
         for _ in range(100):
             await asyncio.sleep(0.1)
             if ctx.committer.spool_error and ctx.committer.backlog:
@@ -145,8 +145,9 @@ def test_a_full_disk_under_sqlite_and_the_spool_loses_nothing(small_fs: Path, ca
 
 
 # -- the same, ENOSPC injected ----------------------------------------------------------------------
-def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from collector.snapshot import spool
 
     full = False

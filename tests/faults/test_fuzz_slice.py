@@ -28,8 +28,7 @@ TARGETS = fuzz.targets()
 
 def test_every_parser_is_a_target() -> None:
     names = {t.name.split(".")[0] for t in TARGETS}
-    assert {"crash_dump", "xid", "prom_text", "throughput_line", "vllm_log", "tracebacks", "codec",
-            "ringfile", "naming", "redact"} <= names
+    assert {"crash_dump", "xid", "prom_text", "throughput_line", "vllm_log", "tracebacks", "codec", "ringfile", "naming", "redact"} <= names
     assert all(t.seeds for t in TARGETS), [t.name for t in TARGETS if not t.seeds]
 
 

@@ -31,13 +31,13 @@ CASES = [(p, "xid", "sqlite") for p in ("before_spool", "spool_tmp", "after_spoo
 CASES += [(p, "manual", "sqlite") for p in ("before_spool", "after_commit", "in_amend")]
 CASES += [(p, "xid", "postgres") for p in ("in_commit_tx", "after_commit")]
 CASES += [("before_spool", "xid", "sqlite-dead-engine")]  # the engine died with the fault: retaken from its left ring
-PARAMS = [pytest.param(p, t, d, id=f"{p}-{t}-{d}", marks=[pytest.mark.slow] + ([pytest.mark.postgres] if d == "postgres" else []))
-          for p, t, d in CASES]  # fmt: skip
+PARAMS = [
+    pytest.param(p, t, d, id=f"{p}-{t}-{d}", marks=[pytest.mark.slow] + ([pytest.mark.postgres] if d == "postgres" else [])) for p, t, d in CASES
+]
 
 
 @pytest.mark.parametrize(("point", "trigger", "db"), PARAMS)
-def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twice(node: Node, point: str, trigger: str,
-                                                                                    db: str) -> None:  # fmt: skip
+def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twice(node: Node, point: str, trigger: str, db: str) -> None:
     proc, base = node.start(point, trigger)
     sent: dict[str, float] = {}  # trigger kind -> when it was given to the sidecar
     acked: set[str] = set()
@@ -50,8 +50,12 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
         if proc.poll() is None:
             sent["manual"] = time.time()
             try:
-                r = httpx.post(base + "/api/v1/snapshots", json={"engine": "decode-0", "reason": "kill drill"},
-                               headers={"Authorization": f"Bearer {TOKEN}"}, timeout=20)  # fmt: skip
+                r = httpx.post(
+                    base + "/api/v1/snapshots",
+                    json={"engine": "decode-0", "reason": "kill drill"},
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=20,
+                )
                 if r.status_code in (201, 202):
                     acked.add("manual")
             except httpx.HTTPError:
@@ -96,9 +100,11 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
     retaken = sorted(s.trigger_kind for s in snaps if _summary(s.summary).get("retaken") and s.trigger_kind in by_kind)
     unanswered = sorted(k for k in sent if k not in must and k not in stored)  # sent as the process died
     # owed: the kernel's line once read, each POST answered, and the trigger killed at the point
-    line = (f"{point:>12} {trigger:>6} {db:>18}: triggers sent {len(sent)}, owed {len(must)}, stored {len(stored)}, "
-            f"lost {len(lost)}, retaken {retaken or 'none'}, not answered and not stored {unanswered or 'none'}; "
-            f"snapshots {len(snaps)}, step rows {steps[0][0]} (distinct {steps[0][1]})")  # fmt: skip
+    line = (
+        f"{point:>12} {trigger:>6} {db:>18}: triggers sent {len(sent)}, owed {len(must)}, stored {len(stored)}, "
+        f"lost {len(lost)}, retaken {retaken or 'none'}, not answered and not stored {unanswered or 'none'}; "
+        f"snapshots {len(snaps)}, step rows {steps[0][0]} (distinct {steps[0][1]})"
+    )
     print(line)
     TALLY.append(line)
     assert not lost, node.output()

@@ -26,9 +26,30 @@ def test_postgres_stopped_and_hung_under_load_loses_nothing(tmp_path: Path) -> N
     if outage.pg_bin("initdb") is None or outage.pg_bin("pg_ctl") is None:
         pytest.skip("initdb/pg_ctl not installed (scripts/install-test-deps.sh installs postgresql)")
     out = tmp_path / "figures.json"
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "outage.py"), "--outage", "8", "--recover", "6", "--warmup", "3",
-                        "--engines", "2", "--running", "8", "--steps-per-second", "50", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "outage.py"),
+            "--outage",
+            "8",
+            "--recover",
+            "6",
+            "--warmup",
+            "3",
+            "--engines",
+            "2",
+            "--running",
+            "8",
+            "--steps-per-second",
+            "50",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     fig = json.loads(out.read_text())
     assert fig["steps_sent"] > 2 * 50 * 20 and fig["steps_lost"] == 0 and fig["duplicate_step_rows"] == 0

@@ -26,8 +26,9 @@ def _with_database(node: Node, url: str) -> None:
 
 
 def _manual(base: str) -> httpx.Response:
-    return httpx.post(base + "/api/v1/snapshots", json={"engine": "decode-0", "reason": "stop drill"},
-                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)  # fmt: skip
+    return httpx.post(
+        base + "/api/v1/snapshots", json={"engine": "decode-0", "reason": "stop drill"}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
 
 
 @pytest.mark.slow
@@ -110,8 +111,9 @@ def test_an_amendment_not_due_at_stop_is_committed_before_the_exit(node: Node) -
     node.config.write_text(cfg)
     proc, base = node.start()
     try:
-        assert wait_for("the ring read", lambda: len(httpx.get(base + "/api/v1/engines", timeout=5,
-                                                            headers={"Authorization": f"Bearer {TOKEN}"}).json()), 30)  # fmt: skip
+        assert wait_for(
+            "the ring read", lambda: len(httpx.get(base + "/api/v1/engines", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}).json()), 30
+        )
         with open(node.kmsg, "a") as f:
             f.write(XID_LINE.format(seq=7, us=1) + "\n")
         wait_for("the first commit", lambda: query(node.db, "SELECT id FROM snapshots"), 30, proc)

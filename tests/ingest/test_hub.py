@@ -41,8 +41,7 @@ def hub(tmp_path: Path, **kw: object) -> tuple[Hub, Due]:
 
 
 def xid(source: str) -> Event:
-    return Event(kind=EventKind.XID, ts=1000.0, source=source, message="Xid 43", xid=43, gpu="0000:00:06.0",
-                 severity=Severity.WARNING)  # fmt: skip
+    return Event(kind=EventKind.XID, ts=1000.0, source=source, message="Xid 43", xid=43, gpu="0000:00:06.0", severity=Severity.WARNING)
 
 
 def test_one_xid_from_two_sources_is_one_trigger_for_the_engine_on_that_gpu(tmp_path: Path) -> None:
@@ -114,8 +113,7 @@ def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Pa
 def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_joins_takes_its_share(tmp_path: Path) -> None:
     from collector.model import RequestRow  # noqa: PLC0415
 
-    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20,
-                        ring_request_bytes_total=3 << 19)  # fmt: skip
+    settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20, ring_request_bytes_total=3 << 19)
     h = Hub(settings, clock=lambda: 1000.0)
     assert h.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
     rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(64)]

@@ -17,9 +17,12 @@ from tests.api.api_context import make_context
 
 
 def _scrapes(engine: str, t0: float, n: int) -> list[MetricsScrape]:
-    return [MetricsScrape(engine=engine, ts=t0 + i, values={"num_requests_running": 3.0 + i % 2, "num_requests_waiting": 1.0,
-                                                           "kv_cache_usage_perc": 0.032})
-            for i in range(n)]  # fmt: skip
+    return [
+        MetricsScrape(
+            engine=engine, ts=t0 + i, values={"num_requests_running": 3.0 + i % 2, "num_requests_waiting": 1.0, "kv_cache_usage_perc": 0.032}
+        )
+        for i in range(n)
+    ]
 
 
 def test_a_scrape_only_engine_is_stored_served_and_snapshotted(migrated_url: str) -> None:

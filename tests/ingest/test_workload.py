@@ -8,15 +8,22 @@ from collector.ingest.workload import WorkloadLog, concurrency_series
 from collector.model import WorkloadRecord
 
 
-def arrive(rid: str, ts: float, *, prompt_len: int = 32000, max_tokens: int = 2000, engine: str = "decode-0",
-           **extra: object) -> WorkloadRecord:  # fmt: skip
-    data = {"ev": "arrive", "id": rid, "ts": ts, "prompt_len": prompt_len, "max_tokens": max_tokens, "n": 1,
-            "ignore_eos": True, "has_stop": False, **extra}  # fmt: skip
+def arrive(rid: str, ts: float, *, prompt_len: int = 32000, max_tokens: int = 2000, engine: str = "decode-0", **extra: object) -> WorkloadRecord:
+    data = {
+        "ev": "arrive",
+        "id": rid,
+        "ts": ts,
+        "prompt_len": prompt_len,
+        "max_tokens": max_tokens,
+        "n": 1,
+        "ignore_eos": True,
+        "has_stop": False,
+        **extra,
+    }
     return WorkloadRecord(engine=engine, ts=ts, data=data)
 
 
-def end(rid: str, ts: float, *, output_len: int = 2000, finish: str = "length", cached: int | None = 0,
-        engine: str = "decode-0") -> WorkloadRecord:  # fmt: skip
+def end(rid: str, ts: float, *, output_len: int = 2000, finish: str = "length", cached: int | None = 0, engine: str = "decode-0") -> WorkloadRecord:
     data = {"ev": "end", "id": rid, "ts": ts, "output_len": output_len, "finish": finish, "cached_tokens": cached}
     return WorkloadRecord(engine=engine, ts=ts, data=data)
 
@@ -28,22 +35,37 @@ def rows(export: dict) -> list[dict]:
 
 def test_each_request_keeps_its_shape_and_how_it_ended_at_the_fault() -> None:
     log = WorkloadLog()
-    for rec in (arrive("a", 100.0), arrive("b", 101.0, max_tokens=16, ignore_eos=False, has_stop=True, n=2),
-                end("a", 110.0, cached=1024), arrive("c", 111.0), end("b", 112.0, output_len=7, finish="aborted"),
-                arrive("d", 113.0)):  # fmt: skip
+    for rec in (
+        arrive("a", 100.0),
+        arrive("b", 101.0, max_tokens=16, ignore_eos=False, has_stop=True, n=2),
+        end("a", 110.0, cached=1024),
+        arrive("c", 111.0),
+        end("b", 112.0, output_len=7, finish="aborted"),
+        arrive("d", 113.0),
+    ):
         log.add(rec)
     out = log.export(120.0, crashed=True)
     by_id = {r["id"]: r for r in rows(out)}
-    assert by_id["a"] == {"id": "a", "arrival_offset": 0.0, "prompt_len": 32000, "max_tokens": 2000, "n": 1,
-                          "ignore_eos": True, "has_stop": False, "end_offset": 10.0, "output_len": 2000,
-                          "finish": "length", "outcome": "finished", "cached_tokens": 1024}  # fmt: skip
+    assert by_id["a"] == {
+        "id": "a",
+        "arrival_offset": 0.0,
+        "prompt_len": 32000,
+        "max_tokens": 2000,
+        "n": 1,
+        "ignore_eos": True,
+        "has_stop": False,
+        "end_offset": 10.0,
+        "output_len": 2000,
+        "finish": "length",
+        "outcome": "finished",
+        "cached_tokens": 1024,
+    }
     assert (by_id["b"]["n"], by_id["b"]["ignore_eos"], by_id["b"]["has_stop"]) == (2, False, True)
     assert (by_id["b"]["outcome"], by_id["b"]["output_len"]) == ("aborted", 7)
     # arrived, never ended, and the engine died: failed by the crash, with nothing invented
     assert by_id["c"]["outcome"] == by_id["d"]["outcome"] == "failed_by_crash"
     assert by_id["c"]["output_len"] is None and by_id["c"]["cached_tokens"] is None
-    assert out["counts"] == {"requests": 4, "finished": 1, "aborted": 1, "error": 0, "failed_by_crash": 2,
-                             "in_flight": 0}  # fmt: skip
+    assert out["counts"] == {"requests": 4, "finished": 1, "aborted": 1, "error": 0, "failed_by_crash": 2, "in_flight": 0}
     assert out["t0"] == 100.0 and out["crashed"] is True and out["truncated"]["any"] is False
     # no prompt content anywhere, only lengths
     assert "prompt" not in out["requests"]["columns"]
@@ -62,8 +84,7 @@ def test_without_a_crash_open_requests_are_in_flight_and_later_records_do_not_co
 
 def test_the_concurrency_series_steps_at_every_arrival_and_end() -> None:
     log = WorkloadLog()
-    for rec in (arrive("a", 0.0), arrive("b", 1.0), end("a", 2.0), arrive("c", 2.0), end("b", 3.0),
-                end("c", 4.0), arrive("d", 5.0)):  # fmt: skip
+    for rec in (arrive("a", 0.0), arrive("b", 1.0), end("a", 2.0), arrive("c", 2.0), end("b", 3.0), end("c", 4.0), arrive("d", 5.0)):
         log.add(rec)
     out = log.export(6.0, crashed=True)
     # at t=2 "a" ends as "c" arrives: an end first, so the level stays 2, never 3
@@ -103,8 +124,7 @@ def test_an_end_read_before_its_arrival_is_matched_and_ids_may_be_reused() -> No
     log.add(arrive("x", 1.0, prompt_len=10))
     log.add(arrive("x", 6.0, prompt_len=20))  # the client reuses the id once the first ended
     out = log.export(9.0, crashed=True)
-    assert [(r["prompt_len"], r["output_len"], r["outcome"]) for r in rows(out)] == [
-        (10, 3, "finished"), (20, None, "failed_by_crash")]  # fmt: skip
+    assert [(r["prompt_len"], r["output_len"], r["outcome"]) for r in rows(out)] == [(10, 3, "finished"), (20, None, "failed_by_crash")]
     assert out["truncated"]["ends_without_arrival"] == 0
 
 

@@ -67,30 +67,28 @@ def test_real_scheduler_output_values():
 @pytest.mark.parametrize("text", REAL_STATS, ids=lambda t: f"{len(t)}chars")
 def test_real_scheduler_stats(text):
     stats = parse_scheduler_stats(text)
-    for name, alias in (("num_running_reqs", "running"), ("num_waiting_reqs", "waiting"),
-                        ("step_counter", "step_counter")):
+    for name, alias in (("num_running_reqs", "running"), ("num_waiting_reqs", "waiting"), ("step_counter", "step_counter")):
         value = int(re.search(name + r"=(\d+)", text).group(1))
         assert stats[name] == stats[alias] == value
     usage = float(re.search(r"kv_cache_usage=([0-9.e-]+)", text).group(1))
     assert stats["kv_cache_usage"] == usage
     assert isinstance(stats["prefix_cache_stats"], dict)
-    assert stats["prefix_cache_stats"]["hits"] == int(
-        re.search(r"PrefixCacheStats\(.*?\bhits=(\d+)", text).group(1))
-    assert stats["num_kv_fetch_reqs_by_stage"] == {
-        "waiting_to_start": 0, "in_progress": 0, "completed_waiting": 0}
+    assert stats["prefix_cache_stats"]["hits"] == int(re.search(r"PrefixCacheStats\(.*?\bhits=(\d+)", text).group(1))
+    assert stats["num_kv_fetch_reqs_by_stage"] == {"waiting_to_start": 0, "in_progress": 0, "completed_waiting": 0}
     assert stats["truncated"] is False
 
 
 def test_non_anonymised_new_request_counts_prompt_tokens():
     # NewRequestData.__repr__ (prompt_token_ids as a list) rather than anon_repr
-    text = ("SchedulerOutput(scheduled_new_reqs=[NewRequestData(req_id=cmpl-9,prompt_token_ids="
-            "[1, 5, 9, 13],prefill_token_ids=None,mm_features=[],sampling_params=SamplingParams("
-            "n=1, stop=[')', '],'], max_tokens=16),block_ids=([1, 2],),num_computed_tokens=0,"
-            "lora_request=None,prompt_embeds_shape=None)], num_scheduled_tokens={cmpl-9: 4}, "
-            "total_num_scheduled_tokens=4)")
+    text = (
+        "SchedulerOutput(scheduled_new_reqs=[NewRequestData(req_id=cmpl-9,prompt_token_ids="
+        "[1, 5, 9, 13],prefill_token_ids=None,mm_features=[],sampling_params=SamplingParams("
+        "n=1, stop=[')', '],'], max_tokens=16),block_ids=([1, 2],),num_computed_tokens=0,"
+        "lora_request=None,prompt_embeds_shape=None)], num_scheduled_tokens={cmpl-9: 4}, "
+        "total_num_scheduled_tokens=4)"
+    )
     [row] = parse_scheduler_output(text)["requests"]
-    assert row == {"request_id": "cmpl-9", "prompt_len": 4, "num_computed_tokens": 0,
-                   "num_output_tokens": 0, "new": True, "num_scheduled_tokens": 4}
+    assert row == {"request_id": "cmpl-9", "prompt_len": 4, "num_computed_tokens": 0, "num_output_tokens": 0, "new": True, "num_scheduled_tokens": 4}
 
 
 @pytest.mark.parametrize("cut", [0.3, 0.6, 0.9])
@@ -100,8 +98,7 @@ def test_truncated_dump_keeps_what_was_printed(cut):
     part = parse_scheduler_output(text[: int(len(text) * cut)])
     assert part["truncated"] is True
     # every row read from the cut text is a prefix of the full rows, ids intact
-    assert [r["request_id"] for r in part["requests"]] == [
-        r["request_id"] for r in full[: len(part["requests"])]]
+    assert [r["request_id"] for r in part["requests"]] == [r["request_id"] for r in full[: len(part["requests"])]]
 
 
 def test_not_a_dump():
@@ -114,20 +111,20 @@ def test_not_a_dump():
 
 
 def test_repr_reader():
-    value, truncated = parse_repr(
-        "X(a=1, b='q, )', c=[None, true, 2.5], d={k: <CUDAGraphMode.NONE: 0>}, e=set())")
+    value, truncated = parse_repr("X(a=1, b='q, )', c=[None, true, 2.5], d={k: <CUDAGraphMode.NONE: 0>}, e=set())")
     assert not truncated
-    assert value == {"__type__": "X", "a": 1, "b": "q, )", "c": [None, True, 2.5],
-                     "d": {"k": "<CUDAGraphMode.NONE: 0>"}, "e": {"__type__": "set"}}
+    assert value == {"__type__": "X", "a": 1, "b": "q, )", "c": [None, True, 2.5], "d": {"k": "<CUDAGraphMode.NONE: 0>"}, "e": {"__type__": "set"}}
 
 
-_ALPHABET = st.sampled_from(list("()[]{},:='\"<> \\aZ0-9._") + ["SchedulerOutput(",
-                            "SchedulerStats(", "req_ids=", "NewRequestData(", "\x00", "é"])
+_ALPHABET = st.sampled_from(list("()[]{},:='\"<> \\aZ0-9._") + ["SchedulerOutput(", "SchedulerStats(", "req_ids=", "NewRequestData(", "\x00", "é"])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(), st.lists(_ALPHABET, max_size=80).map("".join),
-                 st.integers(0, 4000).map(lambda n: REAL_OUTPUTS[0][:n] if REAL_OUTPUTS else "")))
+@given(
+    st.one_of(
+        st.text(), st.lists(_ALPHABET, max_size=80).map("".join), st.integers(0, 4000).map(lambda n: REAL_OUTPUTS[0][:n] if REAL_OUTPUTS else "")
+    )
+)
 def test_any_text_raises_only_its_own_error(text):
     for parse in (parse_scheduler_output, parse_scheduler_stats, parse_repr):
         try:

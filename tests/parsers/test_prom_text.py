@@ -36,9 +36,7 @@ def ours(text: str, wanted: Wanted) -> dict[Key, float]:
 
 
 def same(a: dict[Key, float], b: dict[Key, float]) -> bool:
-    return a.keys() == b.keys() and all(
-        (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a
-    )
+    return a.keys() == b.keys() and all((math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a)
 
 
 def test_there_are_captured_pages() -> None:
@@ -79,7 +77,7 @@ SYNTHETIC = [
     # (text, expected samples as (name, labels, value))
     ('m{a="x,y}z",b="q\\"uo\\\\te\\n"} 1\n', [("m", {"a": "x,y}z", "b": 'q"uo\\te\n'}, 1.0)]),
     ("m NaN\n", [("m", {}, math.nan)]),
-    ("m +Inf\nm{a=\"1\"} -Inf\n", [("m", {}, math.inf), ("m", {"a": "1"}, -math.inf)]),
+    ('m +Inf\nm{a="1"} -Inf\n', [("m", {}, math.inf), ("m", {"a": "1"}, -math.inf)]),
     ("m 1.5e3 1700000000000\n", [("m", {}, 1500.0)]),
     ("# HELP m some help, with {braces}\n# TYPE m gauge\n\nm 2\n", [("m", {}, 2.0)]),
     ("  m\t 3 \r\n", [("m", {}, 3.0)]),
@@ -109,7 +107,7 @@ def test_timestamp_is_in_seconds() -> None:
 REAL = PAGES[0].read_text() if PAGES else ""
 MALFORMED = [
     ("truncated mid-line", REAL[: len(REAL) // 2]),
-    ("truncated mid-labels", REAL[: REAL.index('vllm:num_requests_running{') + 40]),
+    ("truncated mid-labels", REAL[: REAL.index("vllm:num_requests_running{") + 40]),
     ("no newline at end", "vllm:num_requests_running 1"),
     ("unbalanced brace", 'vllm:num_requests_running{engine="0" 1\n'),
     ("unterminated quote", 'vllm:num_requests_running{engine="0} 1\n'),
@@ -156,8 +154,10 @@ def test_arbitrary_text_raises_only_our_error(text: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(sorted(KEPT_SAMPLES) + list(KEPT_PREFIXES) + ["# TYPE vllm:num_requests_running "]),
-                min_size=1, max_size=4), st.lists(st.text(LINE_ALPHABET, max_size=30), min_size=1, max_size=4))
+@given(
+    st.lists(st.sampled_from(sorted(KEPT_SAMPLES) + list(KEPT_PREFIXES) + ["# TYPE vllm:num_requests_running "]), min_size=1, max_size=4),
+    st.lists(st.text(LINE_ALPHABET, max_size=30), min_size=1, max_size=4),
+)
 def test_lines_that_look_like_kept_samples_raise_only_our_error(names: list[str], tails: list[str]) -> None:
     text = "".join(n + t + "\n" for n, t in zip(names, tails, strict=False))
     try:

@@ -45,10 +45,13 @@ INCIDENT_TP0 = [
     ("vllm/v1/worker/gpu/kv_connector.py", 96, "finish_forward", None),
     ("vllm/distributed/kv_transfer/kv_connector/v1/multi_connector.py", 310, "finish_forward", None),
     ("vllm/distributed/kv_transfer/kv_connector/v1/hisparse/connector.py", 247, "finish_forward", None),
-    ("vllm/distributed/kv_transfer/kv_connector/v1/hisparse/worker.py", 831, "finish_forward",
-     "self._finish_mirror_phase(self._forward_ready_event)"),
-    ("vllm/distributed/kv_transfer/kv_connector/v1/hisparse/worker.py", 823, "_finish_mirror_phase",
-     "state.event.synchronize()"),
+    (
+        "vllm/distributed/kv_transfer/kv_connector/v1/hisparse/worker.py",
+        831,
+        "finish_forward",
+        "self._finish_mirror_phase(self._forward_ready_event)",
+    ),
+    ("vllm/distributed/kv_transfer/kv_connector/v1/hisparse/worker.py", 823, "_finish_mirror_phase", "state.event.synchronize()"),
 ]
 ACCEL = "torch.AcceleratorError: CUDA error: unspecified launch failure"
 
@@ -67,9 +70,8 @@ def test_incident_two_workers_interleaved_give_one_event_each():
     ]
     tp0, tp1 = events[0], events[1]
     assert (tp0.pid, tp1.pid) == (3107, 3108)
-    assert _chain(tp0)[-len(INCIDENT_TP0):] == INCIDENT_TP0
-    assert _chain(tp1)[-1] == ("vllm/v1/worker/gpu/async_utils.py", 168, "get_output",
-                               "self.copy_event.synchronize()")
+    assert _chain(tp0)[-len(INCIDENT_TP0) :] == INCIDENT_TP0
+    assert _chain(tp1)[-1] == ("vllm/v1/worker/gpu/async_utils.py", 168, "get_output", "self.copy_event.synchronize()")
     for e in (tp0, tp1):
         assert e.message == ACCEL
         assert e.data["exception"].startswith(ACCEL + "\nCUDA kernel errors might be")
@@ -81,8 +83,7 @@ def test_incident_two_workers_interleaved_give_one_event_each():
 def test_incident_launch_blocking_variant_ends_in_graph_replay():
     [event] = _run(_fixture("incident-decode-launch-blocking.log"))
     assert event.kind is EventKind.CUDA_ERROR
-    assert _chain(event)[-1] == ("vllm/v1/worker/gpu/cudagraph_utils.py", 486, "run_fullgraph",
-                                 "self.graphs[desc].replay()")
+    assert _chain(event)[-1] == ("vllm/v1/worker/gpu/cudagraph_utils.py", 486, "run_fullgraph", "self.graphs[desc].replay()")
 
 
 def test_bare_stderr_traceback_follows_the_grammar():
@@ -104,8 +105,7 @@ def test_real_crash_log_fault_plugin():
     ]
     worker = next(e for e in events if e.kind is EventKind.CUDA_ERROR)
     # vLLM 0.32 prints this traceback twice in one record: kept once
-    assert [f["func"] for f in worker.frames] == [
-        "_execute_worker_rpc", "execute_model", "execute_model"]
+    assert [f["func"] for f in worker.frames] == ["_execute_worker_rpc", "execute_model", "execute_model"]
     assert worker.frames[-1]["code"] == "raise RuntimeError(message)"
     assert worker.data["exceptions"] == ["RuntimeError: CUDA error: unspecified launch failure"]
     fatal = next(e for e in events if e.kind is EventKind.ENGINE_FATAL)
@@ -153,30 +153,47 @@ def test_graceful_stop_is_not_a_crash():
 
 
 DEATH_LINES = [
-    ("(EngineCore_DP0 pid=77) ERROR 09-13 10:41:08 [multiproc_executor.py:316] Worker proc "
-     "VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
-     EventKind.ENGINE_DEAD, {"worker": "VllmWorker-1", "exit_code": -9}),
-    ("(APIServer pid=1) ERROR 09-13 10:41:08 [utils.py:593] RuntimeError: Engine core process "
-     "EngineCore_DP0 died unexpectedly.", EventKind.ENGINE_DEAD, {"dead_process": "EngineCore_DP0"}),
-    ("(APIServer pid=1) WARNING 09-13 10:41:08 [core_client.py:817] [shutdown] MPClient: engine "
-     "core exited unexpectedly; starting cleanup", EventKind.ENGINE_DEAD, {}),
-    ("(EngineCore pid=7) ERROR 09-13 10:41:08 [core.py:1510] EngineCore failed to start.",
-     EventKind.ENGINE_DEAD, {}),
-    ("(EngineCore pid=7) ERROR 09-13 10:41:08 [core.py:1512] EngineCore encountered a fatal error.",
-     EventKind.ENGINE_FATAL, {}),
-    ("(APIServer pid=1) ERROR 09-13 10:41:08 [x.py:1] RuntimeError: Process EngineCore_DP0 "
-     "(PID: 77) died with exit code -9", EventKind.ENGINE_DEAD,
-     {"dead_process": "EngineCore_DP0", "dead_pid": 77, "exit_code": -9}),
-    ("(Worker_TP1 pid=3108) ERROR 09-13 10:41:08 [pynccl.py:1] torch.distributed.DistBackendError: "
-     "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", EventKind.NCCL_ERROR, {}),
-    ("(Worker_TP0 pid=3107) WARNING 09-13 10:41:08 [x.py:1] node:3107:3107 [0] NCCL WARN Cuda "
-     "failure 'unspecified launch failure'", EventKind.CUDA_ERROR, {}),
-    ("(Worker_TP0 pid=3107) ERROR 09-13 10:41:08 [x.py:1] RuntimeError: CUDA error: device-side "
-     "assert triggered", EventKind.CUDA_ERROR, {}),
-    ("(Worker_TP0 pid=3107) ERROR 09-13 10:41:08 [x.py:1] cudaErrorIllegalAddress: an illegal "
-     "memory access was encountered", EventKind.CUDA_ERROR, {}),
-    ("(APIServer pid=1) ERROR 09-13 10:41:08 [serving.py:1] Error in request cmpl-1",
-     EventKind.LOG, {}),
+    (
+        "(EngineCore_DP0 pid=77) ERROR 09-13 10:41:08 [multiproc_executor.py:316] Worker proc "
+        "VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
+        EventKind.ENGINE_DEAD,
+        {"worker": "VllmWorker-1", "exit_code": -9},
+    ),
+    (
+        "(APIServer pid=1) ERROR 09-13 10:41:08 [utils.py:593] RuntimeError: Engine core process EngineCore_DP0 died unexpectedly.",
+        EventKind.ENGINE_DEAD,
+        {"dead_process": "EngineCore_DP0"},
+    ),
+    (
+        "(APIServer pid=1) WARNING 09-13 10:41:08 [core_client.py:817] [shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+        EventKind.ENGINE_DEAD,
+        {},
+    ),
+    ("(EngineCore pid=7) ERROR 09-13 10:41:08 [core.py:1510] EngineCore failed to start.", EventKind.ENGINE_DEAD, {}),
+    ("(EngineCore pid=7) ERROR 09-13 10:41:08 [core.py:1512] EngineCore encountered a fatal error.", EventKind.ENGINE_FATAL, {}),
+    (
+        "(APIServer pid=1) ERROR 09-13 10:41:08 [x.py:1] RuntimeError: Process EngineCore_DP0 (PID: 77) died with exit code -9",
+        EventKind.ENGINE_DEAD,
+        {"dead_process": "EngineCore_DP0", "dead_pid": 77, "exit_code": -9},
+    ),
+    (
+        "(Worker_TP1 pid=3108) ERROR 09-13 10:41:08 [pynccl.py:1] torch.distributed.DistBackendError: "
+        "NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+        EventKind.NCCL_ERROR,
+        {},
+    ),
+    (
+        "(Worker_TP0 pid=3107) WARNING 09-13 10:41:08 [x.py:1] node:3107:3107 [0] NCCL WARN Cuda failure 'unspecified launch failure'",
+        EventKind.CUDA_ERROR,
+        {},
+    ),
+    ("(Worker_TP0 pid=3107) ERROR 09-13 10:41:08 [x.py:1] RuntimeError: CUDA error: device-side assert triggered", EventKind.CUDA_ERROR, {}),
+    (
+        "(Worker_TP0 pid=3107) ERROR 09-13 10:41:08 [x.py:1] cudaErrorIllegalAddress: an illegal memory access was encountered",
+        EventKind.CUDA_ERROR,
+        {},
+    ),
+    ("(APIServer pid=1) ERROR 09-13 10:41:08 [serving.py:1] Error in request cmpl-1", EventKind.LOG, {}),
 ]
 
 
@@ -227,8 +244,7 @@ def test_a_traceback_that_ends_the_log_waits_for_flush():
 
 
 def test_classify_orders_cause_first():
-    assert classify("NCCL WARN Cuda failure 'an illegal memory access was encountered'") == [
-        EventKind.CUDA_ERROR, EventKind.NCCL_ERROR]
+    assert classify("NCCL WARN Cuda failure 'an illegal memory access was encountered'") == [EventKind.CUDA_ERROR, EventKind.NCCL_ERROR]
     assert classify("all good") == []
 
 
@@ -253,7 +269,7 @@ def test_any_interleaving_of_two_workers_gives_the_same_events(seed):
     tp1 = [x for x in lines if x.startswith("(Worker_TP1")]
     events = _run(_interleave(tp0, tp1, seed))
     by_proc = {e.process: _chain(e) for e in events}
-    assert by_proc["Worker_TP0"][-len(INCIDENT_TP0):] == INCIDENT_TP0
+    assert by_proc["Worker_TP0"][-len(INCIDENT_TP0) :] == INCIDENT_TP0
     assert by_proc["Worker_TP1"][-1][1] == 168
     assert len(events) == 2
 
@@ -266,8 +282,7 @@ _REAL = [x for name in ("crash.log", "incident-decode.log", "sigkill.log") for x
     st.lists(
         st.one_of(
             st.text(max_size=200),
-            st.builds(lambda i, cut: _REAL[i % len(_REAL)][:cut], st.integers(0, 10**6),
-                      st.integers(0, 400)),
+            st.builds(lambda i, cut: _REAL[i % len(_REAL)][:cut], st.integers(0, 10**6), st.integers(0, 400)),
         ),
         max_size=30,
     )

@@ -23,28 +23,36 @@ def _line(name: str, contains: str) -> str:
 
 # (fixture, a substring that picks the line, process, pid, level, stamp, location, message start)
 CASES = [
-    ("normal.log", "Engine 000: Avg prompt", "APIServer", None, "INFO", None, "loggers.py:335",
-     "Engine 000: Avg prompt throughput"),
-    ("crash.log", "WorkerProc hit an exception", "Worker", None, "ERROR", None,
-     "multiproc_executor.py:1063", "WorkerProc hit an exception."),
-    ("crash.log", "Dumping scheduler stats", "EngineCore", None, "ERROR", None,
-     "dump_input.py:81", "Dumping scheduler stats: SchedulerStats("),
+    ("normal.log", "Engine 000: Avg prompt", "APIServer", None, "INFO", None, "loggers.py:335", "Engine 000: Avg prompt throughput"),
+    ("crash.log", "WorkerProc hit an exception", "Worker", None, "ERROR", None, "multiproc_executor.py:1063", "WorkerProc hit an exception."),
+    ("crash.log", "Dumping scheduler stats", "EngineCore", None, "ERROR", None, "dump_input.py:81", "Dumping scheduler stats: SchedulerStats("),
     ("crash-tp2.log", "(Worker_TP1 pid=", "Worker_TP1", None, None, None, None, None),
-    ("incident-decode.log", "Error getting async model runner output", "Worker_TP1", 3108,
-     "ERROR", "09-13 10:41:07", "multiproc_executor.py:1000",
-     "Error getting async model runner output"),
-    ("incident-decode.log", "state.event.synchronize()", "Worker_TP0", 3107, "ERROR",
-     "09-13 10:41:07", "multiproc_executor.py:1063", "    state.event.synchronize()"),
-    ("colored-formatter.log", "EngineCore encountered", "EngineCore", None, "ERROR", None,
-     "<stdin>:16", "EngineCore encountered a fatal error."),
-    ("normal.log", '"GET /health HTTP/1.1" 200 OK', None, None, None, None, None,
-     "INFO:     127.0.0.1:"),
+    (
+        "incident-decode.log",
+        "Error getting async model runner output",
+        "Worker_TP1",
+        3108,
+        "ERROR",
+        "09-13 10:41:07",
+        "multiproc_executor.py:1000",
+        "Error getting async model runner output",
+    ),
+    (
+        "incident-decode.log",
+        "state.event.synchronize()",
+        "Worker_TP0",
+        3107,
+        "ERROR",
+        "09-13 10:41:07",
+        "multiproc_executor.py:1063",
+        "    state.event.synchronize()",
+    ),
+    ("colored-formatter.log", "EngineCore encountered", "EngineCore", None, "ERROR", None, "<stdin>:16", "EngineCore encountered a fatal error."),
+    ("normal.log", '"GET /health HTTP/1.1" 200 OK', None, None, None, None, None, "INFO:     127.0.0.1:"),
 ]
 
 
-@pytest.mark.parametrize(
-    "fixture,pick,process,pid,level,stamp,location,message", CASES, ids=[c[1][:30] for c in CASES]
-)
+@pytest.mark.parametrize("fixture,pick,process,pid,level,stamp,location,message", CASES, ids=[c[1][:30] for c in CASES])
 def test_real_lines(fixture, pick, process, pid, level, stamp, location, message):
     raw = _line(fixture, pick)
     line = parse_line(raw)
@@ -90,20 +98,15 @@ UTC = UTC
 @pytest.mark.parametrize(
     "stamp,reference,expected",
     [
-        ("09-13 10:41:07", datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
-         datetime(2026, 9, 13, 10, 41, 7, tzinfo=UTC)),
+        ("09-13 10:41:07", datetime(2026, 11, 30, 12, 0, tzinfo=UTC), datetime(2026, 9, 13, 10, 41, 7, tzinfo=UTC)),
         # a December line read just after new year belongs to the year before
-        ("12-31 23:59:59", datetime(2027, 1, 1, 0, 30, tzinfo=UTC),
-         datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC)),
+        ("12-31 23:59:59", datetime(2027, 1, 1, 0, 30, tzinfo=UTC), datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC)),
         # a stamp slightly ahead of the reference (clock skew) stays in its year
-        ("11-30 15:00:00", datetime(2026, 11, 30, 14, 0, tzinfo=UTC),
-         datetime(2026, 11, 30, 15, 0, tzinfo=UTC)),
+        ("11-30 15:00:00", datetime(2026, 11, 30, 14, 0, tzinfo=UTC), datetime(2026, 11, 30, 15, 0, tzinfo=UTC)),
         # 02-29 read in a year without it: the year before, if it had one
-        ("02-29 08:00:00", datetime(2025, 3, 1, tzinfo=UTC),
-         datetime(2024, 2, 29, 8, 0, tzinfo=UTC)),
+        ("02-29 08:00:00", datetime(2025, 3, 1, tzinfo=UTC), datetime(2024, 2, 29, 8, 0, tzinfo=UTC)),
         ("02-29 08:00:00", datetime(2026, 3, 1, tzinfo=UTC), None),
-        ("02-29 08:00:00", datetime(2024, 3, 1, tzinfo=UTC),
-         datetime(2024, 2, 29, 8, 0, tzinfo=UTC)),
+        ("02-29 08:00:00", datetime(2024, 3, 1, tzinfo=UTC), datetime(2024, 2, 29, 8, 0, tzinfo=UTC)),
         ("13-45 10:00:00", datetime(2026, 1, 1, tzinfo=UTC), None),
     ],
 )

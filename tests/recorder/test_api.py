@@ -15,10 +15,17 @@ from collector.model import Event, Fingerprint, StepRecord, WorkloadRecord
 from collector.recorder import EngineIdentity, RequestRecorder, StatsRecorder, engine_name, status_code
 
 STEP = {
-    "running": 4, "waiting": 7, "deferred": 2, "kv_cache_usage": 0.032, "preemptions": 0,
-    "prompt_tokens": 300, "generation_tokens": 4, "finished": 1, "prefix_cache_queries": 640,
+    "running": 4,
+    "waiting": 7,
+    "deferred": 2,
+    "kv_cache_usage": 0.032,
+    "preemptions": 0,
+    "prompt_tokens": 300,
+    "generation_tokens": 4,
+    "finished": 1,
+    "prefix_cache_queries": 640,
     "prefix_cache_hits": 128,
-}  # fmt: skip
+}
 
 
 def records(path: Path) -> list[tuple[dict[str, Any] | None, Any]]:
@@ -34,15 +41,13 @@ def test_engine_names() -> None:
 
 
 def test_meta_and_fingerprint_carry_the_joining_facts(tmp_path: Path) -> None:
-    ident = EngineIdentity(server_pid=4242, engine_index=1, server_host="127.0.0.1", server_port=8001,
-                           engine_version="0.32.0")  # fmt: skip
+    ident = EngineIdentity(server_pid=4242, engine_index=1, server_host="127.0.0.1", server_port=8001, engine_version="0.32.0")
     rec = StatsRecorder(ident, directory=tmp_path, pid=99, clock=lambda: 5.0)
     rec.write_fingerprint({"block_size": 64})
     assert rec.channel.path.name == "vllm-4242%2Fdp1.stats.99.ring"
     (meta, _), (_, fp) = records(rec.channel.path)
     assert meta is not None
-    joining = {"engine_index": 1, "server_pid": 4242, "server_host": "127.0.0.1", "server_port": 8001,
-               "name_from": "server_pid"}  # fmt: skip
+    joining = {"engine_index": 1, "server_pid": 4242, "server_host": "127.0.0.1", "server_port": 8001, "name_from": "server_pid"}
     assert {k: meta[k] for k in joining} == joining
     assert (meta["engine"], meta["role"], meta["pid"], meta["vllm_version"]) == ("vllm-4242/dp1", "stats", 99, "0.32.0")
     assert isinstance(fp, Fingerprint) and fp.ts == 5.0
@@ -62,8 +67,7 @@ def test_a_step_round_trips(tmp_path: Path) -> None:
 
 def test_unknown_step_fields_are_named_not_zeroed(tmp_path: Path) -> None:
     rec = StatsRecorder(EngineIdentity(server_pid=1), directory=tmp_path)
-    rec.write_step(3, **{**STEP, "kv_cache_usage": None, "prefix_cache_hits": None},
-                   extras={"null": ["worker"]})  # fmt: skip
+    rec.write_step(3, **{**STEP, "kv_cache_usage": None, "prefix_cache_hits": None}, extras={"null": ["worker"]})
     rec.write_step(4, **STEP)
     raw = RingReader(rec.channel.path).read()
     extras = json.loads(raw[1][1 + STEP_HEAD.size :])
@@ -76,21 +80,25 @@ def test_request_columns_from_lists_and_from_bytes_are_the_same_record(tmp_path:
 
     rec = RequestRecorder(EngineIdentity(server_pid=1), directory=tmp_path)
     cols: dict[str, Any] = {
-        "ids": ["cmpl-a-0", "cmpl-é-1"], "prompt_len": [32000, 300], "computed": [32512, 0],
-        "output": [512, 0], "preemptions": [0, 2],
-        "status": [status_code("running"), status_code("preempted")], "mirror_rows": [8, -1],
-    }  # fmt: skip
+        "ids": ["cmpl-a-0", "cmpl-é-1"],
+        "prompt_len": [32000, 300],
+        "computed": [32512, 0],
+        "output": [512, 0],
+        "preemptions": [0, 2],
+        "status": [status_code("running"), status_code("preempted")],
+        "mirror_rows": [8, -1],
+    }
     rec.write_requests(77, ts=3.5, n=2, **cols)
-    as_bytes = {k: array("i" if k == "mirror_rows" else "I", v).tobytes() for k, v in cols.items()
-                if k not in ("ids", "status")}  # fmt: skip
+    as_bytes = {k: array("i" if k == "mirror_rows" else "I", v).tobytes() for k, v in cols.items() if k not in ("ids", "status")}
     rec.write_requests(77, ts=3.5, n=2, ids="\0".join(cols["ids"]).encode(), status=bytes(cols["status"]), **as_bytes)
     raw = RingReader(rec.channel.path).read()
     assert raw[1] == raw[2]
     step = decode_request_rows("e", raw[1])
     assert step.requests is not None
-    assert [(r.request_id, r.prompt_len, r.computed_tokens, r.preemptions, r.status, r.mirror_rows)
-            for r in step.requests] == [("cmpl-a-0", 32000, 32512, 0, "running", 8),
-                                        ("cmpl-é-1", 300, 0, 2, "preempted", None)]  # fmt: skip
+    assert [(r.request_id, r.prompt_len, r.computed_tokens, r.preemptions, r.status, r.mirror_rows) for r in step.requests] == [
+        ("cmpl-a-0", 32000, 32512, 0, "running", 8),
+        ("cmpl-é-1", 300, 0, 2, "preempted", None),
+    ]
 
 
 def test_host_blocks_column_sets_its_flag(tmp_path: Path) -> None:
@@ -116,8 +124,17 @@ def test_workload_and_event_records(tmp_path: Path) -> None:
     _, end = records(rec.channel.path)[2]
     _, ev = records(rec.channel.path)[3]
     assert isinstance(arrive, WorkloadRecord) and isinstance(end, WorkloadRecord)
-    assert arrive.data == {"ev": "arrive", "id": "cmpl-1", "ts": 1.0, "prompt_len": 32000, "max_tokens": 2000,
-                           "n": 1, "ignore_eos": True, "has_stop": False, "engine": "vllm-1"}  # fmt: skip
+    assert arrive.data == {
+        "ev": "arrive",
+        "id": "cmpl-1",
+        "ts": 1.0,
+        "prompt_len": 32000,
+        "max_tokens": 2000,
+        "n": 1,
+        "ignore_eos": True,
+        "has_stop": False,
+        "engine": "vllm-1",
+    }
     assert (end.ts, end.data["output_len"], end.data["finish"], end.data["cached_tokens"]) == (9.0, 2000, "length", None)
     assert isinstance(ev, Event) and (ev.kind.value, ev.pid, ev.ts) == ("cuda_error", 3107, 9.0)
 

@@ -27,8 +27,7 @@ from collector.storage.repo import Repository
 
 
 def export_file(tmp_path: Path, workload: dict | None) -> Path:
-    doc = SnapshotDoc(host="node-a", engine="decode-0", created_at=1.0, fault_ts=1.0,
-                      trigger={"kind": "cuda_error"}, workload=workload, id=4)  # fmt: skip
+    doc = SnapshotDoc(host="node-a", engine="decode-0", created_at=1.0, fault_ts=1.0, trigger={"kind": "cuda_error"}, workload=workload, id=4)
     path = tmp_path / "snap.json.gz"
     path.write_bytes(gzip.compress(json.dumps(doc.to_export()).encode()))
     return path
@@ -49,9 +48,14 @@ def test_arguments_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_plan_from_the_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = f"sqlite:///{tmp_path / 'f.db'}"
     assert main(["db", "upgrade", "--db", db]) == 0
-    doc = SnapshotDoc(host="node-a", engine="decode-0", created_at=time.time(), fault_ts=time.time(),
-                      trigger={"kind": "cuda_error", "source": "log", "message": "x"},
-                      workload=ramp_workload(((1, 2), (4, 8)), crash_in_last_after=3))  # fmt: skip
+    doc = SnapshotDoc(
+        host="node-a",
+        engine="decode-0",
+        created_at=time.time(),
+        fault_ts=time.time(),
+        trigger={"kind": "cuda_error", "source": "log", "message": "x"},
+        workload=ramp_workload(((1, 2), (4, 8)), crash_in_last_after=3),
+    )
     sid = Repository(make_engine(db), host="node-a").store_snapshot(doc, incident_window_s=30, incident_key="k")[0]
     capsys.readouterr()
     assert main(["replay", "--plan", str(sid), "--db", db]) == 0
@@ -92,9 +96,12 @@ def slow_target(seconds: float) -> Iterator[str]:
 def test_ctrl_c_stops_cleanly_with_the_table_so_far(tmp_path: Path) -> None:
     path = export_file(tmp_path, ramp_workload(((1, 4), (2, 6)), duration=1.0))
     with slow_target(0.8) as url:
-        proc = subprocess.Popen([sys.executable, "-m", "collector.cli", "replay", "--from-file", str(path),
-                                 "--target", url, "--model", "m"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "collector.cli", "replay", "--from-file", str(path), "--target", url, "--model", "m"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert proc.stdout is not None
         seen = []
         for line in proc.stdout:  # plain progress lines (stdout is not a terminal), until under way

@@ -69,11 +69,13 @@ def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
     monkeypatch.setenv("FLIGHTREC_API_TOKEN", "replay-token-1")  # the link is a write, through the sidecar
     db, snap_id = demo_snapshot(demo_run, tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "collector.cli", "demo", "--serve-completions", "--port", "0", "--db", db,
-         "--workdir", str(tmp_path / "wd")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        [sys.executable, "-m", "collector.cli", "demo", "--serve-completions", "--port", "0", "--db", db, "--workdir", str(tmp_path / "wd")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
         env={**os.environ, "FLIGHTREC_SNAPSHOT_SETTLE_S": "1", "FLIGHTREC_API_TOKEN": "replay-token-1"},
-    )  # fmt: skip
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_read_lines, args=(proc, lines), daemon=True).start()
     seen: list[str] = []
@@ -106,8 +108,7 @@ def test_replay_against_the_demo_pair_dies_in_c16_and_links_the_new_snapshot(
     assert "engine died again: yes, in phase 5 (C16) after 10 done there" in out, out
     assert "the original died in the same phase after 10 done there" in out
     table = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+C\d+", line)]
-    assert [(r[1], r[3], r[4]) for r in table] == [("C1", "4", "0"), ("C2", "6", "0"), ("C4", "12", "0"),
-                                                   ("C8", "16", "0"), ("C16", "10", "15")]  # fmt: skip
+    assert [(r[1], r[3], r[4]) for r in table] == [("C1", "4", "0"), ("C2", "6", "0"), ("C4", "12", "0"), ("C8", "16", "0"), ("C16", "10", "15")]
     m = re.search(r"new snapshot: (\d+) \(decode-0", out)
     assert m, out
     new_id = int(m.group(1))

@@ -26,8 +26,7 @@ def test_a_closed_loop_ramp_becomes_its_levels() -> None:
 def test_requests_arriving_after_a_fault_known_to_the_second_keep_their_level() -> None:
     # short requests (a GPU step's pace): a whole round of the last level arrives in the second
     # that vLLM's log time truncates; those requests are in flight until the death, not before
-    wl = ramp_workload(((1, 2), (2, 4), (4, 8), (8, 24)), duration=0.6, crash_in_last_after=9,
-                       fault_known_early_by=0.95)  # fmt: skip
+    wl = ramp_workload(((1, 2), (2, 4), (4, 8), (8, 24)), duration=0.6, crash_in_last_after=9, fault_known_early_by=0.95)
     plan = build_plan(wl)
     assert [p.concurrency for p in plan.phases] == [1, 2, 4, 8], [(p.concurrency, len(p.requests)) for p in plan.phases]
     assert plan.crash_phase is not None and plan.crash_phase.concurrency == 8
@@ -75,8 +74,7 @@ def test_no_workload_is_a_plan_error() -> None:
 
 
 def test_the_plan_text_shows_the_ramp_and_the_fault() -> None:
-    plan = build_plan(ramp_workload(((1, 2), (16, 20)), crash_in_last_after=5),
-                      source={"id": 7, "engine": "decode-0"})  # fmt: skip
+    plan = build_plan(ramp_workload(((1, 2), (16, 20)), crash_in_last_after=5), source={"id": 7, "engine": "decode-0"})
     text = plan_text(plan)
     assert "plan of snapshot 7 (decode-0, the engine died): 22 requests" in text
     rows = [line.split() for line in text.splitlines()[2:4]]

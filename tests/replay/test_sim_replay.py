@@ -69,14 +69,12 @@ def test_the_demo_workload_is_the_incident_ramp_and_a_replay_dies_in_c16(tmp_pat
     assert crash is not None and (crash.concurrency, crash.original("finished"), crash.original("failed_by_crash")) == (16, 10, 15)
 
     async def replay() -> tuple[object, SimPair, WorkloadLog]:
-        pair = SimPair(PairConfig(workdir=tmp_path / "b", recorder_dir=tmp_path / "b/rec", steps_per_second=STEPS_PER_S,
-                                  serve_completions=True))  # fmt: skip
+        pair = SimPair(PairConfig(workdir=tmp_path / "b", recorder_dir=tmp_path / "b/rec", steps_per_second=STEPS_PER_S, serve_completions=True))
         await pair.start()
         run = asyncio.create_task(record(pair, "decode-0"))
         try:
             async with httpx.AsyncClient(timeout=None) as client:
-                driver = Driver(plan, target=f"http://127.0.0.1:{pair.decode.port}", model=pair.cfg.scenario.model,
-                                client=client, seed=1)  # fmt: skip
+                driver = Driver(plan, target=f"http://127.0.0.1:{pair.decode.port}", model=pair.cfg.scenario.model, client=client, seed=1)
                 result = await driver.run()
             log = await asyncio.wait_for(run, timeout=10)
         finally:
@@ -98,8 +96,7 @@ def test_the_demo_workload_is_the_incident_ramp_and_a_replay_dies_in_c16(tmp_pat
 
 def test_a_load_below_the_crash_level_never_kills_the_replay_target(tmp_path: Path) -> None:
     async def go() -> tuple[int, bool]:
-        pair = SimPair(PairConfig(workdir=tmp_path, recorder_dir=tmp_path / "rec", steps_per_second=STEPS_PER_S,
-                                  serve_completions=True))  # fmt: skip
+        pair = SimPair(PairConfig(workdir=tmp_path, recorder_dir=tmp_path / "rec", steps_per_second=STEPS_PER_S, serve_completions=True))
         await pair.start()
         run = asyncio.create_task(pair.run())
         try:

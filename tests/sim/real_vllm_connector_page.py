@@ -25,12 +25,23 @@ def main() -> None:
     )
     types = {Gauge: Gauge, Counter: Counter, Histogram: Histogram}
     hisparse = HiSparsePromMetrics(config, types, LABELS, PER_ENGINE)  # type: ignore[arg-type]
-    hisparse.observe({"cache_hits": [120], "cache_misses": [8], "host_to_device_bytes": [1 << 20],
-                      "host_cache_usage_perc": [0.25], "pending_page_transfers": [3]})  # fmt: skip
+    hisparse.observe(
+        {"cache_hits": [120], "cache_misses": [8], "host_to_device_bytes": [1 << 20], "host_cache_usage_perc": [0.25], "pending_page_transfers": [3]}
+    )
     nixl = NixlPromMetrics(config, types, LABELS, PER_ENGINE)  # type: ignore[arg-type]
-    nixl.observe({"transfer_duration": [0.02], "post_duration": [0.001], "bytes_transferred": [1 << 24],
-                  "num_descriptors": [64], "num_failed_transfers": [], "num_failed_notifications": [],
-                  "num_failed_handshakes": [], "num_kv_expired_reqs": [], "num_notifications_after_expiry": []})  # fmt: skip
+    nixl.observe(
+        {
+            "transfer_duration": [0.02],
+            "post_duration": [0.001],
+            "bytes_transferred": [1 << 24],
+            "num_descriptors": [64],
+            "num_failed_transfers": [],
+            "num_failed_notifications": [],
+            "num_failed_handshakes": [],
+            "num_kv_expired_reqs": [],
+            "num_notifications_after_expiry": [],
+        }
+    )
     text = generate_latest(REGISTRY).decode()
     keep, out = False, []
     for line in text.splitlines():

@@ -38,8 +38,12 @@ def build(step: dict) -> tuple[SchedulerOutput, SchedulerStats]:
     out = SchedulerOutput(
         scheduled_new_reqs=[],
         scheduled_cached_reqs=CachedRequestData(
-            req_ids=ids, resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
-            new_block_ids=[None] * len(ids), num_computed_tokens=[r["computed"] for r in reqs],
+            req_ids=ids,
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[None] * len(ids),
+            num_computed_tokens=[r["computed"] for r in reqs],
             num_output_tokens=[r["output"] for r in reqs],
         ),
         num_scheduled_tokens={i: 1 for i in ids},
@@ -53,8 +57,11 @@ def build(step: dict) -> tuple[SchedulerOutput, SchedulerStats]:
         num_common_prefix_blocks=[0],
     )
     stats = SchedulerStats(
-        num_running_reqs=len(ids), num_waiting_reqs=step["waiting"], step_counter=step["step"],
-        kv_cache_usage=step["kv_cache_usage"], prefix_cache_stats=PrefixCacheStats(),
+        num_running_reqs=len(ids),
+        num_waiting_reqs=step["waiting"],
+        step_counter=step["step"],
+        kv_cache_usage=step["kv_cache_usage"],
+        prefix_cache_stats=PrefixCacheStats(),
         kv_connector_stats=step["kv_connector_stats"],
     )
     return out, stats

@@ -21,22 +21,29 @@ from collector.vllm.fingerprint import as_plain
 def main() -> None:
     role = "kv_consumer"
     kvt = KVTransferConfig(
-        kv_connector="MultiConnector", kv_role=role,
-        kv_connector_extra_config={"connectors": [
-            {"kv_connector": "NixlConnector", "kv_role": role},
-            {"kv_connector": "HiSparseConnector", "kv_role": role, "kv_connector_extra_config": {"host_pool_gib": 128.0}},
-        ]},
-    )  # fmt: skip
-    print(json.dumps({
-        "kv_transfer_config": as_plain(kvt),
-        "host_pool_gib": hisparse_host_pool_gib(kvt),
-        "hisparse_config": as_plain(HiSparseConfig()),
-        "hisparse_config_fields": [f.name for f in dataclasses.fields(HiSparseConfig)],
-        "hisparse_stats_keys": list(HiSparseKVConnectorStats().data),
-        "nixl_stats_keys": list(NixlKVConnectorStats().data),
-        "cudagraph_modes": list(CUDAGraphMode.__members__),
-        "compilation_modes": list(CompilationMode.__members__),
-    }))  # fmt: skip
+        kv_connector="MultiConnector",
+        kv_role=role,
+        kv_connector_extra_config={
+            "connectors": [
+                {"kv_connector": "NixlConnector", "kv_role": role},
+                {"kv_connector": "HiSparseConnector", "kv_role": role, "kv_connector_extra_config": {"host_pool_gib": 128.0}},
+            ]
+        },
+    )
+    print(
+        json.dumps(
+            {
+                "kv_transfer_config": as_plain(kvt),
+                "host_pool_gib": hisparse_host_pool_gib(kvt),
+                "hisparse_config": as_plain(HiSparseConfig()),
+                "hisparse_config_fields": [f.name for f in dataclasses.fields(HiSparseConfig)],
+                "hisparse_stats_keys": list(HiSparseKVConnectorStats().data),
+                "nixl_stats_keys": list(NixlKVConnectorStats().data),
+                "cudagraph_modes": list(CUDAGraphMode.__members__),
+                "compilation_modes": list(CompilationMode.__members__),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

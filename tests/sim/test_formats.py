@@ -22,8 +22,7 @@ from collector.xid.parser import parse_line
 REAL_PAGES = sorted((Path(__file__).parents[1] / "fixtures" / "vllm-metrics").glob("*.txt"))
 # made by vLLM's own HiSparse and NIXL metric classes (tests/sim/real_vllm_connector_page.py)
 CONNECTOR_PAGE = Path(__file__).parent / "fixtures" / "connector-families.txt"
-SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2,
-                 crash_after_done=2, prefill_chunk=512)  # fmt: skip
+SMALL = Scenario(phases=(Phase(1, 1), Phase(2, 2), Phase(4, 4)), isl=1000, osl=40, crash_phase=2, crash_after_done=2, prefill_chunk=512)
 
 
 def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
@@ -37,8 +36,9 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 
 def sim_page(tmp_path: Path) -> str:
-    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec",
-                    log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100)  # fmt: skip
+    eng = SimEngine(
+        name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec", log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100
+    )
     eng.waiting.append(LoadClient(SMALL).to_send()[0])
     eng.step()
     from prometheus_client import generate_latest
@@ -82,8 +82,9 @@ def test_connector_families_have_vllms_help_and_buckets(tmp_path: Path) -> None:
 
 
 def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> None:
-    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path,
-                    log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100)  # fmt: skip
+    eng = SimEngine(
+        name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path, log_path=tmp_path / "d.log", gpu_index=0, fake_pid=100
+    )
     eng.waiting.extend(LoadClient(SMALL).to_send())
     for _ in range(5):
         eng.step()
@@ -131,9 +132,17 @@ def test_the_pair_ramps_and_dies_like_the_incident(tmp_path: Path) -> None:
     xid = parse_line(kmsg[-1])
     assert xid is not None and xid.xid == 43
     log = (tmp_path / "decode.log").read_text()
-    for needle in ("(Worker_TP0 pid=", "(Worker_TP1 pid=", "_finish_mirror_phase", "graphs[desc].replay()",
-                   "torch.AcceleratorError: CUDA error: unspecified launch failure", "Dumping scheduler output",
-                   "Dumping scheduler stats: SchedulerStats(", "EngineCore encountered a fatal error.", "EngineDeadError"):  # fmt: skip
+    for needle in (
+        "(Worker_TP0 pid=",
+        "(Worker_TP1 pid=",
+        "_finish_mirror_phase",
+        "graphs[desc].replay()",
+        "torch.AcceleratorError: CUDA error: unspecified launch failure",
+        "Dumping scheduler output",
+        "Dumping scheduler stats: SchedulerStats(",
+        "EngineCore encountered a fatal error.",
+        "EngineDeadError",
+    ):
         assert needle in log, needle
 
 

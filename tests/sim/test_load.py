@@ -75,8 +75,7 @@ def test_the_rings_hold_every_step_with_requests_growing_and_finishing(tmp_path:
     for r in reqs:
         cols = decode_columns([r.request_block])
         assert len(cols["request_id"]) == 8 and set(cols["status"]) == {"running"}
-        for rid, prompt, computed, output in zip(cols["request_id"], cols["prompt_len"], cols["computed_tokens"],
-                                                 cols["output_tokens"], strict=True):  # fmt: skip
+        for rid, prompt, computed, output in zip(cols["request_id"], cols["prompt_len"], cols["computed_tokens"], cols["output_tokens"], strict=True):
             assert VLLM_ID.match(rid)
             seen.setdefault(rid, []).append((r.step, computed, output))
             if output:  # decoding: the last sampled token is not computed yet
@@ -113,11 +112,30 @@ def test_the_pacer_keeps_absolute_deadlines() -> None:
 def test_simulate_writes_a_config_the_sidecar_loads_and_serves_vllm_metrics(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"
     summary = tmp_path / "summary.json"
-    args = build_parser().parse_args([
-        "simulate", "--engines", "2", "--running", "16", "--steps-per-second", "50", "--duration", "3",
-        "--recorder-dir", str(tmp_path / "rec"), "--write-config", str(config), "--serve-metrics",
-        "--engine-name", "sim", "--summary-json", str(summary), "--progress-every", "0",
-    ])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "simulate",
+            "--engines",
+            "2",
+            "--running",
+            "16",
+            "--steps-per-second",
+            "50",
+            "--duration",
+            "3",
+            "--recorder-dir",
+            str(tmp_path / "rec"),
+            "--write-config",
+            str(config),
+            "--serve-metrics",
+            "--engine-name",
+            "sim",
+            "--summary-json",
+            str(summary),
+            "--progress-every",
+            "0",
+        ]
+    )
     pages: list[str] = []
 
     def scrape() -> None:
@@ -150,10 +168,25 @@ def test_simulate_writes_a_config_the_sidecar_loads_and_serves_vllm_metrics(tmp_
 
 def test_without_metrics_the_config_names_no_engine_but_loads(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.yaml"
-    args = argparse.Namespace(**vars(build_parser().parse_args([
-        "simulate", "--recorder-dir", str(tmp_path / "rec"), "--write-config", str(config), "--duration", "0.2",
-        "--running", "4", "--progress-every", "0",
-    ])))  # fmt: skip
+    args = argparse.Namespace(
+        **vars(
+            build_parser().parse_args(
+                [
+                    "simulate",
+                    "--recorder-dir",
+                    str(tmp_path / "rec"),
+                    "--write-config",
+                    str(config),
+                    "--duration",
+                    "0.2",
+                    "--running",
+                    "4",
+                    "--progress-every",
+                    "0",
+                ]
+            )
+        )
+    )
     assert simulate_main(args) == 0
     settings = load_settings(str(config))
     assert settings.engines == [] and settings.recorder_dir == (tmp_path / "rec").resolve()

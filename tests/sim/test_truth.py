@@ -33,15 +33,17 @@ def vllm_python() -> str:
 def run_in_vllm(script: str, stdin: str = "") -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([vllm_python(), str(HERE / script)], input=stdin, capture_output=True, text=True, check=False,
-                          timeout=300, cwd=ROOT, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [vllm_python(), str(HERE / script)], input=stdin, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def decode_engine(tmp_path: Path, steps: int = 5) -> SimEngine:
-    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec",
-                    log_path=tmp_path / "d.log", gpu_index=1, fake_pid=3107)  # fmt: skip
+    eng = SimEngine(
+        name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec", log_path=tmp_path / "d.log", gpu_index=1, fake_pid=3107
+    )
     for r in LoadClient(SMALL).to_send():
         r.output = 1
         eng.waiting.append(r)
@@ -86,8 +88,9 @@ def test_fingerprint_is_the_recorders_reading_of_that_config(shapes: dict[str, A
 def test_connector_stats_have_vllms_keys(tmp_path: Path, shapes: dict[str, Any]) -> None:
     assert list(HISPARSE_KEYS) == shapes["hisparse_stats_keys"]
     assert list(NIXL_KEYS) == shapes["nixl_stats_keys"]
-    eng = SimEngine(name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec",
-                    log_path=tmp_path / "d.log", gpu_index=1, fake_pid=3107)  # fmt: skip
+    eng = SimEngine(
+        name="decode-0", role="decode", scenario=SMALL, port=0, recorder_dir=tmp_path / "rec", log_path=tmp_path / "d.log", gpu_index=1, fake_pid=3107
+    )
     eng.waiting.extend(LoadClient(SMALL).to_send())
     eng.step()  # the prompts' KV lands: NIXL reports the transfers, HiSparse its levels
     kvc = eng.last_connector_stats
@@ -108,16 +111,27 @@ def test_the_crash_dump_is_what_vllms_dump_code_prints(tmp_path: Path) -> None:
     assert set(full.row_mirrors) == set(full.req_ids)
     # one request: vLLM prints a dict's items in arbitrary (set) order, one item has one order
     one = dataclasses.replace(
-        full, req_ids=full.req_ids[:1], num_computed_tokens=full.num_computed_tokens[:1],
-        num_output_tokens=full.num_output_tokens[:1], row_mirrors={full.req_ids[0]: full.row_mirrors[full.req_ids[0]]},
-    )  # fmt: skip
+        full,
+        req_ids=full.req_ids[:1],
+        num_computed_tokens=full.num_computed_tokens[:1],
+        num_output_tokens=full.num_output_tokens[:1],
+        row_mirrors={full.req_ids[0]: full.row_mirrors[full.req_ids[0]]},
+    )
     step = {
-        "step": one.step, "waiting": one.waiting, "kv_cache_usage": one.kv_cache_usage,
-        "scheduler_clock": one.scheduler_clock, "kv_connector_stats": one.kv_connector_stats,
-        "requests": [{"id": one.req_ids[0], "computed": one.num_computed_tokens[0], "output": one.num_output_tokens[0],
-                      "mirrors": [[list(m.source_starts), m.destination_start, m.num_rows]
-                                  for m in one.row_mirrors[one.req_ids[0]]]}],
-    }  # fmt: skip
+        "step": one.step,
+        "waiting": one.waiting,
+        "kv_cache_usage": one.kv_cache_usage,
+        "scheduler_clock": one.scheduler_clock,
+        "kv_connector_stats": one.kv_connector_stats,
+        "requests": [
+            {
+                "id": one.req_ids[0],
+                "computed": one.num_computed_tokens[0],
+                "output": one.num_output_tokens[0],
+                "mirrors": [[list(m.source_starts), m.destination_start, m.num_rows] for m in one.row_mirrors[one.req_ids[0]]],
+            }
+        ],
+    }
     real = run_in_vllm("real_vllm_dump.py", json.dumps(step))
     assert vllm_logs.dump(vllm_logs.scheduler_output(one)) == real["scheduler_output"]
     assert vllm_logs.py_repr(vllm_logs.scheduler_stats(one)) == real["scheduler_stats"]

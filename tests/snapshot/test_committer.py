@@ -25,8 +25,16 @@ def setup(url: str, tmp_path: Path, settle: float = 0.2, **kw: Any) -> tuple[Hub
     writer = BatchWriter(repo, interval=0.05, hold_s=0.0)
     hub = Hub(settings, rows=writer)
     committed: list[int] = []
-    c = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=settle, window_s=30,
-                          on_committed=[lambda doc, ev: committed.append(doc.id)], retry_every=0.1, **kw)  # fmt: skip
+    c = SnapshotCommitter(
+        hub,
+        repo,
+        spool_dir=tmp_path / "spool",
+        settle_s=settle,
+        window_s=30,
+        on_committed=[lambda doc, ev: committed.append(doc.id)],
+        retry_every=0.1,
+        **kw,
+    )
     hub.consumers.append(c.on_event)
     c.writer = writer  # type: ignore[attr-defined]
     return hub, repo, c, committed
@@ -38,8 +46,18 @@ def fault(kind: EventKind, source: str, msg: str, **kw: Any) -> Event:
 
 def step(i: int, **kw: Any) -> StepRecord:
     kw.setdefault("running", 4)
-    return StepRecord(engine="decode-0", ts=time.time(), step=i, waiting=0, kv_cache_usage=0.032, preemptions=0,
-                      prompt_tokens=0, generation_tokens=4, halves=HALF_STATS, **kw)  # fmt: skip
+    return StepRecord(
+        engine="decode-0",
+        ts=time.time(),
+        step=i,
+        waiting=0,
+        kv_cache_usage=0.032,
+        preemptions=0,
+        prompt_tokens=0,
+        generation_tokens=4,
+        halves=HALF_STATS,
+        **kw,
+    )
 
 
 async def manual(hub: Hub, c: SnapshotCommitter, reason: str, wait_s: float = 5.0) -> int | None:
@@ -99,9 +117,7 @@ def test_four_witnesses_one_snapshot_amended_with_the_late_evidence(migrated_url
     assert linked >= {"xid", "cuda_error", "engine_fatal", "engine_down"}
 
 
-def test_a_later_distinct_fault_after_the_amendment_gets_its_own_snapshot_in_the_same_incident(
-    migrated_url: str, tmp_path: Path
-) -> None:
+def test_a_later_distinct_fault_after_the_amendment_gets_its_own_snapshot_in_the_same_incident(migrated_url: str, tmp_path: Path) -> None:
     hub, repo, c, committed = setup(migrated_url, tmp_path, settle=0.1)
 
     async def body() -> None:
@@ -202,9 +218,18 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
 
     doc, blobs = _build(cap)
     spool_dir = tmp_path / "spool"
-    spool.write(spool_dir, "snapshot-1.000000-decode-0-aaaa.spool", doc.header(),
-                {"incident_key": "manual:1", "trigger_uid": "aaaa", "snapshot_id": None, "counts": {
-                    "step_count": 1, "request_rows": 3, "first_step": 7, "last_step": 7}}, blobs)  # fmt: skip
+    spool.write(
+        spool_dir,
+        "snapshot-1.000000-decode-0-aaaa.spool",
+        doc.header(),
+        {
+            "incident_key": "manual:1",
+            "trigger_uid": "aaaa",
+            "snapshot_id": None,
+            "counts": {"step_count": 1, "request_rows": 3, "first_step": 7, "last_step": 7},
+        },
+        blobs,
+    )
     (spool_dir / "snapshot-2.000000-decode-0-trunc.spool").write_bytes(spool.MAGIC + b'{"header"')  # a torn write
     (spool_dir / "snapshot-3.000000-decode-0-junk.spool").write_bytes(b"\x00" * 100)
 
@@ -218,8 +243,7 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     assert len(stored) == 1 and stored[0]["trigger_message"] == "before the restart"
     back = repo2.get_snapshot(stored[0]["id"])
     assert [r["request_id"] for r in back.requests] == ["r0", "r1", "r2"]
-    assert sorted(p.name for p in spool_dir.iterdir()) == [
-        "snapshot-2.000000-decode-0-trunc.spool.bad", "snapshot-3.000000-decode-0-junk.spool.bad"]
+    assert sorted(p.name for p in spool_dir.iterdir()) == ["snapshot-2.000000-decode-0-trunc.spool.bad", "snapshot-3.000000-decode-0-junk.spool.bad"]
     # and the snapshot task is alive: a new trigger still makes a snapshot
     hub2 = c2.hub
     hub2.emit(step(100))
@@ -262,9 +286,7 @@ def test_a_disk_full_spool_still_commits_from_memory(migrated_url: str, tmp_path
 # -- trigger intents: durable before acknowledged, retaken after a kill ---------------------------
 
 
-def test_the_trigger_is_durable_before_the_policy_returns_and_its_intent_goes_with_the_commit(
-    migrated_url: str, tmp_path: Path
-) -> None:
+def test_the_trigger_is_durable_before_the_policy_returns_and_its_intent_goes_with_the_commit(migrated_url: str, tmp_path: Path) -> None:
     hub, repo, c, committed = setup(migrated_url, tmp_path)
     seen: list[list[str]] = []
 
@@ -293,8 +315,15 @@ def _left_by_a_kill(tmp_path: Path, ev: Event, accepted_at: float) -> None:
 
 def test_an_intent_left_by_a_kill_is_retaken_from_the_rings_with_its_fault_time(migrated_url: str, tmp_path: Path) -> None:
     t0 = time.time() - 30
-    ev = Event(kind=EventKind.XID, ts=t0 + 10, source="kmsg", message="Xid 79, GPU has fallen off the bus", xid=79,
-               severity=Severity.CRITICAL, uid="feedfacefeedfacefeedfacefeedface")  # fmt: skip
+    ev = Event(
+        kind=EventKind.XID,
+        ts=t0 + 10,
+        source="kmsg",
+        message="Xid 79, GPU has fallen off the bus",
+        xid=79,
+        severity=Severity.CRITICAL,
+        uid="feedfacefeedfacefeedfacefeedface",
+    )
     _left_by_a_kill(tmp_path, ev, accepted_at=t0 + 10.001)
     (tmp_path / "spool" / "trigger-9.000000-decode-0-torn.intent").write_bytes(intent.MAGIC + b'{"engine"')
 
@@ -323,9 +352,7 @@ def test_an_intent_left_by_a_kill_is_retaken_from_the_rings_with_its_fault_time(
     assert (tmp_path / "spool" / "trigger-9.000000-decode-0-torn.intent.bad").exists()
 
 
-def test_a_retaken_trigger_whose_snapshot_was_committed_before_the_kill_is_not_stored_twice(
-    migrated_url: str, tmp_path: Path
-) -> None:
+def test_a_retaken_trigger_whose_snapshot_was_committed_before_the_kill_is_not_stored_twice(migrated_url: str, tmp_path: Path) -> None:
     """A kill after the commit, before the spool file and the intent were removed."""
     hub, repo, c, committed = setup(migrated_url, tmp_path)
     ev = fault(EventKind.XID, "kmsg", "Xid 43", xid=43)

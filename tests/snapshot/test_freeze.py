@@ -57,8 +57,9 @@ def steps(n: int, reqs: int, *, t0: float = 1000.0) -> list[StepRecord]:
     for i in range(n):
         rows = [RequestRow(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)]
         prev = RequestBlock.from_rows(i, t0 + i, rows, prev)
-        out.append(StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs,
-                              request_block=prev, halves=HALF_STATS | HALF_REQUESTS))  # fmt: skip
+        out.append(
+            StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs, request_block=prev, halves=HALF_STATS | HALF_REQUESTS)
+        )
     return out
 
 
@@ -120,16 +121,28 @@ def test_the_cuda_graph_a_step_ran_travels_from_the_ring_to_the_summary_and_chec
     from collector.snapshot.freeze import step_row
 
     graph = {"num_unpadded_tokens": 3, "num_padded_tokens": 8, "num_paddings": 5, "runtime_mode": "FULL"}
-    sent = [StepRecord(engine="d", ts=1000.0, step=1, running=3, waiting=0, halves=HALF_STATS,
-                       details={"cudagraph": graph, "iteration": {"iteration_index": 1, "elapsed_ms": 9.5}}),
-            StepRecord(engine="d", ts=1000.1, step=2, running=3, waiting=0, halves=HALF_STATS)]  # fmt: skip
+    sent = [
+        StepRecord(
+            engine="d",
+            ts=1000.0,
+            step=1,
+            running=3,
+            waiting=0,
+            halves=HALF_STATS,
+            details={"cudagraph": graph, "iteration": {"iteration_index": 1, "elapsed_ms": 9.5}},
+        ),
+        StepRecord(engine="d", ts=1000.1, step=2, running=3, waiting=0, halves=HALF_STATS),
+    ]
     got = [obs for _, obs, _ in decode_many([encode_step(r) for r in sent], engine="d")]
     assert [g.details for g in got] == [sent[0].details, {}]  # type: ignore[union-attr]
     s = summarize(got, [])  # type: ignore[arg-type]
     assert s["cudagraph_at_last_step"] == {"step": 1, "runtime_mode": "FULL", "num_padded_tokens": 8, "num_unpadded_tokens": 3}
     assert step_row(got[0])["details"]["cudagraph"]["runtime_mode"] == "FULL" and step_row(got[1])["details"] is None  # type: ignore[arg-type]
-    [item] = [i for i in checklist({"engine": "d", "summary": s, "fingerprint": {"cuda_graph_mode": "FULL_AND_PIECEWISE"}}, [], [])
-              if i["key"] == "cuda_graph_mode"]  # fmt: skip
+    [item] = [
+        i
+        for i in checklist({"engine": "d", "summary": s, "fingerprint": {"cuda_graph_mode": "FULL_AND_PIECEWISE"}}, [], [])
+        if i["key"] == "cuda_graph_mode"
+    ]
     assert item["value"] == "FULL_AND_PIECEWISE" and item["detail"]["at_last_step"]["runtime_mode"] == "FULL"
     assert "cudagraph_at_last_step" not in summarize(got[1:], [])  # type: ignore[arg-type]
 
@@ -137,9 +150,17 @@ def test_the_cuda_graph_a_step_ran_travels_from_the_ring_to_the_summary_and_chec
 def test_request_table_reads_as_rows_and_round_trips() -> None:
     table = request_table(steps(3, 2))
     assert len(table) == 6
-    assert table[-1] == {"step": 2, "request_id": "r1", "prompt_len": 32000, "computed_tokens": 32002,
-                         "output_tokens": 2, "preemptions": 0, "status": "running", "mirror_rows": 1,
-                         "host_blocks": None}  # fmt: skip  # no row knew it: null, never 0
+    assert table[-1] == {
+        "step": 2,
+        "request_id": "r1",
+        "prompt_len": 32000,
+        "computed_tokens": 32002,
+        "output_tokens": 2,
+        "preemptions": 0,
+        "status": "running",
+        "mirror_rows": 1,
+        "host_blocks": None,
+    }  # no row knew it: null, never 0
     assert RequestTable.coerce(json.loads(json.dumps(table.to_json()))) == table
     rows = [{"step": 1, "request_id": "a"}, {"step": 1, "request_id": "b", "extras": {"k": 1}}]
     sparse = RequestTable.from_rows(rows)
@@ -162,8 +183,16 @@ def test_spliced_segments_are_one_valid_gzip_stream(pieces: list[bytes]) -> None
 
 
 def test_export_splices_stored_parts_and_reencodes_foreign_ones() -> None:
-    doc = build_snapshot(host="h", engine="decode-0", trigger=ev(EventKind.XID, 1009, xid=43), steps=steps(5, 2),
-                         gpu_samples=[GpuSample(gpu="g", index=0, ts=1008)], events=[], log_lines=[], fingerprint={})  # fmt: skip
+    doc = build_snapshot(
+        host="h",
+        engine="decode-0",
+        trigger=ev(EventKind.XID, 1009, xid=43),
+        steps=steps(5, 2),
+        gpu_samples=[GpuSample(gpu="g", index=0, ts=1008)],
+        events=[],
+        log_lines=[],
+        fingerprint={},
+    )
     blobs = {name: pack(doc.part(name)) for name in PARTS}
     blobs["events"] = gzip.compress(json.dumps([{"kind": "xid"}]).encode())  # an older blob: not spliceable
     assert segment_of(blobs["events"]) is None and unpack(blobs["events"]) == [{"kind": "xid"}]
@@ -178,8 +207,9 @@ def test_export_splices_stored_parts_and_reencodes_foreign_ones() -> None:
 def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotCommitter, list[int]]:
     repo = Repository(make_engine(url), host=hub.host)
     done: list[int] = []
-    mgr = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30,
-                            on_committed=[lambda doc, _: done.append(doc.id or 0)])  # fmt: skip
+    mgr = SnapshotCommitter(
+        hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30, on_committed=[lambda doc, _: done.append(doc.id or 0)]
+    )
     hub.consumers.append(mgr.on_event)
     return repo, mgr, done
 
@@ -187,10 +217,16 @@ def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotCo
 def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url: str, tmp_path: Path) -> None:
     """An Xid on the GPU shared by two engines (kmsg and NVML), the CUDA error in each engine's
     log and /health failing on both: two snapshots (one per engine) in one incident."""
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[1], pair="pd-0"),
-                                EngineConfig(name="decode-1", url="http://e", gpus=[1], pair="pd-1"),
-                                EngineConfig(name="prefill-0", url="http://p", gpus=[0], pair="pd-0")],
-                       ring_steps=64))  # fmt: skip
+    hub = Hub(
+        Settings(
+            engines=[
+                EngineConfig(name="decode-0", url="http://d", gpus=[1], pair="pd-0"),
+                EngineConfig(name="decode-1", url="http://e", gpus=[1], pair="pd-1"),
+                EngineConfig(name="prefill-0", url="http://p", gpus=[0], pair="pd-0"),
+            ],
+            ring_steps=64,
+        )
+    )
     repo, mgr, done = _manager(migrated_url, tmp_path, hub)
     for eng in hub.settings.engines:  # as the service does at start
         repo.register_engine(eng.name, url=eng.url, pair=eng.pair)
@@ -203,16 +239,26 @@ def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url:
         for name in ("decode-0", "decode-1", "prefill-0"):
             for i in range(20):
                 hub.emit(StepRecord(engine=name, ts=now - 1 + i * 0.01, step=i, running=2))
-        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 43", xid=43, gpu="00000000:00:06.0",
-                       severity=Severity.CRITICAL))  # fmt: skip
-        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="nvml", message="Xid 43", xid=43, gpu="GPU-1",
-                       severity=Severity.CRITICAL))  # fmt: skip
+        hub.emit(
+            Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 43", xid=43, gpu="00000000:00:06.0", severity=Severity.CRITICAL)
+        )
+        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="nvml", message="Xid 43", xid=43, gpu="GPU-1", severity=Severity.CRITICAL))
         await asyncio.sleep(0.05)
         for name in ("decode-0", "decode-1"):
-            hub.emit(Event(kind=EventKind.CUDA_ERROR, ts=time.time(), source="log", engine=name, process="Worker_TP0",
-                           message="CUDA error: unspecified launch failure", severity=Severity.CRITICAL))  # fmt: skip
-            hub.emit(Event(kind=EventKind.ENGINE_DOWN, ts=time.time(), source="scrape", engine=name, message="/health failing",
-                           severity=Severity.CRITICAL))  # fmt: skip
+            hub.emit(
+                Event(
+                    kind=EventKind.CUDA_ERROR,
+                    ts=time.time(),
+                    source="log",
+                    engine=name,
+                    process="Worker_TP0",
+                    message="CUDA error: unspecified launch failure",
+                    severity=Severity.CRITICAL,
+                )
+            )
+            hub.emit(
+                Event(kind=EventKind.ENGINE_DOWN, ts=time.time(), source="scrape", engine=name, message="/health failing", severity=Severity.CRITICAL)
+            )
         deadline = time.monotonic() + 15  # both snapshots committed and amended (a loaded CI is slow)
         while time.monotonic() < deadline:
             rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter())
@@ -237,8 +283,7 @@ def test_a_capture_built_after_the_ring_gave_up_its_oldest_blocks_still_holds_th
 
     rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(32)]
     size = RequestBlock.from_rows(1, 1.0, rows).nbytes
-    settings = Settings(engines=[EngineConfig(name="d0", url="http://d")], ring_request_bytes=1 << 16,
-                        ring_request_bytes_total=1 << 16)  # fmt: skip
+    settings = Settings(engines=[EngineConfig(name="d0", url="http://d")], ring_request_bytes=1 << 16, ring_request_bytes_total=1 << 16)
     hub = Hub(settings, clock=lambda: 1000.0)
     for n in range(1, 201):
         hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))

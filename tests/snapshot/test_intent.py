@@ -14,9 +14,18 @@ from collector.snapshot import intent
 
 
 def xid_event() -> Event:
-    return Event(kind=EventKind.XID, ts=time.time(), source="kmsg", severity=Severity.CRITICAL, xid=79, pid=3107,
-                 gpu="0000:18:00.0", message="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
-                 data={"seq": 12}, uid="0123456789abcdef0123456789abcdef")  # fmt: skip
+    return Event(
+        kind=EventKind.XID,
+        ts=time.time(),
+        source="kmsg",
+        severity=Severity.CRITICAL,
+        xid=79,
+        pid=3107,
+        gpu="0000:18:00.0",
+        message="NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.",
+        data={"seq": 12},
+        uid="0123456789abcdef0123456789abcdef",
+    )
 
 
 def test_an_intent_reads_back_as_the_event_it_was_written_with(tmp_path: Path) -> None:

@@ -21,8 +21,9 @@ def workload() -> dict:
 
 def doc(**kw: object) -> SnapshotDoc:
     ts = time.time()
-    return SnapshotDoc(host="node-a", engine="decode-0", created_at=ts, fault_ts=ts,
-                       trigger={"kind": "cuda_error", "source": "log", "message": "x"}, **kw)  # type: ignore[arg-type]  # fmt: skip
+    return SnapshotDoc(
+        host="node-a", engine="decode-0", created_at=ts, fault_ts=ts, trigger={"kind": "cuda_error", "source": "log", "message": "x"}, **kw
+    )  # type: ignore[arg-type]
 
 
 def test_the_export_carries_the_workload_and_reads_it_back() -> None:

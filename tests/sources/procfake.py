@@ -9,12 +9,20 @@ _HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retr
 
 
 def tcp_row(sl: int, port: int, inode: int, state: str = "0A", addr: str = "00000000") -> str:
-    return (f"{sl:4d}: {addr}:{port:04X} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000"
-            f"  1000        0 {inode} 1 0000000000000000 100 0 0 10 0\n")  # fmt: skip
+    return (
+        f"{sl:4d}: {addr}:{port:04X} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000"
+        f"  1000        0 {inode} 1 0000000000000000 100 0 0 10 0\n"
+    )
 
 
-def fake_proc(root: Path, *, listeners: dict[int, tuple[int, int]] | None = None, parents: dict[int, int] | None = None,
-              other_rows: str = "", tcp6: bool = False) -> Path:  # fmt: skip
+def fake_proc(
+    root: Path,
+    *,
+    listeners: dict[int, tuple[int, int]] | None = None,
+    parents: dict[int, int] | None = None,
+    other_rows: str = "",
+    tcp6: bool = False,
+) -> Path:
     """``listeners``: {pid: (port, inode)} listening; ``parents``: {pid: ppid}."""
     listeners, parents = listeners or {}, parents or {}
     (root / "net").mkdir(parents=True, exist_ok=True)

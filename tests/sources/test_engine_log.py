@@ -160,8 +160,7 @@ def test_real_crash_log_from_start(tmp_path):
         assert kind in kinds
     assert all(e.engine == "decode-0" and e.source == "log" for e in sink.events())
     scrapes = [i for i in sink.items if isinstance(i, MetricsScrape)]
-    stat_lines = [x for x in (FIXTURES / "crash.log").read_text().splitlines()
-                  if "Avg prompt throughput" in x]
+    stat_lines = [x for x in (FIXTURES / "crash.log").read_text().splitlines() if "Avg prompt throughput" in x]
     assert len(scrapes) == len(stat_lines) > 0
     assert all(s.origin == "log" and "num_requests_running" in s.values for s in scrapes)
     # the default filter keeps errors and stat lines, drops the access log
@@ -176,8 +175,7 @@ def test_stdin_stream_flushes_at_end_of_stream():
     lines = (FIXTURES / "incident-decode-launch-blocking.log").read_bytes()
     sink = ListSink()
     with os.fdopen(read_fd, "rb") as stream:
-        src = EngineLogSource("decode-0", None, stream=stream, poll_interval=0.02,
-                              idle_flush=30.0)
+        src = EngineLogSource("decode-0", None, stream=stream, poll_interval=0.02, idle_flush=30.0)
 
         async def body():
             await asyncio.sleep(0.05)
@@ -205,7 +203,7 @@ def test_exactly_one_of_path_and_stream():
         ("(APIServer pid=1) INFO 11-30 14:39:22 [core.py:133] Initializing", False),
         ("(APIServer pid=1) INFO 11-30 14:43:01 [launcher.py:254] [shutdown] API server: shutdown triggered", True),
         ("(APIServer pid=1) WARNING 11-30 14:39:22 [x.py:1] libtcmalloc is not found", True),
-        ("  File \"x.py\", line 3, in f", True),
+        ('  File "x.py", line 3, in f', True),
         ("", False),
     ],
 )

@@ -23,8 +23,9 @@ class Clock:
 
 
 def test_listening_pids_reads_listen_rows_and_socket_fds(tmp_path: Path) -> None:
-    proc = fake_proc(tmp_path, listeners={4242: (8000, 5551), 4343: (8001, 5552)},
-                     other_rows=tcp_row(9, 8001, 7777, state="01"))  # fmt: skip  # an established one: not a listener
+    proc = fake_proc(
+        tmp_path, listeners={4242: (8000, 5551), 4343: (8001, 5552)}, other_rows=tcp_row(9, 8001, 7777, state="01")
+    )  # an established one: not a listener
     assert listening_pids(8000, proc) == {4242}
     assert listening_pids(8001, proc) == {4343}
     assert listening_pids(9999, proc) == set()

@@ -37,10 +37,12 @@ class Clock:
 
 
 def two_gpus(**kw: Any) -> FakeNvmlBackend:
-    return FakeNvmlBackend([
-        FakeGpu(UUID0, bus_id="00000000:00:06.0", **kw),
-        FakeGpu("GPU-1", bus_id="00000000:3B:00.0"),
-    ])
+    return FakeNvmlBackend(
+        [
+            FakeGpu(UUID0, bus_id="00000000:00:06.0", **kw),
+            FakeGpu("GPU-1", bus_id="00000000:3B:00.0"),
+        ]
+    )
 
 
 def started(backend: FakeNvmlBackend, **kw: Any) -> NvmlSource:
@@ -50,12 +52,25 @@ def started(backend: FakeNvmlBackend, **kw: Any) -> NvmlSource:
 
 
 def test_sample_fields_and_canonical_bus_ids() -> None:
-    backend = FakeNvmlBackend([FakeGpu(UUID0, values={
-        "memory": (3 << 30, 141 << 30), "utilization": (97.0, 40.0), "temperature": 61.0, "power_w": 412.5,
-        "sm_clock_mhz": 1980.0, "clock_event_reasons": 0x4, "ecc_volatile": (2, 7),
-        "remapped_rows": RemappedRows(1, 0, True, False), "pcie_replay": 3,
-        "compute_processes": [(415, 2 << 30), (416, None)],
-    })])
+    backend = FakeNvmlBackend(
+        [
+            FakeGpu(
+                UUID0,
+                values={
+                    "memory": (3 << 30, 141 << 30),
+                    "utilization": (97.0, 40.0),
+                    "temperature": 61.0,
+                    "power_w": 412.5,
+                    "sm_clock_mhz": 1980.0,
+                    "clock_event_reasons": 0x4,
+                    "ecc_volatile": (2, 7),
+                    "remapped_rows": RemappedRows(1, 0, True, False),
+                    "pcie_replay": 3,
+                    "compute_processes": [(415, 2 << 30), (416, None)],
+                },
+            )
+        ]
+    )
     src = started(backend, clock=Clock(1234.0))
     (s,) = src.poll_once()
     assert isinstance(s, GpuSample)
@@ -243,9 +258,17 @@ class FakePynvmlError(Exception):
 
 def fake_pynvml(**overrides: Any) -> types.ModuleType:
     mod = types.ModuleType("pynvml_stand_in")
-    consts = dict(NVML_ERROR_UNINITIALIZED=1, NVML_ERROR_NOT_SUPPORTED=3, NVML_ERROR_NO_PERMISSION=4,
-                  NVML_ERROR_DRIVER_NOT_LOADED=9, NVML_ERROR_TIMEOUT=10, NVML_ERROR_LIBRARY_NOT_FOUND=12,
-                  NVML_ERROR_FUNCTION_NOT_FOUND=13, NVML_ERROR_GPU_IS_LOST=15, NVML_TEMPERATURE_GPU=0)
+    consts = dict(
+        NVML_ERROR_UNINITIALIZED=1,
+        NVML_ERROR_NOT_SUPPORTED=3,
+        NVML_ERROR_NO_PERMISSION=4,
+        NVML_ERROR_DRIVER_NOT_LOADED=9,
+        NVML_ERROR_TIMEOUT=10,
+        NVML_ERROR_LIBRARY_NOT_FOUND=12,
+        NVML_ERROR_FUNCTION_NOT_FOUND=13,
+        NVML_ERROR_GPU_IS_LOST=15,
+        NVML_TEMPERATURE_GPU=0,
+    )
     for k, v in consts.items():
         setattr(mod, k, v)
     mod.NVMLError = FakePynvmlError  # type: ignore[attr-defined]
@@ -258,6 +281,7 @@ def fake_pynvml(**overrides: Any) -> types.ModuleType:
 def raising(code: int) -> Any:
     def fn(*_a: Any) -> Any:
         raise FakePynvmlError(code)
+
     return fn
 
 
@@ -285,9 +309,7 @@ def test_pynvml_event_wait_timeout_is_none() -> None:
     assert backend.event_wait("set", 10) is None
 
 
-@pytest.mark.parametrize(
-    ("setting", "required"), [("auto", False), ("on", True), (True, True)]
-)
+@pytest.mark.parametrize(("setting", "required"), [("auto", False), ("on", True), (True, True)])
 def test_setting_mapping(setting: str | bool, required: bool) -> None:
     src = nvml_source_from_setting(setting, interval=2.0, backend=FakeNvmlBackend())
     assert src is not None and src.required is required and src.interval == 2.0

@@ -185,8 +185,7 @@ def test_a_ring_named_by_its_pid_joins_the_engine_listening_on_its_port(tmp_path
     w = writer(rings, "vllm-4242", "stats", 4242)
     w.append(step(1, 999.0))
     clock = Clock()
-    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock),
-                         join_wait=30.0)  # fmt: skip
+    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock), join_wait=30.0)
     hub = Hub(Settings(engines=ENGINES))
     assert src.poll(hub) == 1
     assert hub.engines["decode-0"].ring.last() is not None and hub.engines["decode-0"].configured
@@ -200,8 +199,7 @@ def test_an_unmatched_ring_waits_then_is_kept_under_its_own_name_unconfigured(tm
     rings.mkdir()
     proc = proc_with_listener(tmp_path / "proc", 4242, 8000, 90001)
     clock = Clock()
-    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock),
-                         join_wait=30.0)  # fmt: skip
+    src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock), join_wait=30.0)
     hub = Hub(Settings(engines=ENGINES))
     w = writer(rings, "vllm-777", "stats", 777)
     w.append(step(1, 999.0))

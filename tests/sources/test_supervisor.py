@@ -76,9 +76,15 @@ def built(settings: Settings) -> dict[str, list[object]]:
 
 def test_the_source_table_follows_the_settings(tmp_path: Path) -> None:
     log = tmp_path / "decode.log"
-    s = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:8000", log=str(log)),
-                          EngineConfig(name="prefill-0", url="http://127.0.0.1:8001")],
-                 nvml="off", kmsg=str(tmp_path / "kern.log"), recorder_dir=tmp_path / "rec")  # fmt: skip
+    s = Settings(
+        engines=[
+            EngineConfig(name="decode-0", url="http://127.0.0.1:8000", log=str(log)),
+            EngineConfig(name="prefill-0", url="http://127.0.0.1:8001"),
+        ],
+        nvml="off",
+        kmsg=str(tmp_path / "kern.log"),
+        recorder_dir=tmp_path / "rec",
+    )
     got = built(s)
     assert [type(x).__name__ for x in got["vllm_metrics"]] == ["VllmMetricsSource"]
     assert [x.engine for x in got["engine_log"]] == ["decode-0"]  # type: ignore[attr-defined]

@@ -125,9 +125,15 @@ def test_rates_between_scrapes_and_across_a_counter_reset() -> None:
     scrapes = sink.scrapes("d")
     assert len(scrapes) == 4
     idle, loaded, after = reference(IDLE), reference(LOADED), reference(AFTER)
-    counters = ["prompt_tokens_total", "generation_tokens_total", 'request_success_total{finished_reason="length"}',
-                "num_preemptions_total", "e2e_request_latency_seconds_count",
-                "e2e_request_latency_seconds_sum", "iteration_tokens_total_count"]
+    counters = [
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        'request_success_total{finished_reason="length"}',
+        "num_preemptions_total",
+        "e2e_request_latency_seconds_count",
+        "e2e_request_latency_seconds_sum",
+        "iteration_tokens_total_count",
+    ]
     for key in counters:
         assert scrapes[1].rates[key] == pytest.approx((loaded[key] - idle[key]) / 2.0)
         assert scrapes[2].rates[key] == pytest.approx((after[key] - loaded[key]) / 2.0)
@@ -187,9 +193,7 @@ def test_k_failures_give_exactly_one_engine_down_then_recovery(handler, expected
     k = 3
     mode = {"handler": static(IDLE)}
     sink, mono = ListSink(), FakeClock()
-    source = VllmMetricsSource(
-        engines=[Engine("decode-0", "http://d")], health_fail_threshold=k, monotonic=mono
-    )
+    source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], health_fail_threshold=k, monotonic=mono)
     client = serve(lambda request: mode["handler"](request))
 
     async def go() -> None:
@@ -199,8 +203,7 @@ def test_k_failures_give_exactly_one_engine_down_then_recovery(handler, expected
         assert sink.events() == []  # K-1 failures: nothing yet
         await scrape_sequence(source, client, sink, mono, 5)
         [down] = sink.events()
-        assert (down.kind, down.severity, down.engine, down.source) == (
-            EventKind.ENGINE_DOWN, Severity.CRITICAL, "decode-0", "scrape")
+        assert (down.kind, down.severity, down.engine, down.source) == (EventKind.ENGINE_DOWN, Severity.CRITICAL, "decode-0", "scrape")
         assert expected in down.message
         status = source.status()[0]
         assert not status.up and expected in status.reason

@@ -62,14 +62,23 @@ def test_0003_keeps_one_row_per_event_id_and_the_link_to_its_snapshot(database_u
     cols = "(uid, ts, host, kind, source, severity, message, data, snapshot_id)"
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO incidents (key, title, opened_at, updated_at, trigger_kind, hosts, engines, snapshot_count) "
-                              "VALUES ('k', 't', 1, 1, 'xid', '[]', '[]', 1)"))  # fmt: skip
-            conn.execute(text("INSERT INTO snapshots (incident_id, host, engine, created_at, fault_ts, trigger_kind, trigger_source, "
-                              "trigger_message, step_count, request_rows, summary, fingerprint) "
-                              "VALUES (1, 'a', 'e', 1, 1, 'xid', 'kmsg', 'm', 0, 0, '{}', '{}')"))  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO incidents (key, title, opened_at, updated_at, trigger_kind, hosts, engines, snapshot_count) "
+                    "VALUES ('k', 't', 1, 1, 'xid', '[]', '[]', 1)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO snapshots (incident_id, host, engine, created_at, fault_ts, trigger_kind, trigger_source, "
+                    "trigger_message, step_count, request_rows, summary, fingerprint) "
+                    "VALUES (1, 'a', 'e', 1, 1, 'xid', 'kmsg', 'm', 0, 0, '{}', '{}')"
+                )
+            )
             for uid, sid in (("u1", None), ("u1", 1), ("u2", None), (None, None), (None, None)):
-                conn.execute(text(f"INSERT INTO events {cols} VALUES (:uid, 1, 'a', 'xid', 'kmsg', 'critical', 'm', '{{}}', :sid)"),
-                             {"uid": uid, "sid": sid})  # fmt: skip
+                conn.execute(
+                    text(f"INSERT INTO events {cols} VALUES (:uid, 1, 'a', 'xid', 'kmsg', 'critical', 'm', '{{}}', :sid)"), {"uid": uid, "sid": sid}
+                )
         upgrade(database_url)
         with engine.connect() as conn:
             rows = sorted(conn.execute(text("SELECT uid, snapshot_id FROM events")), key=lambda r: (r[0] or "", r[1] or 0))

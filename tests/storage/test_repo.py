@@ -16,13 +16,18 @@ def repo(url: str, host: str = "node-a") -> Repository:
 def doc(engine: str = "decode-0", *, host: str = "node-a", ts: float | None = None, steps: int = 5, reqs: int = 3) -> SnapshotDoc:
     ts = time.time() if ts is None else ts
     return SnapshotDoc(
-        host=host, engine=engine, created_at=ts, fault_ts=ts,
+        host=host,
+        engine=engine,
+        created_at=ts,
+        fault_ts=ts,
         trigger={"kind": "xid", "source": "kmsg", "message": "NVRM: Xid (PCI:0000:00:06): 43", "xid": 43},
-        summary={"running": reqs}, fingerprint={"block_size": 64},
+        summary={"running": reqs},
+        fingerprint={"block_size": 64},
         steps=[{"step": i, "ts": ts - steps + i, "running": reqs} for i in range(steps)],
         requests=[{"step": i, "request_id": f"r{j}", "prompt_len": 32000} for i in range(steps) for j in range(reqs)],
-        events=[{"kind": "xid", "xid": 43}], log_lines=[{"ts": ts, "line": "x"}],
-    )  # fmt: skip
+        events=[{"kind": "xid", "xid": 43}],
+        log_lines=[{"ts": ts, "line": "x"}],
+    )
 
 
 def test_snapshot_round_trip(migrated_url: str) -> None:
@@ -54,14 +59,55 @@ def test_batch_write_and_engine_registry(migrated_url: str) -> None:
     r = repo(migrated_url)
     r.register_engine("decode-0", url="http://127.0.0.1:8000", pair="pd-0")
     now = time.time()
-    steps = [{"engine": "decode-0", "ts": now + i, "step": i, "running": 1, "waiting": 0, "kv_cache_usage": 0.1,
-              "preemptions": 0, "prompt_tokens": 0, "generation_tokens": 1, "mirror_rows": None} for i in range(1000)]  # fmt: skip
-    gpu = [{"gpu": "GPU-1", "index": 0, "bus_id": "0000:00:06.0", "name": "H200", "ts": now, "memory_used": 1,
-            "memory_total": 2, "utilization": 50.0, "temperature": 40.0, "power_w": 100.0, "sm_clock_mhz": 1980.0,
-            "clock_event_reasons": 0, "ecc_volatile_uncorrected": 0, "remapped_rows_uncorrectable": 0,
-            "pcie_replay": 0}]  # fmt: skip
-    events = [{"ts": now, "kind": "xid", "source": "kmsg", "severity": "critical", "engine": None, "gpu": "0000:00:06.0",
-               "xid": 79, "pid": None, "process": None, "message": "fell off the bus", "data": {"a": 1}}]  # fmt: skip
+    steps = [
+        {
+            "engine": "decode-0",
+            "ts": now + i,
+            "step": i,
+            "running": 1,
+            "waiting": 0,
+            "kv_cache_usage": 0.1,
+            "preemptions": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 1,
+            "mirror_rows": None,
+        }
+        for i in range(1000)
+    ]
+    gpu = [
+        {
+            "gpu": "GPU-1",
+            "index": 0,
+            "bus_id": "0000:00:06.0",
+            "name": "H200",
+            "ts": now,
+            "memory_used": 1,
+            "memory_total": 2,
+            "utilization": 50.0,
+            "temperature": 40.0,
+            "power_w": 100.0,
+            "sm_clock_mhz": 1980.0,
+            "clock_event_reasons": 0,
+            "ecc_volatile_uncorrected": 0,
+            "remapped_rows_uncorrectable": 0,
+            "pcie_replay": 0,
+        }
+    ]
+    events = [
+        {
+            "ts": now,
+            "kind": "xid",
+            "source": "kmsg",
+            "severity": "critical",
+            "engine": None,
+            "gpu": "0000:00:06.0",
+            "xid": 79,
+            "pid": None,
+            "process": None,
+            "message": "fell off the bus",
+            "data": {"a": 1},
+        }
+    ]
     r.write_batch(steps, gpu, events, {"decode-0": now})
     assert len(r.recent_steps("decode-0", since=now)) == 1000
     assert r.list_events(kind="xid")[0]["xid"] == 79
@@ -84,8 +130,19 @@ def test_database_down_is_a_storage_error_not_a_crash() -> None:
 def test_linking_an_event_refreshes_the_witnesses_merged_after_it_was_written(migrated_url: str) -> None:
     r = repo(migrated_url)
     sid, _ = r.store_snapshot(doc(), incident_window_s=30, incident_key="k")
-    row = {"ts": 1.0, "kind": "xid", "source": "nvml", "severity": "warning", "engine": None, "gpu": "0000:00:06.0",
-           "xid": 43, "pid": None, "process": None, "message": "Xid 43", "data": {"sources": ["nvml"]}}  # fmt: skip
+    row = {
+        "ts": 1.0,
+        "kind": "xid",
+        "source": "nvml",
+        "severity": "warning",
+        "engine": None,
+        "gpu": "0000:00:06.0",
+        "xid": 43,
+        "pid": None,
+        "process": None,
+        "message": "Xid 43",
+        "data": {"sources": ["nvml"]},
+    }
     r.write_batch([], [], [row])
     assert r.link_event(row, sid) == 1
     assert r.link_event(dict(row, data={"sources": ["nvml", "kmsg"]}), sid) == 1  # the amendment's pass

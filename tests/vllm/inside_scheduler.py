@@ -34,34 +34,71 @@ from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
 BLOCK = 16
 model = work / "model"
 model.mkdir()
-model.joinpath("config.json").write_text(json.dumps({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2,
-    "vocab_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))  # fmt: skip
+model.joinpath("config.json").write_text(
+    json.dumps(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 1024,
+            "max_position_embeddings": 4096,
+            "torch_dtype": "bfloat16",
+        }
+    )
+)
 
 
 def build(async_scheduling: bool, tag: str, prefix_caching: bool = False) -> Any:
     os.environ["FLIGHTREC_ENGINE_NAME"] = tag
-    cfg = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                     dtype="bfloat16", block_size=BLOCK, enable_prefix_caching=prefix_caching,
-                     scheduler_cls="collector.vllm.RecordingScheduler").create_engine_config()  # fmt: skip
+    cfg = EngineArgs(
+        model=str(model),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=2048,
+        dtype="bfloat16",
+        block_size=BLOCK,
+        enable_prefix_caching=prefix_caching,
+        scheduler_cls="collector.vllm.RecordingScheduler",
+    ).create_engine_config()
     # The CPU platform hook turns async scheduling off; on a GPU vLLM leaves it on by default.
     cfg.scheduler_config.async_scheduling = async_scheduling
     cfg.cache_config.num_gpu_blocks = 256  # what the engine core sets once it has sized the KV cache
-    kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
-                         FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16))])  # fmt: skip
+    kv = KVCacheConfig(
+        num_blocks=256,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+                FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16),
+            )
+        ],
+    )
     cls = cfg.scheduler_config.get_scheduler_cls()  # what EngineCore does (vllm/v1/engine/core.py)
-    sched = cls(vllm_config=cfg, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(cfg),
-                include_finished_set=False, log_stats=True, block_size=BLOCK, hash_block_size=BLOCK)  # fmt: skip
+    sched = cls(
+        vllm_config=cfg,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(cfg),
+        include_finished_set=False,
+        log_stats=True,
+        block_size=BLOCK,
+        hash_block_size=BLOCK,
+    )
     return cfg, cls, sched
 
 
 def output_for(so: Any, token: int) -> ModelRunnerOutput:
     ids = list(so.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=[[token] for _ in ids],
-                             cudagraph_stats=CUDAGraphStat(len(ids), 8, 8 - len(ids), "FULL"))  # fmt: skip
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[token] for _ in ids],
+        cudagraph_stats=CUDAGraphStat(len(ids), 8, 8 - len(ids), "FULL"),
+    )
 
 
 def ring(tag: str, role: str) -> list[Any]:
@@ -79,8 +116,9 @@ def drive(async_scheduling: bool) -> dict[str, Any]:
     cfg, cls, sched = build(async_scheduling, tag)
     plugin = FlightRecorderStatLogger(cfg, 0)
     for i, n in enumerate((40, 70)):
-        sched.add_request(Request(f"cmpl-{tag}{i}-0-abcdef12", list(range(1, n + 1)),
-                                  SamplingParams(max_tokens=3, ignore_eos=True), None, arrival_time=1000.0 + i))  # fmt: skip
+        sched.add_request(
+            Request(f"cmpl-{tag}{i}-0-abcdef12", list(range(1, n + 1)), SamplingParams(max_tokens=3, ignore_eos=True), None, arrival_time=1000.0 + i)
+        )
     placeholders: list[int] = []
     stamps: list[int] = []
     order: list[str] = []
@@ -117,8 +155,10 @@ def drive(async_scheduling: bool) -> dict[str, Any]:
         "is_async": isinstance(sched, AsyncScheduler),
         "placeholders": placeholders,
         "stamps": stamps,
-        "rows": [{"step": o.step, "reqs": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status]
-                                           for r in o.requests or []]} for o in rows],  # fmt: skip
+        "rows": [
+            {"step": o.step, "reqs": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status] for r in o.requests or []]}
+            for o in rows
+        ],
         "stats_steps": [o.step for o in stats],
         "order": order,
         "stats_raw_extras": _stats_extras(tag),
@@ -153,8 +193,11 @@ def drive_prefix() -> list[Any]:
     shared = list(range(1, 49))
     prompts = (shared + list(range(100, 116)), shared + list(range(200, 216)), list(range(300, 364)))
     for i, prompt in enumerate(prompts):
-        sched.add_request(Request(f"cmpl-{tag}{i}-0-abcdef12", prompt, SamplingParams(max_tokens=2, ignore_eos=True),
-                                  None, arrival_time=2000.0 + i, block_hasher=hasher))  # fmt: skip
+        sched.add_request(
+            Request(
+                f"cmpl-{tag}{i}-0-abcdef12", prompt, SamplingParams(max_tokens=2, ignore_eos=True), None, arrival_time=2000.0 + i, block_hasher=hasher
+            )
+        )
         for _ in range(3):  # prefill and two tokens: the request ends, its blocks stay cached
             so = sched.schedule()
             if so.num_scheduled_tokens:

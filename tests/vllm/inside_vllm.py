@@ -31,19 +31,36 @@ from collector.vllm.scheduler import _SchedRecorder  # noqa: E402
 
 model = work / "model"
 model.mkdir()
-model.joinpath("config.json").write_text(json.dumps({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2,
-    "vocab_size": 1024, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))  # fmt: skip
+model.joinpath("config.json").write_text(
+    json.dumps(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 1024,
+            "max_position_embeddings": 4096,
+            "torch_dtype": "bfloat16",
+        }
+    )
+)
 kvt = KVTransferConfig(
-    kv_connector="MultiConnector", kv_role="kv_both",
-    kv_connector_extra_config={"connectors": [
-        {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
-        {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-         "kv_connector_extra_config": {"cpu_bytes_to_use": 137438953472}}]},
-)  # fmt: skip
-cfg = EngineArgs(model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048,
-                 dtype="bfloat16", block_size=64).create_engine_config()  # fmt: skip
+    kv_connector="MultiConnector",
+    kv_role="kv_both",
+    kv_connector_extra_config={
+        "connectors": [
+            {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+            {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes_to_use": 137438953472}},
+        ]
+    },
+)
+cfg = EngineArgs(
+    model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16", block_size=64
+).create_engine_config()
 cfg.kv_transfer_config = kvt  # set after validation: its connectors need a GPU to be created
 
 
@@ -51,8 +68,7 @@ def ring_records(role: str) -> list[object]:
     out = []
     for path in (work / "rec").glob(f"*.{role}.*.ring"):
         # R records as row objects (decode keeps them as the recorder's bytes, for ingest)
-        out.extend((None, decode_request_rows("inside", p)) if p[:1] == b"R" else decode(p, engine="inside")
-                   for p in RingReader(path).read())  # fmt: skip
+        out.extend((None, decode_request_rows("inside", p)) if p[:1] == b"R" else decode(p, engine="inside") for p in RingReader(path).read())
     return out
 
 
@@ -61,14 +77,21 @@ result: dict[str, object] = {}
 # 1. the stat logger on real SchedulerStats/IterationStats
 plugin = FlightRecorderStatLogger(cfg, 0)
 plugin.log_engine_initialized()
-s = SchedulerStats(num_running_reqs=5, num_waiting_reqs=3, num_skipped_waiting_reqs=1, kv_cache_usage=0.032,
-                   step_counter=41, prefix_cache_stats=PrefixCacheStats(requests=2, queries=640, hits=128),
-                   kv_connector_stats={"NixlConnector": {"num_failed_transfers": [1], "transfer_duration": [0.1, 0.2]}})  # fmt: skip
+s = SchedulerStats(
+    num_running_reqs=5,
+    num_waiting_reqs=3,
+    num_skipped_waiting_reqs=1,
+    kv_cache_usage=0.032,
+    step_counter=41,
+    prefix_cache_stats=PrefixCacheStats(requests=2, queries=640, hits=128),
+    kv_connector_stats={"NixlConnector": {"num_failed_transfers": [1], "transfer_duration": [0.1, 0.2]}},
+)
 it = IterationStats()
 it.num_generation_tokens = 5
 it.num_preempted_reqs = 2
-it.finished_requests.append(FinishedRequestStats(FinishReason.LENGTH, request_id="cmpl-x-0", e2e_latency=2.5,
-                                                 num_prompt_tokens=300, num_generation_tokens=64))  # fmt: skip
+it.finished_requests.append(
+    FinishedRequestStats(FinishReason.LENGTH, request_id="cmpl-x-0", e2e_latency=2.5, num_prompt_tokens=300, num_generation_tokens=64)
+)
 plugin.record(s, it, engine_idx=0)
 plugin.record(None, it, engine_idx=0)  # iteration stats alone ride on the next step
 plugin.record(SchedulerStats(num_running_reqs=4), None, engine_idx=0)  # step_counter 0: counted
@@ -132,8 +155,10 @@ sched.stamp(st2)
 req_steps = [o for m, o in ring_records("sched") if isinstance(o, StepRecord)]
 result["sched"] = {
     "stamps": [st1.step_counter, st2.step_counter],
-    "steps": [{"step": o.step, "rows": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status]
-                                        for r in o.requests or []]} for o in req_steps],
-}  # fmt: skip
+    "steps": [
+        {"step": o.step, "rows": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status] for r in o.requests or []]}
+        for o in req_steps
+    ],
+}
 result["files"] = sorted(p.name for p in (work / "rec").glob("*.ring"))
 print(MARKER + json.dumps(result, default=str))  # vLLM logs to stdout too

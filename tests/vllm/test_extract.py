@@ -33,9 +33,7 @@ class Req:
 
 def rows_of(cols: RequestColumns, running: list[Any], *, changed: bool = False) -> list[RequestRow]:
     computed, output = cols.read(running, changed=changed)
-    payload = encode_request_columns(
-        1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status
-    )
+    payload = encode_request_columns(1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status)
     step = decode_request_rows("e", payload)
     assert step is not None and step.requests is not None
     return step.requests
@@ -90,26 +88,45 @@ def test_no_running_requests() -> None:
     ("stats", "connector", "expected"),
     [
         # a single NixlConnector: its stats are not keyed by connector, the config names it
-        ({"num_failed_transfers": [1, 1], "transfer_duration": [0.1, 0.3]}, "NixlConnector",
-         {"NixlConnector.num_failed_transfers": 2, "NixlConnector.transfer_duration.count": 2,
-          "NixlConnector.transfer_duration.sum": 0.4, "NixlConnector.transfer_duration.max": 0.3}),
+        (
+            {"num_failed_transfers": [1, 1], "transfer_duration": [0.1, 0.3]},
+            "NixlConnector",
+            {
+                "NixlConnector.num_failed_transfers": 2,
+                "NixlConnector.transfer_duration.count": 2,
+                "NixlConnector.transfer_duration.sum": 0.4,
+                "NixlConnector.transfer_duration.max": 0.3,
+            },
+        ),
         # MultiConnector: keyed by connector; HiSparse levels keep the last, deltas are summed,
         # a level or delta with no observation is absent (not 0); samples give count/sum/max
-        ({"NixlConnector": {"num_failed_transfers": []},
-          "HiSparseConnector": {"cache_hits": [], "cache_misses": [3, 4], "host_to_device_bytes": [10],
-                                "host_cache_usage_perc": [0.2, 0.25], "pending_page_transfers": [7, 5],
-                                "host_block_lifetime_seconds": [1.0, 3.0]}},
-         "MultiConnector",
-         {"HiSparseConnector.cache_misses": 7, "HiSparseConnector.host_to_device_bytes": 10,
-          "HiSparseConnector.host_cache_usage_perc": 0.25, "HiSparseConnector.pending_page_transfers": 5,
-          "HiSparseConnector.host_block_lifetime_seconds.count": 2,
-          "HiSparseConnector.host_block_lifetime_seconds.sum": 4.0,
-          "HiSparseConnector.host_block_lifetime_seconds.max": 3.0}),
+        (
+            {
+                "NixlConnector": {"num_failed_transfers": []},
+                "HiSparseConnector": {
+                    "cache_hits": [],
+                    "cache_misses": [3, 4],
+                    "host_to_device_bytes": [10],
+                    "host_cache_usage_perc": [0.2, 0.25],
+                    "pending_page_transfers": [7, 5],
+                    "host_block_lifetime_seconds": [1.0, 3.0],
+                },
+            },
+            "MultiConnector",
+            {
+                "HiSparseConnector.cache_misses": 7,
+                "HiSparseConnector.host_to_device_bytes": 10,
+                "HiSparseConnector.host_cache_usage_perc": 0.25,
+                "HiSparseConnector.pending_page_transfers": 5,
+                "HiSparseConnector.host_block_lifetime_seconds.count": 2,
+                "HiSparseConnector.host_block_lifetime_seconds.sum": 4.0,
+                "HiSparseConnector.host_block_lifetime_seconds.max": 3.0,
+            },
+        ),
         ({"Other": {"empty": [], "odd": object}}, None, {"Other.empty.count": 0, "Other.odd": str(object)}),
     ],
-)  # fmt: skip
-def test_connector_stats_by_connector_and_meaning(stats: dict[str, Any], connector: str | None,
-                                                  expected: dict[str, Any]) -> None:
+)
+def test_connector_stats_by_connector_and_meaning(stats: dict[str, Any], connector: str | None, expected: dict[str, Any]) -> None:
     out = connector_stats(stats, connector=connector)
     assert out.keys() == expected.keys()
     for k, v in expected.items():
@@ -131,14 +148,16 @@ def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
         num_paddings: int = 1
         runtime_mode: str = "FULL"
 
-    s = SimpleNamespace(iteration_details=Details(), cudagraph_stats=Graph(), kv_connector_stats=None,
-                        num_kv_fetch_reqs_by_stage={"in_progress": 0},
-                        connector_prefix_cache_stats=SimpleNamespace(queries=640, hits=600))  # fmt: skip
+    s = SimpleNamespace(
+        iteration_details=Details(),
+        cudagraph_stats=Graph(),
+        kv_connector_stats=None,
+        num_kv_fetch_reqs_by_stage={"in_progress": 0},
+        connector_prefix_cache_stats=SimpleNamespace(queries=640, hits=600),
+    )
     assert step_extras(s) == {
         "external_prefix_cache": {"queries": 640, "hits": 600},
         "iteration": {"iteration_index": 9, "num_ctx_requests": 1, "num_generation_tokens": 15, "elapsed_ms": 24.5},
         "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
-    }  # fmt: skip
+    }
     assert step_extras(SimpleNamespace()) is None
-
-

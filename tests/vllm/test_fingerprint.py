@@ -21,13 +21,15 @@ def incident_config() -> SimpleNamespace:
         "kv_buffer_device": "cuda",
         "kv_connector_extra_config": {
             "connectors": [
-                {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {
-                    "backends": ["UCX"], "num_threads": 8, "not_a_nixl_key": 1}},
-                {"kv_connector": "HiSparseConnector", "kv_connector_extra_config": {
-                    "host_pool_gib": 128, "import_prefix_via_host": "true"}},
+                {
+                    "kv_connector": "NixlConnector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"backends": ["UCX"], "num_threads": 8, "not_a_nixl_key": 1},
+                },
+                {"kv_connector": "HiSparseConnector", "kv_connector_extra_config": {"host_pool_gib": 128, "import_prefix_via_host": "true"}},
             ]
         },
-    }  # fmt: skip
+    }
     return SimpleNamespace(
         model_config=SimpleNamespace(model="/models/m", served_model_name="m", enforce_eager=False, max_model_len=34000),
         parallel_config=SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1),
@@ -40,8 +42,7 @@ def incident_config() -> SimpleNamespace:
 
 
 def test_the_incident_checklist_from_the_config() -> None:
-    env = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "s3cret",
-           "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0,1"}  # fmt: skip
+    env = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "s3cret", "HOME": "/root", "CUDA_VISIBLE_DEVICES": "0,1"}
     facts = build_fingerprint(incident_config(), engine_index=0, vllm_version="0.33.0", environ=env, hostname="n1", pid=7)
     assert facts["connectors"] == ["MultiConnector", "NixlConnector", "HiSparseConnector"]
     assert (facts["host_pool_gib"], facts["host_pool_size"]) == (128.0, 128 * 2**30)
@@ -51,8 +52,7 @@ def test_the_incident_checklist_from_the_config() -> None:
     assert "import_prefix_via_host" not in facts  # no vLLM key says so: not invented
     assert (facts["cuda_graph_mode"], facts["compilation_mode"]) == ("FULL_AND_PIECEWISE", "VLLM_COMPILE")
     assert (facts["block_size"], facts["tensor_parallel_size"], facts["kv_role"]) == (64, 2, "kv_both")
-    assert facts["env"] == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "0,1",
-                            "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "***"}  # fmt: skip
+    assert facts["env"] == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_NET_PLUGIN": "libnccl-net.so", "VLLM_API_KEY": "***"}
     assert (facts["vllm_version"], facts["hostname"], facts["pid"], facts["max_num_seqs"]) == ("0.33.0", "n1", 7, 16)
 
 

@@ -46,8 +46,7 @@ def test_connector_stats_by_connector_with_their_meaning(report: dict[str, Any])
 def test_iteration_details_and_the_cudagraph_stat_reach_the_sidecars_step(report: dict[str, Any]) -> None:
     plain, detailed = report["details"]  # a step without the flags' objects, then one with them
     assert plain == {}
-    assert detailed["cudagraph"] == {"num_unpadded_tokens": 3, "num_padded_tokens": 8, "num_paddings": 5,
-                                     "runtime_mode": "FULL"}  # fmt: skip
+    assert detailed["cudagraph"] == {"num_unpadded_tokens": 3, "num_padded_tokens": 8, "num_paddings": 5, "runtime_mode": "FULL"}
     assert detailed["iteration"]["iteration_index"] == 7 and detailed["iteration"]["elapsed_ms"] == 12.5
 
 

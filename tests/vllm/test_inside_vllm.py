@@ -54,6 +54,5 @@ def test_scheduler_rows_and_step_numbers_under_async_order(report: dict[str, Any
     assert sched["stamps"] == [1, 2]  # each step's stats get that step's number
     s1, s2 = sched["steps"]
     assert s1["step"] == 1 and s2["step"] == 2
-    assert [r[:3] for r in s1["rows"]] == [["cmpl-r0-0-abcdef12", 100, 100], ["cmpl-r1-0-abcdef12", 101, 101],
-                                           ["cmpl-r2-0-abcdef12", 102, 102]]  # fmt: skip
+    assert [r[:3] for r in s1["rows"]] == [["cmpl-r0-0-abcdef12", 100, 100], ["cmpl-r1-0-abcdef12", 101, 101], ["cmpl-r2-0-abcdef12", 102, 102]]
     assert [(r[2], r[3], r[4]) for r in s2["rows"]] == [(101, 1, "running"), (102, 1, "running"), (103, 1, "running")]

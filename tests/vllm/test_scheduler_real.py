@@ -20,8 +20,7 @@ def report() -> dict[str, Any]:
 def test_async_scheduling_keeps_vllms_async_scheduler(report: dict[str, Any]) -> None:
     run = report["async"]
     assert run["class"] == "collector.vllm.scheduler.RecordingScheduler"  # what --scheduler-cls names
-    assert run["is_async"] and run["instance_mro"][:4] == [
-        "RecordingAsyncScheduler", "RecordingScheduler", "AsyncScheduler", "Scheduler"]  # fmt: skip
+    assert run["is_async"] and run["instance_mro"][:4] == ["RecordingAsyncScheduler", "RecordingScheduler", "AsyncScheduler", "Scheduler"]
     assert run["placeholders"][:2] == [1, 2]  # AsyncScheduler._update_after_schedule ran
     assert run["scheduler_base"] == "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
     assert run["async_fact"] is True
@@ -52,8 +51,7 @@ def test_steps_are_numbered_the_same_on_both_sides(report: dict[str, Any], mode:
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_cudagraph_use_of_each_step_rides_in_the_step_extras(report: dict[str, Any], mode: str) -> None:
     extras = report[mode]["stats_raw_extras"]
-    assert extras[0]["cudagraph"] == {"num_unpadded_tokens": 2, "num_padded_tokens": 8, "num_paddings": 6,
-                                      "runtime_mode": "FULL"}  # fmt: skip
+    assert extras[0]["cudagraph"] == {"num_unpadded_tokens": 2, "num_padded_tokens": 8, "num_paddings": 6, "runtime_mode": "FULL"}
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -61,9 +59,10 @@ def test_workload_records_once_per_request(report: dict[str, Any], mode: str) ->
     wl = report[mode]["workload"]
     arrive = [w for w in wl if w["ev"] == "arrive"]
     end = [w for w in wl if w["ev"] == "end"]
-    assert [(w["id"], w["ts"], w["prompt_len"], w["max_tokens"], w["n"], w["ignore_eos"], w["has_stop"])
-            for w in arrive] == [(f"cmpl-{mode}0-0-abcdef12", 1000.0, 40, 3, 1, True, False),
-                                 (f"cmpl-{mode}1-0-abcdef12", 1001.0, 70, 3, 1, True, False)]  # fmt: skip
+    assert [(w["id"], w["ts"], w["prompt_len"], w["max_tokens"], w["n"], w["ignore_eos"], w["has_stop"]) for w in arrive] == [
+        (f"cmpl-{mode}0-0-abcdef12", 1000.0, 40, 3, 1, True, False),
+        (f"cmpl-{mode}1-0-abcdef12", 1001.0, 70, 3, 1, True, False),
+    ]
     # no prefix caching in this engine: nothing was cached, a measured 0 (not unknown)
     assert [(w["output_len"], w["finish"], w["cached_tokens"]) for w in end] == [(3, "length", 0)] * 2
 

@@ -16,8 +16,7 @@ PY = "/opt/venv/bin/python"
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        ([PY, "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--host", "127.0.0.1", "--port", "8011"],
-         ("127.0.0.1", 8011)),
+        ([PY, "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--host", "127.0.0.1", "--port", "8011"], ("127.0.0.1", 8011)),
         ([PY, "/opt/venv/bin/vllm", "serve", "m", "--port=9000"], (None, 9000)),
         ([PY, "/opt/venv/bin/vllm", "serve", "m"], (None, 8000)),  # vLLM's default port
         ([PY, "/opt/venv/bin/vllm", "serve", "m", "--uds", "/run/v.sock"], (None, None)),
@@ -26,7 +25,7 @@ PY = "/opt/venv/bin/python"
         ([PY, "my_launcher.py", "--workers", "2"], (None, None)),  # not vLLM's server: no default
         ([], (None, None)),
     ],
-)  # fmt: skip
+)
 def test_parse_server_args(argv: list[str], expected: tuple[str | None, int | None]) -> None:
     assert parse_server_args(argv) == expected
 
@@ -52,14 +51,11 @@ def test_identity_from_the_servers_cmdline(tmp_path: Path) -> None:
 
     parent = os.getppid()
     (tmp_path / str(parent)).mkdir()
-    (tmp_path / str(parent) / "cmdline").write_bytes(
-        b"\0".join([PY.encode(), b"-m", b"vllm.entrypoints.openai.api_server", b"--port", b"8123", b""])
+    (tmp_path / str(parent) / "cmdline").write_bytes(b"\0".join([PY.encode(), b"-m", b"vllm.entrypoints.openai.api_server", b"--port", b"8123", b""]))
+    ident = server_identity(config(1), 1, "0.32.0", in_engine_core=True, environ={}, proc=tmp_path, started_by_parent=True)
+    assert (ident.server_pid, ident.server_port, ident.server_host, ident.engine) == (parent, 8123, None, f"vllm-{parent}/dp1")
+    named = server_identity(
+        config(1), 0, "0.32.0", in_engine_core=True, proc=tmp_path, started_by_parent=True, environ={"FLIGHTREC_ENGINE_NAME": "decode-0"}
     )
-    ident = server_identity(config(1), 1, "0.32.0", in_engine_core=True, environ={}, proc=tmp_path,
-                            started_by_parent=True)  # fmt: skip
-    assert (ident.server_pid, ident.server_port, ident.server_host, ident.engine) == (
-        parent, 8123, None, f"vllm-{parent}/dp1")
-    named = server_identity(config(1), 0, "0.32.0", in_engine_core=True, proc=tmp_path, started_by_parent=True,
-                            environ={"FLIGHTREC_ENGINE_NAME": "decode-0"})  # fmt: skip
     assert named.engine == "decode-0" and named.server_port == 8123
     assert read_cmdline(999999999, proc=tmp_path) == []

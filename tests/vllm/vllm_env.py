@@ -27,9 +27,7 @@ def vllm_python() -> str:
 def run_inside(script: str, timeout: float = 600) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
     env["PYTHONPATH"] = str(ROOT)  # this tree's collector, whatever is installed there
-    proc = subprocess.run(
-        [vllm_python(), str(HERE / script)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
-    )
+    proc = subprocess.run([vllm_python(), str(HERE / script)], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(line[len(MARKER) :])  # type: ignore[no-any-return]

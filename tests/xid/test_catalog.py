@@ -10,8 +10,7 @@ import pytest
 from collector.model import Severity
 from collector.xid.catalog import CATEGORIES, XidCatalog, XidCatalogError, default_catalog, lookup
 
-REQUIRED = [13, 31, 32, 38, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143,
-            144, 145, 146, 147, 148, 149, 150, 154]
+REQUIRED = [13, 31, 32, 38, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143, 144, 145, 146, 147, 148, 149, 150, 154]
 
 
 @pytest.mark.parametrize("code", REQUIRED)
@@ -50,10 +49,14 @@ def test_catalog_json_entries_all_load() -> None:
 
 def test_bad_catalog_raises_own_error(tmp_path: Path) -> None:
     bad = tmp_path / "c.json"
-    bad.write_text(json.dumps({"default": {"name": "x", "meaning": "x", "severity": "warning",
-                                           "category": "driver", "action": "x"},
-                               "codes": {"1": {"name": "x", "meaning": "x", "severity": "fatal",
-                                               "category": "driver", "action": "x"}}}))
+    bad.write_text(
+        json.dumps(
+            {
+                "default": {"name": "x", "meaning": "x", "severity": "warning", "category": "driver", "action": "x"},
+                "codes": {"1": {"name": "x", "meaning": "x", "severity": "fatal", "category": "driver", "action": "x"}},
+            }
+        )
+    )
     with pytest.raises(XidCatalogError):
         XidCatalog.load(bad)
     bad.write_text("{not json")

@@ -15,14 +15,21 @@ class Clock:
 
 
 def kmsg(xid: int, ts: float, gpu: str = "0000:00:06.0", pid: int | None = 415, kind: EventKind = EventKind.XID) -> Event:
-    return Event(kind=kind, ts=ts, source="kmsg", message=f"NVRM: Xid (PCI:0000:00:06): {xid}, pid={pid}",
-                 severity=Severity.WARNING, gpu=gpu, xid=xid, pid=pid, data={"name": "python3"})
+    return Event(
+        kind=kind,
+        ts=ts,
+        source="kmsg",
+        message=f"NVRM: Xid (PCI:0000:00:06): {xid}, pid={pid}",
+        severity=Severity.WARNING,
+        gpu=gpu,
+        xid=xid,
+        pid=pid,
+        data={"name": "python3"},
+    )
 
 
-def nvml(xid: int | None, ts: float, gpu: str = "0000:00:06.0", kind: EventKind = EventKind.XID,
-         severity: Severity = Severity.WARNING) -> Event:
-    return Event(kind=kind, ts=ts, source="nvml", message=f"Xid {xid}", severity=severity, gpu=gpu, xid=xid,
-                 data={"uuid": "GPU-1", "name": None})
+def nvml(xid: int | None, ts: float, gpu: str = "0000:00:06.0", kind: EventKind = EventKind.XID, severity: Severity = Severity.WARNING) -> Event:
+    return Event(kind=kind, ts=ts, source="nvml", message=f"Xid {xid}", severity=severity, gpu=gpu, xid=xid, data={"uuid": "GPU-1", "name": None})
 
 
 def test_nvml_then_kmsg_within_window_is_one_event() -> None:

@@ -59,9 +59,11 @@ def test_h200_kmsg_fixture(line: str, expected: tuple[object, ...] | None) -> No
 # The same H200 seen through dmesg during the GPU drill (docs/gpu-runs): "[seconds] message".
 DMESG = Path(__file__).parent.parent / "fixtures" / "dmesg-h200-xid-drill.txt"
 DMESG_LINES = DMESG.read_text().splitlines()
-EXPECTED_DMESG = [None, None, None, ("uuid", 35319961)] + [None] + [
-    ("xid", xid, pid) for xid, pid in [(43, 448), (31, 472), (43, 494), (31, 520), (43, 542), (31, 564), (43, 590)]
-]
+EXPECTED_DMESG = (
+    [None, None, None, ("uuid", 35319961)]
+    + [None]
+    + [("xid", xid, pid) for xid, pid in [(43, 448), (31, 472), (43, 494), (31, 520), (43, 542), (31, 564), (43, 590)]]
+)
 
 
 @pytest.mark.parametrize(("line", "expected"), list(zip(DMESG_LINES, EXPECTED_DMESG, strict=True)))
@@ -74,8 +76,7 @@ def test_h200_dmesg_drill_fixture(line: str, expected: tuple[object, ...] | None
         assert got.record.usec == expected[1]
     else:
         assert isinstance(got, XidRecord)
-        assert (got.xid, got.pid, got.name, got.bus_id, got.channel) == (expected[1], expected[2], "python3",
-                                                                          "0000:00:06.0", "0x0000000a")
+        assert (got.xid, got.pid, got.name, got.bus_id, got.channel) == (expected[1], expected[2], "python3", "0000:00:06.0", "0x0000000a")
         assert got.record.usec is not None and got.record.usec > 35_000_000
         assert ("MMU Fault" in got.detail) == (expected[1] == 31)
 
@@ -100,37 +101,64 @@ PUBLISHED = [
     # gpud matcher.go
     (
         "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-        79, "0000:05:00.0", None, None, None, True,
+        79,
+        "0000:05:00.0",
+        None,
+        None,
+        None,
+        True,
     ),
     ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.", 79, "0000:01:00.0", None, None, None, True),
     # gpud xid README (dmesg --ctime)
     (
         "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, "
         "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter",
-        13, "0000:cb:00.0", None, None, None, False,
+        13,
+        "0000:cb:00.0",
+        None,
+        None,
+        None,
+        False,
     ),
     (
         "[Fri Aug 30 11:43:14 2024] NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, "
         "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005",
-        109, "0000:cb:00.0", 1797828, "pt_main_thread", "00000008", False,
+        109,
+        "0000:cb:00.0",
+        1797828,
+        "pt_main_thread",
+        "00000008",
+        False,
     ),
     # a dmesg report of a display reset (Channel ID form)
-    ("[ 1399.140323] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000009 intr 00800000",
-     32, "0000:01:00.0", None, None, "00000009", False),
+    ("[ 1399.140323] NVRM: Xid (PCI:0000:01:00): 32, Channel ID 00000009 intr 00800000", 32, "0000:01:00.0", None, None, "00000009", False),
     # a journal line; nothing after the code
     ("Sep 08 01:00:00 n1 kernel: NVRM: Xid (PCI:0000:01:00): 79", 79, "0000:01:00.0", None, None, None, True),
     # function number included
-    ("[12345.678901] NVRM: Xid (PCI:0000:00:01.0): 79, pid='<unknown>', name='<unknown>', GPU has fallen off the bus.",
-     79, "0000:00:01.0", None, None, None, True),
+    (
+        "[12345.678901] NVRM: Xid (PCI:0000:00:01.0): 79, pid='<unknown>', name='<unknown>', GPU has fallen off the bus.",
+        79,
+        "0000:00:01.0",
+        None,
+        None,
+        None,
+        True,
+    ),
     # Xid 48 as a fault-injection log prints it
-    ("NVRM: Xid (PCI:0000:01:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error",
-     48, "0000:01:00.0", None, None, None, False),
+    (
+        "NVRM: Xid (PCI:0000:01:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error",
+        48,
+        "0000:01:00.0",
+        None,
+        None,
+        None,
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("line", "xid", "bus", "pid", "name", "channel", "lost"), PUBLISHED)
-def test_published_forms(line: str, xid: int, bus: str, pid: int | None, name: str | None,
-                         channel: str | None, lost: bool) -> None:
+def test_published_forms(line: str, xid: int, bus: str, pid: int | None, name: str | None, channel: str | None, lost: bool) -> None:
     got = parse_line(line)
     assert isinstance(got, XidRecord)
     assert (got.xid, got.bus_id, got.pid, got.name, got.channel, got.gpu_lost) == (xid, bus, pid, name, channel, lost)
@@ -139,16 +167,46 @@ def test_published_forms(line: str, xid: int, bus: str, pid: int | None, name: s
 
 # NVLink5 extended form (Xid 144-150), lines from gpud's nvlink_logs_test.go
 NVLINK = [
-    ("NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)",
-     145, "RLW_REMAP", True, 0, (4, 0x40, 0, 0)),
-    ("NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000001 0x00000000 0x00000000)",
-     144, "SAW_MVB", False, 0, (1, 1, 0, 0)),
-    ("NVRM: Xid (PCI:0000:04:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 00 (0x0000000a 0x00000001 0x00000000 0x00000000)",
-     146, "TLW_RX/TLW_RX_PIPE0", False, 0, (10, 1, 0, 0)),
-    ("NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT/NETIR_LINK_DOWN Fatal XC0 i0 Link 00 (0x02500011 0x00000000 0x00000000 0x00000000)",
-     149, "NETIR_LINK_EVT/NETIR_LINK_DOWN", True, 0, (0x02500011, 0, 0, 0)),
-    ("NVRM: Xid (PCI:0000:04:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)",
-     150, "MSE_WATCHDOG", True, 0, (0, 0, 0, 0)),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)",
+        145,
+        "RLW_REMAP",
+        True,
+        0,
+        (4, 0x40, 0, 0),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000001 0x00000000 0x00000000)",
+        144,
+        "SAW_MVB",
+        False,
+        0,
+        (1, 1, 0, 0),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 146, TLW_RX/TLW_RX_PIPE0 Nonfatal XC0 i0 Link 00 (0x0000000a 0x00000001 0x00000000 0x00000000)",
+        146,
+        "TLW_RX/TLW_RX_PIPE0",
+        False,
+        0,
+        (10, 1, 0, 0),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT/NETIR_LINK_DOWN Fatal XC0 i0 Link 00 (0x02500011 0x00000000 0x00000000 0x00000000)",
+        149,
+        "NETIR_LINK_EVT/NETIR_LINK_DOWN",
+        True,
+        0,
+        (0x02500011, 0, 0, 0),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)",
+        150,
+        "MSE_WATCHDOG",
+        True,
+        0,
+        (0, 0, 0, 0),
+    ),
 ]
 
 
@@ -226,9 +284,30 @@ def test_split_record_forms() -> None:
 
 
 _PIECES = st.sampled_from(
-    ["NVRM: ", "Xid ", "(PCI:", "0000:00:06", "00000000:", "): ", "43", ", ", "pid=", "'<unknown>'", "name=",
-     "channel ", "0x0a", "GPU at ", "GPU has fallen off the bus", "GPU-", "4,360,28939261,c;", "[1.5] ", ";", "\n",
-     "Fatal XC0 i0 Link 00 (0x1 0x2)", "RLW_REMAP "]
+    [
+        "NVRM: ",
+        "Xid ",
+        "(PCI:",
+        "0000:00:06",
+        "00000000:",
+        "): ",
+        "43",
+        ", ",
+        "pid=",
+        "'<unknown>'",
+        "name=",
+        "channel ",
+        "0x0a",
+        "GPU at ",
+        "GPU has fallen off the bus",
+        "GPU-",
+        "4,360,28939261,c;",
+        "[1.5] ",
+        ";",
+        "\n",
+        "Fatal XC0 i0 Link 00 (0x1 0x2)",
+        "RLW_REMAP ",
+    ]
 )
 
 
