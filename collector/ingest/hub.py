@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from collector.channel.blocks import RequestBlock
+from collector.ingest.fingerprints import merge_fingerprint
 from collector.ingest.pidmap import PidMap
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.ingest.workload import WorkloadLog
@@ -160,7 +161,7 @@ class Hub:
                 self.engine(item.engine).lines.add(item)
             elif isinstance(item, Fingerprint):
                 st = self.engine(item.engine)
-                st.fingerprint = dict(item.facts)
+                st.fingerprint = merge_fingerprint(st.fingerprint, item.facts)
                 self.rows.offer_fingerprint(item.engine, st.fingerprint)
             elif isinstance(item, WorkloadRecord):
                 self.engine(item.engine).workload.add(item)
