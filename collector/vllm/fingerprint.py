@@ -197,12 +197,25 @@ def build_fingerprint(
         "enable_prefix_caching": _get(cache, "enable_prefix_caching"),
         "async_scheduling": _get(sched, "async_scheduling"),
         "scheduler_cls": scheduler_cls,
+        "model_runner": _model_runner(vllm_config),
         "device": as_plain(_get(vllm_config, "device_config", "device_type")),
         "env": select_env(environ),
         "hostname": hostname,
         "pid": pid,
     }
     return facts
+
+
+def _model_runner(vllm_config: Any) -> str | None:
+    """``v2`` or ``v1``: the GPU model runner vLLM picks (``VllmConfig.use_v2_model_runner``, 0.2x
+    and later; the V2 runner reports no per-step CUDA graph), None where this vLLM has no choice."""
+    if as_plain(_get(vllm_config, "device_config", "device_type")) != "cuda":
+        return None  # the CPU build runs its own runner, whatever the property says
+    try:
+        v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    except Exception:  # noqa: BLE001 - a property of vLLM's: never let it stop the fingerprint
+        return None
+    return None if not isinstance(v2, bool) else ("v2" if v2 else "v1")
 
 
 def fingerprint_facts(vllm_config: Any, identity: EngineIdentity) -> dict[str, Any]:

@@ -83,3 +83,17 @@ def test_a_single_hisparse_connector_has_its_pool_at_the_top() -> None:
 def test_secrets_in_env_values_are_masked() -> None:
     env = select_env({"VLLM_HF_URL": "https://user:pw@host/x", "NCCL_DEBUG": "INFO"})
     assert env == {"NCCL_DEBUG": "INFO", "VLLM_HF_URL": "https://user:***@host/x"}
+
+
+def test_the_model_runner_is_named_on_cuda_and_left_unknown_elsewhere() -> None:
+    from types import SimpleNamespace
+
+    from collector.vllm.fingerprint import _model_runner
+
+    def config(device: str, v2: object) -> object:
+        return SimpleNamespace(device_config=SimpleNamespace(device_type=device), use_v2_model_runner=v2)
+
+    assert _model_runner(config("cuda", True)) == "v2"
+    assert _model_runner(config("cuda", False)) == "v1"
+    assert _model_runner(config("cpu", True)) is None  # the CPU build's runner is neither
+    assert _model_runner(config("cuda", None)) is None  # a vLLM without the choice

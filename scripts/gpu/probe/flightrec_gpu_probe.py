@@ -1,0 +1,194 @@
+"""A ``vllm.general_plugins`` entry point for the GPU tier (scripts/gpu/vllm_gpu_tier.py): an
+independent witness of what the engine did, and the drill's faults. Inert unless its variables
+are set; it only ever touches its own processes.
+
+- ``FLIGHTREC_PROBE_DIR``: in the engine-core process, count every ``Scheduler.schedule()`` call
+  (vLLM's base class, patched before the engine builds its scheduler, so the count does not
+  depend on the recorder's own step numbers) and those that scheduled tokens; time the
+  recorder's per-step work where it runs (``_SchedRecorder.scheduled`` in the engine core,
+  ``FlightRecorderStatLogger._record`` in the API server) by the number of running requests;
+  write it all to ``steps.<pid>.json`` every 0.2 s (and at every step once a drill fired).
+- ``FLIGHTREC_DRILL_FIRE=PATH``: once PATH exists, the worker launches a faulting kernel on the
+  model's stream right after a step's forward was queued, and writes ``PATH.launched`` (the
+  launch's wall time). ``FLIGHTREC_DRILL_KIND``: ``trap`` (a kernel executing ``trap``: a real
+  ``unspecified launch failure``, Xid 43) or ``store`` (a store to address 0x10: ``an illegal
+  memory access``, Xid 31); ``raise`` raises vLLM's CUDA error text in Python instead (no GPU
+  fault: for a smoke run of the script on vLLM's CPU build).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+_loaded = False
+_lock = threading.Lock()
+_state: dict[str, Any] = {
+    "pid": os.getpid(),
+    "schedule_calls": 0,
+    "schedule_with_tokens": 0,
+    "execute_model_calls": 0,
+    "forward_calls": 0,
+    "drill_launched_at": None,
+    "drill_step": None,
+    "timings": {},  # name -> {bucket: [ns, ...]}
+    "step_gaps_ns": {},  # running bucket -> [ns between consecutive schedule() calls]
+}
+_BUCKETS = ((0, 0), (1, 15), (16, 63), (64, 191), (192, 1 << 30))
+_KEEP = 20000  # samples kept per series and bucket
+_fired = False
+
+
+def _bucket(running: int) -> str:
+    for lo, hi in _BUCKETS:
+        if lo <= running <= hi:
+            return f"{lo}-{hi}" if hi < (1 << 30) else f"{lo}+"
+    return "?"
+
+
+def _sample(series: dict[str, list[int]], running: int, value: int) -> None:
+    values = series.setdefault(_bucket(running), [])
+    if len(values) < _KEEP:
+        values.append(value)
+
+
+def _write(directory: str) -> None:
+    with _lock:
+        body = json.dumps(_state)
+    path = os.path.join(directory, f"steps.{os.getpid()}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(body)
+    os.replace(tmp, path)
+
+
+def _writer(directory: str) -> None:
+    while True:
+        time.sleep(0.2)
+        try:
+            _write(directory)
+        except OSError:
+            pass
+
+
+def _timed(cls: Any, name: str, series: str, running_of: Any) -> None:
+    original = getattr(cls, name)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            dt = time.perf_counter_ns() - t0
+            try:
+                running = int(running_of(args, kwargs))
+            except Exception:  # noqa: BLE001 - a witness never breaks the engine
+                running = -1
+            with _lock:
+                _sample(_state["timings"].setdefault(series, {}), running, dt)
+
+    setattr(cls, name, wrapper)
+
+
+def _count_schedule(directory: str) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.schedule
+    last = [0]
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        now = time.perf_counter_ns()
+        running = len(getattr(self, "running", ()) or ())
+        with _lock:
+            _state["schedule_calls"] += 1
+            if getattr(out, "total_num_scheduled_tokens", 0):
+                _state["schedule_with_tokens"] += 1
+            if last[0] and running:
+                _sample(_state["step_gaps_ns"], running, now - last[0])
+            last[0] = now
+        if _fired:
+            _write(directory)  # the process may die at any step now: every count is kept
+        return out
+
+    Scheduler.schedule = schedule
+
+
+def _recorder_timings() -> None:
+    try:  # the engine core: the per-request rows
+        from collector.vllm import scheduler as rs
+
+        _timed(rs._SchedRecorder, "scheduled", "sched_recorder_ns", lambda a, k: len(a[0]))
+    except Exception:  # noqa: BLE001 - not installed here: nothing to time
+        pass
+    try:  # the API server: the stat logger
+        from collector.vllm import plugin as rp
+
+        _timed(
+            rp.FlightRecorderStatLogger,
+            "_record",
+            "stat_logger_ns",
+            lambda a, k: getattr(a[0], "num_running_reqs", -1) if a and a[0] is not None else -1,
+        )
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _drill(fire: str, kind: str) -> None:
+    from vllm.v1.worker import gpu_worker
+
+    original = gpu_worker.Worker.execute_model
+
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        global _fired
+        out = original(self, scheduler_output, *args, **kwargs)
+        with _lock:
+            _state["execute_model_calls"] += 1
+            if getattr(scheduler_output, "total_num_scheduled_tokens", 0):
+                _state["forward_calls"] += 1
+        if not _fired and getattr(scheduler_output, "total_num_scheduled_tokens", 0) and os.path.exists(fire):
+            _fired = True
+            if kind == "raise":  # no GPU fault: the script's own smoke run on vLLM's CPU build
+                launched = time.time()
+                with _lock:
+                    _state["drill_launched_at"] = launched
+                    _state["drill_step"] = _state["schedule_calls"]
+                with open(fire + ".launched", "w") as f:
+                    f.write(json.dumps({"ts": launched, "pid": os.getpid(), "kind": kind, "step": _state["drill_step"]}))
+                raise RuntimeError("CUDA error: unspecified launch failure")
+            import cupy as cp
+            import torch
+
+            body = 'asm volatile("trap;");' if kind == "trap" else "*((volatile int*)0x10) = 1;"
+            k = cp.RawModule(code='extern "C" __global__ void k(int* p){ ' + body + " }").get_function("k")
+            stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            buf = cp.zeros(1, dtype=cp.int32)
+            launched = time.time()
+            k((1,), (1,), (buf,), stream=stream)
+            with _lock:
+                _state["drill_launched_at"] = launched
+                _state["drill_step"] = _state["schedule_calls"]
+            with open(fire + ".launched", "w") as f:
+                f.write(json.dumps({"ts": launched, "pid": os.getpid(), "kind": kind, "step": _state["drill_step"]}))
+        return out
+
+    gpu_worker.Worker.execute_model = execute_model
+
+
+def register() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    directory = os.environ.get("FLIGHTREC_PROBE_DIR")
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        _count_schedule(directory)
+        _recorder_timings()
+        threading.Thread(target=_writer, args=(directory,), daemon=True, name="gpu-probe").start()
+    fire = os.environ.get("FLIGHTREC_DRILL_FIRE")
+    if fire:
+        _drill(fire, os.environ.get("FLIGHTREC_DRILL_KIND", "trap"))
