@@ -71,6 +71,15 @@ from gpu_tier_lib import (  # noqa: E402
     write_model,
 )
 
+PARTIAL: dict[str, Any] = {}  # what main() writes if the phase is cut short
+
+
+def save(out: Path, phase: str, result: dict[str, Any], checks: Checks) -> None:
+    body = {**PARTIAL, **result, "checks": checks.items, "failed": checks.failed}
+    tmp = out / f".gpu-tier-{phase}.json.tmp"
+    tmp.write_text(json.dumps(body, indent=1, default=str))
+    tmp.replace(out / f"gpu-tier-{phase}.json")
+
 
 class Checks:
     def __init__(self) -> None:
@@ -322,8 +331,9 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
             )
             stop(g.proc)  # its GPU time would disturb the cost runs
 
+        save(out, "recorder", result, checks)
         # -- 2. the cost ----------------------------------------------------------------------
-        cost = measure_cost(args, r, n)
+        cost = measure_cost(args, r, n, lambda partial: save(out, "recorder", {**result, "cost": partial}, checks))
         result["cost"] = cost
         probe = read_probe(probe_r)
         result["recorder_step_time"] = recorder_step_time(probe)
@@ -334,7 +344,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
     return result
 
 
-def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm) -> dict[str, Any]:
+def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> dict[str, Any]:
     levels = args.levels
     n_req = {1: 6, 16: 32, 64: 128, 256: 512}
     procs = {1: 1, 16: 2, 64: 4, 256: 8}
@@ -354,6 +364,7 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm) -> dict[str, Any]:
             f"cost: round {rnd + 1}/{args.rounds} done: "
             + ", ".join(f"c{c} R/N {runs[c]['R'][-1]['tok_s']}/{runs[c]['N'][-1]['tok_s']}" for c in levels)
         )
+        progress({"rounds_done": rnd + 1, "runs": runs})
     out: dict[str, Any] = {"isl": isl, "osl": osl, "rounds": args.rounds, "levels": {}}
     for c in levels:
         rr, nn = runs[c]["R"], runs[c]["N"]
@@ -621,6 +632,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     checks = Checks()
     result: dict[str, Any] = {"machine": machine_facts(args.python)}
+    PARTIAL.update(result)
     log(f"machine: {result['machine']}")
     t0 = time.monotonic()
     try:
