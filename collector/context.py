@@ -86,7 +86,8 @@ class AppContext:
         unjoined = sorted(n for n, st in self.hub.engines.items() if not st.configured and st.steps_received)
         out = {}
         for name, st in self.hub.engines.items():
-            if not st.configured or st.steps_received or st.last_scrape_ok is None:
+            # a joined recorder's fingerprint arrives before any step: an idle engine has one
+            if not st.configured or st.steps_received or st.fingerprint or st.last_scrape_ok is None:
                 continue
             out[name] = RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=name) if unjoined else RECORDER_FIX
         return out
@@ -203,7 +204,7 @@ class AppContext:
                     "waiting": last.waiting if last else None,
                     "kv_cache_usage": last.kv_cache_usage if last else None,
                     "last_scrape": ({"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)} if st.scrapes else None),
-                    "recorder": "missing" if name in missing else ("recording" if st.steps_received else "none"),
+                    "recorder": "missing" if name in missing else ("recording" if st.steps_received or st.fingerprint else "none"),
                     "recorder_fix": missing.get(name),
                     "vllm_version": st.fingerprint.get("vllm_version"),
                     "fingerprint": dict(st.fingerprint),

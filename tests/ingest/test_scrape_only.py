@@ -67,3 +67,17 @@ def test_the_missing_recorder_is_named_with_its_fix_after_a_minute(migrated_url:
     ctx.hub.emit(StepRecord(engine="vllm-4242", ts=time.time(), step=1, running=1, halves=HALF_STATS))
     fix = ctx.health()["recorder_missing"]["decode-0"]
     assert "vllm-4242" in fix and "FLIGHTREC_ENGINE_NAME=decode-0" in fix
+
+
+def test_an_idle_engine_whose_recorder_is_joined_is_not_said_to_lack_one(migrated_url: str) -> None:
+    """Seen on a GPU: an engine that had served no request yet (no step) was reported without a
+    recorder although its rings were joined (their fingerprint had arrived)."""
+    from collector.model import Fingerprint
+
+    ctx = make_context(migrated_url)
+    for s in _scrapes("decode-0", time.time() - 5, 5):
+        ctx.hub.emit(s)
+    ctx.hub.emit(Fingerprint(engine="decode-0", ts=time.time(), facts={"pid": 10, "server_pid": 10, "vllm_version": "0.26.0"}))
+    ctx.started_at -= 120.0
+    assert ctx.health()["recorder_missing"] == {}
+    assert [e["recorder"] for e in ctx.engines_live() if e["name"] == "decode-0"] == ["recording"]
