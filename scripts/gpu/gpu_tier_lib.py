@@ -520,6 +520,62 @@ def run_load(base: str, model: str, items: Sequence[tuple[int, int]], max_tokens
     return [Result(**d) for part in parts for d in part]
 
 
+async def _closed_loop(base: str, model: str, first: int, isl: int, osl: int, concurrency: int, stop_at: float, tag: str) -> list[Result]:
+    """``concurrency`` requests kept in flight until ``stop_at`` (wall time)."""
+    host, port = base.removeprefix("http://").split(":")
+    out: list[Result] = []
+
+    async def lane(k: int) -> None:
+        i = first + k
+        while time.time() < stop_at:
+            out.append(await _one(host, int(port), model, i, isl, osl, tag))
+            i += concurrency
+
+    await asyncio.gather(*(lane(k) for k in range(concurrency)))
+    return out
+
+
+def _closed_worker(args: tuple[str, str, int, int, int, int, float, str]) -> list[dict[str, Any]]:
+    return [r.__dict__ for r in asyncio.run(_closed_loop(*args))]
+
+
+def run_for(
+    base: str, model: str, first: int, isl: int, osl: int, concurrency: int, seconds: float, tag: str, procs: int = 1
+) -> tuple[list[Result], float]:
+    """A closed loop at ``concurrency`` for ``seconds``, over ``procs`` client processes; returns
+    the results and the loop's start (wall time)."""
+    procs = max(1, min(procs, concurrency))
+    start = time.time()
+    stop_at = start + seconds
+    per = [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
+    firsts = [first + 100_000 * k for k in range(procs)]
+    if procs == 1:
+        return asyncio.run(_closed_loop(base, model, first, isl, osl, concurrency, stop_at, tag)), start
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        parts = pool.map(_closed_worker, [(base, model, firsts[k], isl, osl, per[k], stop_at, tag) for k in range(procs)])
+    return [Result(**d) for part in parts for d in part], start
+
+
+def window(results: Sequence[Result], t0: float, t1: float) -> dict[str, Any]:
+    """Tokens per second and inter-token latency of the chunks that arrived in [t0, t1): the
+    steady part of a closed loop (its ramp-up and drain left out). Each chunk is one token
+    (vLLM streams every token); ``tokens_per_chunk`` checks it against the usage counts."""
+    chunks = sum(1 for r in results for t in r.chunks if t0 <= t < t1)
+    itl = [b - a for r in results for a, b in zip(r.chunks, r.chunks[1:], strict=False) if t0 <= b < t1]
+    ok = [r for r in results if r.ok]
+    per_chunk = sum(r.tokens for r in ok) / max(1, sum(len(r.chunks) for r in ok))
+    return {
+        "requests": len(results),
+        "errors": sorted({r.error for r in results if r.error})[:3],
+        "tok_s": round(chunks / (t1 - t0), 1) if t1 > t0 else None,
+        "itl_p50_ms": None if not itl else round(1000 * (quantile(itl, 0.5) or 0), 3),
+        "itl_p99_ms": None if not itl else round(1000 * (quantile(itl, 0.99) or 0), 3),
+        "tokens_per_chunk": round(per_chunk, 3),
+    }
+
+
 def summarize(results: Sequence[Result]) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in ok)

@@ -62,12 +62,13 @@ from gpu_tier_lib import (  # noqa: E402
     probe_site,
     quantile,
     read_probe,
+    run_for,
     run_load,
     start_sidecar,
     start_vllm,
     stop,
-    summarize,
     wait_http,
+    window,
     write_model,
 )
 
@@ -171,6 +172,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
     pp = [REPO, site, *args.site]
     recorder_dir = work / "recorder"
     probe_r = work / "probe-R"
+    probe_n = work / "probe-N"
     result: dict[str, Any] = {"phase": "recorder"}
     procs: list[Any] = []
     kv = 64 * 1024**2 if args.smoke else 16 * 1024**3
@@ -185,11 +187,23 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
             pp,
             recorder=True,
             probe=True,
-            env={**common, "FLIGHTREC_PROBE_DIR": str(probe_r)},
+            env={**common, "FLIGHTREC_PROBE_DIR": str(probe_r), "FLIGHTREC_PROBE_RECORDER": "1"},
             extra_args=graph_args,
             kv_cache_bytes=kv,
         )
-        n = start_vllm("N", args.python, model, work, pp, recorder=False, probe=False, extra_args=graph_args, kv_cache_bytes=kv)
+        # N: the probe only counts its steps and times them (none of this package loads in vLLM)
+        n = start_vllm(
+            "N",
+            args.python,
+            model,
+            work,
+            pp,
+            recorder=False,
+            probe=True,
+            env={"FLIGHTREC_PROBE_DIR": str(probe_n)},
+            extra_args=graph_args,
+            kv_cache_bytes=kv,
+        )
         servers = [r, n]
         g = None
         if not args.no_graph_check:
@@ -343,6 +357,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
         result["cost"] = cost
         probe = read_probe(probe_r)
         result["recorder_step_time"] = recorder_step_time(probe)
+        result["step_time_without_recorder"] = recorder_step_time(read_probe(probe_n))
         result["import"] = import_time(args, pp)
     finally:
         for p in reversed(procs):
@@ -351,27 +366,29 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
 
 
 def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> dict[str, Any]:
+    """R against N: closed loops of ``args.seconds`` at each concurrency, the servers taking
+    turns (the order alternating), counted over the steady window only."""
     levels = args.levels
-    n_req = {1: 6, 16: 32, 64: 128, 256: 512}
     procs = {1: 1, 16: 2, 64: 4, 256: 8}
-    isl, osl = 512, 256
+    isl, osl, warm, drain_guard = 512, 256, 1.0, 0.0
     log("cost: warm-up")
     for s in (r, n):
         run_load(s.base, s.model, [(900_000 + i, isl) for i in range(32)], 64, 16, "warm-", procs=2)  # no prefix shared
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {c: {"R": [], "N": []} for c in levels}
+    seq = 0
     for rnd in range(args.rounds):
         for li, c in enumerate(levels):
             order = (r, n) if (rnd + li) % 2 == 0 else (n, r)
             for s in order:
-                items = [(1000 * rnd + i, isl) for i in range(n_req.get(c, 2 * c))]
-                res = run_load(s.base, s.model, items, osl, c, f"c{c}-", procs=procs.get(c, 8))
-                runs[c][s.name].append(summarize(res))
+                seq += 1
+                res, t0 = run_for(s.base, s.model, 1_000_000 * seq, isl, osl, c, args.seconds, f"c{c}-", procs=procs.get(c, 8))
+                runs[c][s.name].append(window(res, t0 + warm, t0 + args.seconds - drain_guard))
         log(
             f"cost: round {rnd + 1}/{args.rounds} done: "
             + ", ".join(f"c{c} R/N {runs[c]['R'][-1]['tok_s']}/{runs[c]['N'][-1]['tok_s']}" for c in levels)
         )
         progress({"rounds_done": rnd + 1, "runs": runs})
-    out: dict[str, Any] = {"isl": isl, "osl": osl, "rounds": args.rounds, "levels": {}}
+    out: dict[str, Any] = {"isl": isl, "osl": osl, "rounds": args.rounds, "seconds": args.seconds, "warm_s": warm, "levels": {}}
     for c in levels:
         rr, nn = runs[c]["R"], runs[c]["N"]
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(rr, nn, strict=True) if a["tok_s"] and b["tok_s"]]
@@ -383,6 +400,7 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> d
             "itl_p99_ms_N": [x["itl_p99_ms"] for x in nn],
             "itl_p50_ms_R": [x["itl_p50_ms"] for x in rr],
             "itl_p50_ms_N": [x["itl_p50_ms"] for x in nn],
+            "tokens_per_chunk": sorted({x["tokens_per_chunk"] for x in rr + nn}),
             "errors": [x["errors"] for x in rr + nn if x["errors"]][:3],
             "ratio_tok_s_median": round(statistics.median(ratios), 4) if ratios else None,
             "ratio_tok_s_all": [round(x, 4) for x in ratios],
@@ -630,7 +648,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/flightrec-gpu-tier"), help="logs, rings, databases (kept)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that has vLLM (default: this one)")
     ap.add_argument("--site", type=Path, action="append", default=[], help="folders to add to PYTHONPATH after this checkout")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the cost comparison")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the cost comparison")
+    ap.add_argument("--seconds", type=float, default=6.0, help="each closed loop's length (the first second is not counted)")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--startup-s", type=float, default=420.0)
     ap.add_argument("--no-graph-check", action="store_true", help="skip the V1-runner server that reports CUDA graphs")

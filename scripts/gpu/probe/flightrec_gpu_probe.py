@@ -6,7 +6,8 @@ are set; it only ever touches its own processes.
   (vLLM's base class, patched before the engine builds its scheduler, so the count does not
   depend on the recorder's own step numbers) and those that scheduled tokens; time the
   recorder's per-step work where it runs (``_SchedRecorder.scheduled`` in the engine core,
-  ``FlightRecorderStatLogger._record`` in the API server) by the number of running requests;
+  ``FlightRecorderStatLogger._record`` in the API server; with ``FLIGHTREC_PROBE_RECORDER=1``)
+  and the time between consecutive steps, by the number of running requests;
   write it all to ``steps.<pid>.json`` every 0.2 s (and at every step once a drill fired).
 - ``FLIGHTREC_DRILL_FIRE=PATH``: once PATH exists, the worker launches a faulting kernel on the
   model's stream right after a step's forward was queued, and writes ``PATH.launched`` (the
@@ -187,7 +188,8 @@ def register() -> None:
     if directory:
         os.makedirs(directory, exist_ok=True)
         _count_schedule(directory)
-        _recorder_timings()
+        if os.environ.get("FLIGHTREC_PROBE_RECORDER") == "1":
+            _recorder_timings()
         threading.Thread(target=_writer, args=(directory,), daemon=True, name="gpu-probe").start()
     fire = os.environ.get("FLIGHTREC_DRILL_FIRE")
     if fire:
