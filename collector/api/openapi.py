@@ -1,7 +1,10 @@
 """The OpenAPI document's security scheme and error responses, and /docs served offline.
 
-Swagger UI's assets come from the ``swagger-ui-bundle`` package (no CDN: a sidecar on a GPU
-node often has no internet); without it, /docs is a plain page listing the operations.
+Swagger UI's assets (Swagger UI 5, which renders OpenAPI 3.1: the 4.x of ``swagger-ui-bundle``
+did not, "does not specify a valid version field") come from the ``fastapi-offline`` package,
+whose ``static/`` folder is a current Swagger UI build; only its files are used, served here (no
+CDN: a sidecar on a GPU node often has no internet). Without it, /docs is a plain page listing
+the operations.
 """
 
 from __future__ import annotations
@@ -23,14 +26,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {"description": "the database is unavailable", **ERROR},
 }
 ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+SWAGGER_FILES = ("swagger-ui-bundle.js", "swagger-ui.css")
 
 
 def _swagger_dir() -> Path | None:
+    """The folder holding Swagger UI's bundle and stylesheet, or None when not installed."""
     try:
-        import swagger_ui_bundle  # type: ignore[import-untyped]
+        import fastapi_offline
     except ImportError:
         return None
-    return Path(swagger_ui_bundle.swagger_ui_path)
+    static = Path(fastapi_offline.__file__).parent / "static"
+    return static if all((static / name).is_file() for name in SWAGGER_FILES) else None
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -80,7 +86,7 @@ def add_docs(app: FastAPI) -> None:
                 title=f"{app.title} - API",
                 swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                 swagger_css_url="/docs/assets/swagger-ui.css",
-                swagger_favicon_url="/docs/assets/favicon-32x32.png",
+                swagger_favicon_url="/docs/assets/favicon.png",
             )
         return HTMLResponse(_plain_docs(app.openapi()))
 

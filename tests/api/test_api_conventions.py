@@ -5,6 +5,7 @@ and /docs served without internet."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -138,6 +139,8 @@ def test_docs_are_served_from_local_assets(client: TestClient) -> None:
     js = client.get("/docs/assets/swagger-ui-bundle.js")
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript") and len(js.content) > 100_000
     assert client.get("/docs/assets/swagger-ui.css").status_code == 200
+    version = re.search(rb'PACKAGE_VERSION:"(\d+)\.', js.content)
+    assert version is not None and int(version.group(1)) >= 5  # Swagger UI 5 renders OpenAPI 3.1; 4.x did not
     assert client.get("/docs/assets/..%2Fsecret").status_code == 404
 
 

@@ -27,3 +27,15 @@ def serve(demo_db: str) -> Iterator[object]:
         return ServerThread(create_app(ctx), free_port())
 
     yield start
+
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the browser tests leave their screenshots: FLIGHTREC_SCREENSHOT_DIR, else a folder
+    of pytest's own temporary tree (its path is printed with each picture: ``pytest -s``)."""
+    import os
+
+    chosen = os.environ.get("FLIGHTREC_SCREENSHOT_DIR")
+    folder = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
