@@ -22,6 +22,7 @@ from collector.context import AppContext
 from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
+from collector.ingest.reach import ReachLog
 from collector.model import Event, SourceStatus
 from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
@@ -90,6 +91,8 @@ class Service:
         host = settings.host_name or socket.gethostname()
         repo = Repository(db, host=host)
         writer = BatchWriter(repo, interval=settings.write_batch_interval)
+        if migrated:  # the migration just reached it: /healthz says up, as /metrics does, before any write
+            writer.db_up = True
         hub = Hub(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         committer = SnapshotCommitter(
             hub,
@@ -199,10 +202,17 @@ class Service:
 
     async def _heartbeat(self, ctx: AppContext, every: float = 0.25) -> None:
         """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz); and
-        says once, in the log, when a configured engine serves /metrics but has no recorder."""
+        says once, in the log, when a configured engine serves /metrics but has no recorder, and
+        when there are no engines or one stops or starts answering (ingest/reach.py)."""
         told: set[str] = set()
+        reach, started = ReachLog(), time.monotonic()
         n = 0
         while True:
+            if n % 20 == 0:  # at start, then every 5 s: engines none, unreachable, back
+                engines = ctx.hub.engines
+                up = {name: st.up for name, st in engines.items()}
+                for line in reach.check(up, {name: st.url for name, st in engines.items()}, time.monotonic() - started):
+                    log.warning("%s", line)
             t0 = time.monotonic()
             await asyncio.sleep(every)
             ctx.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         base = wait_for_port(proc)
         assert base.startswith("http://127.0.0.1:")  # loopback by default
         health = httpx.get(base + "/healthz", timeout=5).json()
-        assert health["database_up"] in (None, True)
+        # migrated at start: up, in /healthz as in /metrics, before any write
+        assert health["database_up"] is True
+        assert re.search(r"^flightrec_database_up\{[^}]*\} 1\.0$", httpx.get(base + "/metrics", timeout=5).text, re.M)
         assert {s["name"] for s in health["sources"]} >= {"recorder"}
         engines = httpx.get(base + "/api/v1/engines", timeout=5).json()
         assert [e["name"] for e in engines] == ["decode-0"]
@@ -75,11 +78,38 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         # writes need the token, and none is configured: refused, with a reason
         r = httpx.post(base + "/api/v1/snapshots", json={}, timeout=5)
         assert r.status_code == 403 and "api_token" in r.json()["detail"]
+        # nothing answers at :9: the log says so once the scrapes fail (or the grace passes)
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline and httpx.get(base + "/api/v1/engines", timeout=5).json()[0].get("up") is not False:
+            time.sleep(0.5)
+        time.sleep(5.5)  # the next look at the engines (every 5 s)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "stopping: flushing" in out
+    told = [ln for ln in out.splitlines() if "engine decode-0 at http://127.0.0.1:9" in ln]
+    assert len(told) == 1 and "WARNING" in told[0] and ("does not answer" in told[0] or "has not answered" in told[0]), out
+
+
+def test_serve_without_engines_says_so_at_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "flightrec.yaml"
+    cfg.write_text(f"database: sqlite:///{tmp_path / 'f.db'}\nnvml: off\nkmsg: off\nrecorder_dir: {tmp_path / 'rec'}\n")
+    proc = flightrec("serve", "--config", str(cfg), "--port", "0", cwd=tmp_path)
+    assert proc.stdout is not None
+    early = []  # what it said up to "serving on" (wait_for_port reads those lines away)
+    try:
+        while not early or "serving on http://" not in early[-1]:
+            line = proc.stdout.readline()
+            assert line, "".join(early)
+            early.append(line)
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    out = "".join(early) + out
+    assert proc.returncode == 0, out
+    assert sum("WARNING" in ln and "no engines to watch: nothing will be recorded" in ln for ln in out.splitlines()) == 1, out
 
 
 def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path) -> None:

@@ -93,10 +93,18 @@ def _summary(row: dict[str, Any], request: Request) -> dict[str, Any]:
     return row
 
 
-def _next_cursor(response: Response, rows: list[dict[str, Any]], limit: int) -> None:
-    """A full page may have a next one: its cursor in a header, the body stays a list."""
-    if len(rows) == limit and rows:
-        response.headers["X-Next-Cursor"] = str(rows[-1]["id"])
+def _page(items: list[dict[str, Any]], next_cursor: str | None) -> Response:
+    """Every list answers one way: ``{"items": [...], "next_cursor": ...}``, the cursor also in
+    an ``X-Next-Cursor`` header (absent on the last page)."""
+    out = _json({"items": items, "next_cursor": next_cursor})
+    if next_cursor is not None:
+        out.headers["X-Next-Cursor"] = next_cursor
+    return out
+
+
+def _id_cursor(rows: list[dict[str, Any]], limit: int) -> str | None:
+    """A full page may have a next one: its cursor is the last row's id."""
+    return str(rows[-1]["id"]) if len(rows) == limit and rows else None
 
 
 def _json(obj: Any) -> Response:
@@ -196,7 +204,7 @@ def create_app(ctx: AppContext) -> FastAPI:
             limit=limit,
             cursor=cursor,
         )
-        return _json({"items": [_summary(r, request) for r in rows], "next_cursor": nxt})
+        return _page([_summary(r, request) for r in rows], nxt)
 
     @app.get(
         "/api/v1/snapshots/{snapshot_id}",
@@ -307,17 +315,15 @@ def create_app(ctx: AppContext) -> FastAPI:
         cache.drop(snapshot_id)
         return {"snapshot_id": snapshot_id, "replays": replays}
 
-    @app.get("/api/v1/incidents", response_model=list[schemas.IncidentOut])
+    @app.get("/api/v1/incidents", response_model=schemas.IncidentList)
     async def incidents(
-        response: Response,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: CursorQuery = None,
         before_id: BeforeIdQuery = None,
         _: None = Read,
-    ) -> list[dict[str, Any]]:
+    ) -> Response:
         rows = await _stored(ctx.repo.list_incidents, limit=limit, before_id=id_cursor(cursor, before_id))
-        _next_cursor(response, rows, limit)
-        return rows
+        return _page(rows, _id_cursor(rows, limit))
 
     @app.get("/api/v1/incidents/{incident_id}", response_model=schemas.IncidentOut)
     async def incident(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> dict[str, Any]:
@@ -325,9 +331,8 @@ def create_app(ctx: AppContext) -> FastAPI:
         out["snapshots"] = [_summary(r, request) for r in out["snapshots"]]
         return out
 
-    @app.get("/api/v1/events", response_model=list[schemas.EventOut])
+    @app.get("/api/v1/events", response_model=schemas.EventList)
     async def events(
-        response: Response,
         kind: Annotated[EventKind | None, Query()] = None,
         engine: Annotated[str | None, Query(max_length=128)] = None,
         since: TimeQuery = None,
@@ -336,7 +341,7 @@ def create_app(ctx: AppContext) -> FastAPI:
         cursor: CursorQuery = None,
         before_id: BeforeIdQuery = None,
         _: None = Read,
-    ) -> list[dict[str, Any]]:
+    ) -> Response:
         lo, hi = time_range(since, until)
         rows = await _stored(
             ctx.repo.list_events,
@@ -347,8 +352,7 @@ def create_app(ctx: AppContext) -> FastAPI:
             limit=limit,
             before_id=id_cursor(cursor, before_id),
         )
-        _next_cursor(response, rows, limit)
-        return rows
+        return _page(rows, _id_cursor(rows, limit))
 
     from collector.api.pages import add_pages
 

@@ -2,9 +2,9 @@
 
 Times (``since``, ``until``) are unix seconds (``1757760067.5``) or RFC 3339
 (``2025-09-13T10:41:07Z``, ``2025-09-13T12:41:07.250+02:00``); a stamp without an offset is
-refused rather than guessed. One pagination name everywhere: ``cursor``, the value of the
-previous page's ``next_cursor`` (snapshots, in the body) or ``X-Next-Cursor`` header (events,
-incidents, whose bodies stay plain lists); ``before_id`` still works where it did.
+refused rather than guessed. One pagination everywhere: a list is ``{"items": [...],
+"next_cursor": ...}`` (the cursor also in an ``X-Next-Cursor`` header), and ``cursor`` takes the
+previous page's ``next_cursor``; ``before_id`` still works where it did.
 """
 
 from __future__ import annotations

@@ -188,6 +188,16 @@ class EventOut(BaseModel):
     snapshot_id: int | None
 
 
+class IncidentList(BaseModel):
+    items: list[IncidentOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class EventList(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
 class ChecklistItem(BaseModel):
     key: str
     label: str

@@ -43,7 +43,7 @@ class _Replay:
         from collector.cli import replay
         from collector.cli.common import settings_from
 
-        replay.add_parser(sub)
+        replay.add_parser(sub, parents)
         parser = sub.choices["replay"]
         for action in parser._actions:  # every option's help says something (and its default)
             if action.help is None and action.dest == "id":

@@ -12,6 +12,7 @@ from collector.cli.common import (
     require_existing_database,
     require_writable_database,
     settings_from,
+    sqlite_path,
 )
 
 
@@ -47,6 +48,24 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     cur.set_defaults(func=run_current)
 
 
+def _migrate(action: str, fn: Any, url: str, revision: str) -> None:
+    """Run a migration; a revision Alembic does not know is a usage error in one line (it was
+    a 71-line traceback)."""
+    from alembic.util import CommandError
+
+    path = sqlite_path(url)
+    existed = path is not None and path.exists()
+    try:
+        fn(url, revision)
+    except CommandError as exc:
+        if path is not None and not existed:
+            for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                leftover.unlink(missing_ok=True)  # a bad revision leaves no new empty database behind
+        raise CliError(
+            f"db {action} {revision}: {exc} (use head, base, or a revision id; 'flightrec db current' prints the database's)", EXIT_USAGE
+        ) from exc
+
+
 def _print_current(url: str) -> None:
     from collector.storage.migrate import current
 
@@ -58,7 +77,7 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
     url = settings_from(args).database
     require_writable_database(url)
-    upgrade(url, args.revision)
+    _migrate("upgrade", upgrade, url, args.revision)
     _print_current(url)
     return 0
 
@@ -70,7 +89,7 @@ def run_downgrade(args: argparse.Namespace) -> int:
         raise CliError("db downgrade drops every table and its data: name the revision ('flightrec db downgrade base') or pass --yes", EXIT_USAGE)
     url = settings_from(args).database
     require_existing_database(url)
-    downgrade(url, args.revision or "base")
+    _migrate("downgrade", downgrade, url, args.revision or "base")
     _print_current(url)
     return 0
 

@@ -33,8 +33,9 @@ from collector.settings import Settings
 SNAPSHOT_WAIT_S = 30.0  # after a death: how long the sidecar gets to commit its snapshot
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("replay", help="replay the load recorded before a crash against an OpenAI-compatible endpoint")
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser] | None = None) -> None:
+    # parents: -v/-q after the subcommand, as every other one takes them
+    p = sub.add_parser("replay", parents=parents or [], help="replay the load recorded before a crash against an OpenAI-compatible endpoint")
     p.add_argument("id", nargs="?", type=int, metavar="SNAPSHOT_ID")
     p.add_argument("--plan", action="store_true", help="print the plan and send nothing")
     p.add_argument("--target", help="base URL of the OpenAI-compatible server (vLLM, a P/D proxy)")
@@ -45,7 +46,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="prompt content seed (default: the clock)")
     p.add_argument("--vocab", type=int, default=1000, help="token ids are drawn below this (default 1000)")
     p.add_argument("--timeout", type=float, help="per-request read timeout in seconds (default none)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan (with --plan) or the result as JSON")
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--db", dest="database", help="database URL")
 
@@ -84,7 +85,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         print(f"flightrec: {exc}", file=sys.stderr)
         return 1
     if args.plan:
-        print(report.plan_text(plan))
+        print(json.dumps(report.plan_dict(plan), indent=2) if args.json else report.plan_text(plan))
         return 0
     if not args.target:
         print("flightrec: replay needs --target URL (or --plan)", file=sys.stderr)

@@ -37,10 +37,12 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     show = actions.add_parser(
         "show",
         parents=parents,
-        help="one snapshot's summary as JSON",
-        description="One snapshot's summary and events as JSON (counts instead of the bulky parts).",
+        help="one snapshot's summary",
+        description="One snapshot's summary: the fault, the failed processes, the load at the last step, the events. "
+        "--json prints everything but the steps, request rows, GPU samples and log lines (their counts instead).",
     )
     show.add_argument("id", type=positive_int, help="snapshot id (from 'snapshots list')")
+    show.add_argument("--json", action="store_true", help="the whole summary, the fingerprint, the events and the raw scrapes as JSON")
     add_settings_options(show)
     show.set_defaults(func=run_show)
 
@@ -91,9 +93,53 @@ def run_show(args: argparse.Namespace) -> int:
     out = {k: v for k, v in doc.to_export().items() if k not in ("steps", "requests", "gpu_samples", "log_lines")}
     out["events"] = [{k: e.get(k) for k in ("ts", "kind", "source", "process", "xid", "message")} for e in doc.events]
     out["counts"] = {k: len(doc.part(k)) for k in ("steps", "requests", "gpu_samples", "events", "log_lines")}
-    sys.stdout.write(json.dumps(out, indent=2, default=str) + "\n")
+    text = json.dumps(out, indent=2, default=str) if args.json else show_text(out)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _when(ts: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d} UTC" if isinstance(ts, (int, float)) else "?"
+
+
+def show_text(snap: dict[str, Any]) -> str:
+    """A screenful: what the page's header and checklist say first (the rest: --json, the page)."""
+    s = snap.get("summary") or {}
+    trig = snap.get("trigger") or {}
+    fp = snap.get("fingerprint") or {}
+    counts = snap.get("counts") or {}
+    reqs = s.get("requests_at_last_step") or {}
+    lines = [
+        f"snapshot {snap.get('id')} of {snap.get('engine')} on {snap.get('host')} (incident {snap.get('incident_id') or '-'})",
+        f"  fault       {_when(snap.get('fault_ts'))}: {trig.get('kind', '?')} from {trig.get('source', '?')}: {trig.get('message', '')}",
+        f"  vLLM        {fp.get('vllm_version') or 'not recorded'}; model {fp.get('model') or fp.get('served_model_name') or 'not recorded'}",
+        f"  steps       {s.get('step_count', 0)} recorded ({s.get('first_step')}-{s.get('last_step')}); "
+        f"running {s.get('running')}, waiting {s.get('waiting')}, kv_cache_usage {s.get('kv_cache_usage')} at the last step",
+    ]
+    if reqs:
+        mirror = reqs.get("mirror_rows") or {}
+        lines.append(
+            f"  requests    {reqs.get('count')} at step {reqs.get('step')}: "
+            f"context {reqs.get('context_len_min')}-{reqs.get('context_len_max')} tokens"
+            + (f", host-mirror rows {sum(mirror.values())} over {len(mirror)} requests" if mirror else "")
+        )
+    if s.get("xids"):
+        lines.append(f"  Xid         {', '.join(str(x) for x in s['xids'])}")
+    for proc, f in (s.get("failed_processes") or {}).items():
+        lines.append(f"  failed      {proc} at step {f.get('step')}: {f.get('message', '')}")
+    lines.append("  counts      " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    events = snap.get("events") or []
+    if events:
+        lines.append("  events")
+        for e in events[:20]:
+            lines.append(f"    {_when(e.get('ts'))}  {str(e.get('kind')):14} {str(e.get('process') or ''):16} {str(e.get('message') or '')[:100]}")
+        if len(events) > 20:
+            lines.append(f"    ... {len(events) - 20} more (--json)")
+    lines.append(
+        f"  more: 'flightrec snapshots show {snap.get('id')} --json', 'flightrec report {snap.get('id')}', or the page /snapshots/{snap.get('id')}"
+    )
+    return "\n".join(lines)
 
 
 def run_export(args: argparse.Namespace) -> int:

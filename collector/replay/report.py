@@ -68,6 +68,65 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(lines + [f"  {n}" for n in notes])
 
 
+def _stat_dict(values: list[int]) -> dict[str, Any] | None:
+    if not values:
+        return None
+    return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as data (``replay --plan --json``): what the table says, one field each, plus
+    every planned request (the original ids stay out: they are the user's)."""
+    reqs = plan.requests
+    return {
+        "source": plan.source,
+        "crashed": plan.crashed,
+        "fault_offset_s": plan.fault_offset,
+        "requests": len(reqs),
+        "span_s": max((p.end for p in plan.phases), default=0.0),
+        "crash_phase": plan.crash_phase.number if plan.crash_phase else None,
+        "skipped": plan.skipped,
+        "with_stop_conditions": sum(1 for r in reqs if r.has_stop),
+        "truncated": plan.truncated,
+        "window": plan.window,
+        "phases": [
+            {
+                "phase": p.number,
+                "concurrency": p.concurrency,
+                "requests": len(p.requests),
+                "start_s": p.start,
+                "end_s": p.end,
+                "barrier": p.barrier,
+                "closed_loop": p.closed_loop,
+                "prompt_len": _stat_dict([r.prompt_len for r in p.requests]),
+                "max_tokens": _stat_dict([r.max_tokens for r in p.requests if r.max_tokens is not None]),
+                "ignore_eos": sum(1 for r in p.requests if r.ignore_eos),
+                "prefix_shared": sum(1 for r in p.requests if r.prefix_of is not None),
+                "original_done": p.original("finished"),
+                "original_failed": p.original_failed,
+                "fault": p is plan.crash_phase,
+            }
+            for p in plan.phases
+        ],
+        "planned": [
+            {
+                "index": r.index,
+                "offset_s": r.offset,
+                "prompt_len": r.prompt_len,
+                "max_tokens": r.max_tokens,
+                "n": r.n,
+                "ignore_eos": r.ignore_eos,
+                "level": r.level,
+                "outcome": r.outcome,
+                "output_len": r.output_len,
+                "prefix_of": r.prefix_of,
+                "prefix_len": r.prefix_len,
+            }
+            for r in reqs
+        ],
+    }
+
+
 def result_table(plan: Plan, result: ReplayResult) -> str:
     lines = [f"{'phase':>5} {'conc':>5} {'planned':>7} {'done':>5} {'failed':>6} {'not sent':>8} {'time':>8}   original: {'done':>4} {'failed':>6}"]
     for p, r in zip(plan.phases, result.phases, strict=True):

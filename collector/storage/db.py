@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import weakref
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,24 @@ class StorageError(FlightrecError):
     them aside instead of holding them forever."""
 
     def __init__(self, message: str, *, permanent: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(_plain(message))
         self.permanent = permanent
+
+
+# SQLAlchemy ends its messages with a link to its own docs and, for a failed statement, the SQL
+# and its parameters: neither helps an operator and the parameters may hold row data.
+_NOISE = re.compile(r"^\s*(\(Background on this error at: [^)]*\)|\[SQL: |\[parameters: )")
+
+
+def _plain(message: str) -> str:
+    """The message without SQLAlchemy's trailing lines (they come last: cut from the first)."""
+    kept: list[str] = []
+    for line in message.splitlines():
+        if _NOISE.match(line):
+            break
+        if line.strip():
+            kept.append(line.rstrip())
+    return "\n".join(kept) or message.strip()
 
 
 # A statement that runs longer than this on Postgres is cancelled: a hung database must turn

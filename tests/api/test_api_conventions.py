@@ -76,26 +76,47 @@ def test_rfc3339_filters_the_same_rows_as_seconds(client: TestClient, ctx: Any) 
     by_seconds = [s["id"] for s in client.get("/api/v1/snapshots", params={"since": t + 10}).json()["items"]]
     by_rfc = [s["id"] for s in client.get("/api/v1/snapshots", params={"since": rfc3339(t + 10)}).json()["items"]]
     assert by_seconds == by_rfc == [new]
-    events = client.get("/api/v1/events", params={"until": rfc3339(t + 10)}).json()
+    events = client.get("/api/v1/events", params={"until": rfc3339(t + 10)}).json()["items"]
     assert events and all(e["ts"] < t + 10 for e in events)
 
 
 def test_events_page_with_cursor_and_the_old_before_id(client: TestClient, ctx: Any) -> None:
     add_events(ctx, [time.time() - 100 + i for i in range(5)])
-    everything = [e["id"] for e in client.get("/api/v1/events", params={"limit": 1000}).json()]
+    everything = [e["id"] for e in client.get("/api/v1/events", params={"limit": 1000}).json()["items"]]
     assert len(everything) >= 4
     seen, cursor = [], None
     while True:
         r = client.get("/api/v1/events", params={"limit": 2, **({"cursor": cursor} if cursor else {})})
-        seen += [e["id"] for e in r.json()]
-        cursor = r.headers.get("x-next-cursor")
+        page = r.json()
+        seen += [e["id"] for e in page["items"]]
+        assert r.headers.get("x-next-cursor") == page["next_cursor"]  # one cursor, in the body and the header
+        cursor = page["next_cursor"]
         if cursor is None:
             break
     assert seen == everything  # no duplicate, no gap
-    old = client.get("/api/v1/events", params={"limit": 2, "before_id": everything[1]}).json()
-    new = client.get("/api/v1/events", params={"limit": 2, "cursor": str(everything[1])}).json()
+    old = client.get("/api/v1/events", params={"limit": 2, "before_id": everything[1]}).json()["items"]
+    new = client.get("/api/v1/events", params={"limit": 2, "cursor": str(everything[1])}).json()["items"]
     assert old == new and old[0]["id"] == everything[2]
     assert client.get("/api/v1/incidents", params={"cursor": "x!"}).status_code == 400
+
+
+def test_every_list_pages_the_same_way(client: TestClient, ctx: Any) -> None:
+    t = time.time() - 500
+    for i in range(3):
+        store(ctx.repo, make_doc(ts=t + i * 100), window=1)
+    add_events(ctx, [t + i for i in range(3)])
+    for path in ("/api/v1/snapshots", "/api/v1/incidents", "/api/v1/events"):
+        seen, cursor = [], None
+        while True:
+            r = client.get(path, params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+            page = r.json()
+            assert set(page) == {"items", "next_cursor"}, path
+            assert r.headers.get("x-next-cursor") == page["next_cursor"], path
+            seen += [x["id"] for x in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert len(seen) == len(set(seen)) >= 3, (path, seen)
 
 
 def test_a_wrong_token_on_a_loopback_read_is_401(migrated_url: str) -> None:

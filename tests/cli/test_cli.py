@@ -56,6 +56,9 @@ def test_snapshots_list_show_export(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "decode-0" in out and "cuda_error" in out and "unspecified launch failure" in out
     assert main(["snapshots", "show", str(sid), "--db", db]) == 0
+    brief = capsys.readouterr().out
+    assert f"snapshot {sid} of decode-0" in brief and "counts      steps 3, requests 1" in brief and len(brief) < 4000
+    assert main(["snapshots", "show", str(sid), "--json", "--db", db]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["counts"]["steps"] == 3 and shown["counts"]["requests"] == 1
     target = tmp_path / "snap.json.gz"

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -318,3 +319,48 @@ def test_the_sidecars_own_log_lines_are_redacted(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert "hunter2" not in err and "Pa55" not in err, err
     assert "SNAPSHOT LOST at stop" in err and "u:***@cache" in err and "serving on http://127.0.0.1:1" in err
+
+
+# -- the edges a new user met ---------------------------------------------------------------
+
+
+def test_an_unknown_revision_is_one_line_exit_2_and_leaves_no_database(tmp_path: Path) -> None:
+    target = tmp_path / "new.db"
+    r = flightrec("db", "upgrade", "bogusrev", "--db", f"sqlite:///{target}", cwd=tmp_path)
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "bogusrev" in line and "head, base" in line
+    assert not target.exists()
+    db = upgraded(tmp_path)
+    r = flightrec("db", "downgrade", "bogusrev", "--db", db, cwd=tmp_path)
+    assert r.returncode == 2 and "bogusrev" in one_line(r.stderr)
+
+
+def test_replay_takes_verbose_after_the_subcommand_and_plan_json_is_json(tmp_path: Path, demo_run: Any) -> None:
+    import json
+
+    args = build_parser().parse_args(["replay", "--plan", "1", "-v"])
+    assert args.verbose == 1 and args.plan and args.id == 1
+    r = flightrec("replay", "--plan", "1", "-v", "--json", "--db", demo_run.db, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["source"]["id"] == 1 and plan["crashed"] is True
+    assert [p["concurrency"] for p in plan["phases"]] == [1, 2, 4, 8, 16]  # the demo's ramp
+    assert plan["phases"][plan["crash_phase"] - 1]["fault"] is True
+    assert len(plan["planned"]) == plan["requests"] and "id" not in plan["planned"][0]
+
+
+def test_a_postgres_error_has_no_sqlalchemy_background_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshots", "list", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("flightrec:") and "Background on this error" not in err and "sqlalche.me" not in err, err
+
+
+def test_storage_errors_drop_sqlalchemys_trailing_lines() -> None:
+    from collector.storage.db import StorageError
+
+    raw = (
+        '(psycopg.errors.UndefinedTable) relation "x" does not exist\n[SQL: SELECT * FROM x\nWHERE y = %(y)s]\n'
+        "[parameters: {'y': 'secret'}]\n(Background on this error at: https://sqlalche.me/e/20/f405)"
+    )
+    assert str(StorageError(raw)) == '(psycopg.errors.UndefinedTable) relation "x" does not exist'
