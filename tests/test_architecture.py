@@ -38,6 +38,7 @@ RANK = {
     "replay": 11,
     "sim": 11,
     "api": 12,
+    "report": 12,  # a snapshot export as a bug report: reads the replay plan, the Xid catalog
     "web": 12,
     "service": 13,  # wires the stages once
     "cli": 14,

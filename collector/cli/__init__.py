@@ -5,6 +5,7 @@
     flightrec db upgrade [REV] | downgrade REV|--yes | current   [--db URL]
     flightrec snapshots list [--limit N] [--engine E] | show ID | export ID [-o FILE|-]
     flightrec inspect-log FILE|- [--json]
+    flightrec report ID [-o FILE] [--bundle [FILE]] [--keep-hostnames] | --from-file EXPORT
     flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] | --plan SNAPSHOT_ID
     flightrec health [--config FILE] [--port P]
     flightrec simulate --engines N --running R --steps-per-second S --recorder-dir DIR [...]
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collector import __version__
-from collector.cli import db, health, inspect_log, serve, snapshots
+from collector.cli import db, health, inspect_log, report, serve, snapshots
 from collector.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -67,7 +68,7 @@ class _Simulate:
 
 # Subcommand modules, in the order `flightrec --help` lists them. A new command is a module
 # with register(sub, parents) and one line here.
-COMMANDS: list[Any] = [serve, db, snapshots, inspect_log, health, _Replay, _Simulate]
+COMMANDS: list[Any] = [serve, db, snapshots, report, inspect_log, health, _Replay, _Simulate]
 
 # Libraries whose INFO lines are noise to an operator (each migration step, each request).
 QUIET_LOGGERS = ("alembic", "uvicorn", "uvicorn.error", "httpx", "httpcore", "asyncio")
