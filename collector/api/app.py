@@ -354,6 +354,14 @@ def create_app(ctx: AppContext) -> FastAPI:
         )
         return _page(rows, _id_cursor(rows, limit))
 
+    @app.get("/api/v1/incidents/{incident_id}/view", response_model=schemas.IncidentView, responses={404: {"description": "no such incident"}})
+    async def incident_whole(incident_id: Annotated[int, PathId], request: Request, _: None = Read) -> Response:
+        """The incident page's data: engines and hosts, one timeline of every witness, snapshots, replays, alerts."""
+        from collector.api.incidents import incident_view
+
+        view = await _stored(incident_view, ctx.repo, incident_id, page_url=lambda i: str(request.url_for("snapshot_page", snapshot_id=i)))
+        return _json(view)
+
     from collector.api.pages import add_pages
 
     add_pages(app, ctx)

@@ -1,4 +1,4 @@
-"""HTML pages: a snapshot list and a page per snapshot, and their static assets.
+"""HTML pages: a snapshot list, a page per snapshot and per incident, and their static assets.
 
 The pages are shells with no data in them: the data comes from the JSON API, which enforces the
 token. So the shells are served without one, and a page opened as ``/snapshots/12?token=T``
@@ -24,6 +24,7 @@ ASSETS = {
     "flightrec.js": "text/javascript; charset=utf-8",
     "snapshot.js": "text/javascript; charset=utf-8",
     "list.js": "text/javascript; charset=utf-8",
+    "incident.js": "text/javascript; charset=utf-8",
     "flightrec.css": "text/css; charset=utf-8",
 }
 SECURITY_HEADERS = {
@@ -61,6 +62,11 @@ def add_pages(app: FastAPI, ctx: Any) -> None:
         except StorageError:
             pass
         page = _asset("snapshot.html").replace("{{SNAPSHOT_ID}}", html.escape(str(snapshot_id)))
+        return HTMLResponse(page, headers=SECURITY_HEADERS)
+
+    @app.get("/incidents/{incident_id}", name="incident_page", include_in_schema=False, response_class=HTMLResponse)
+    def incident_page(incident_id: int = Path(ge=1, le=2**62)) -> HTMLResponse:
+        page = _asset("incident.html").replace("{{INCIDENT_ID}}", html.escape(str(incident_id)))
         return HTMLResponse(page, headers=SECURITY_HEADERS)
 
     @app.get("/ui/{name}", include_in_schema=False)

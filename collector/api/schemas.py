@@ -202,6 +202,7 @@ class ChecklistItem(BaseModel):
     key: str
     label: str
     recorded: bool = Field(description="false when the snapshot cannot answer the question")
+    status: str = Field("recorded", description="recorded, not_recorded (the snapshot cannot answer), or not_exposed (no vLLM release exposes it)")
     value: Any = None
     text: str = Field(description="the value as the page shows it, or 'not recorded'")
     detail: Any = None
@@ -213,3 +214,23 @@ class Checklist(BaseModel):
     host: str
     peers: list[str | None]
     items: list[ChecklistItem]
+
+
+class IncidentView(BaseModel):
+    """One incident whole, for its page: the engines and hosts involved (P/D peers too), one
+    timeline of every witness across them, its snapshots, replays and the alerts its events page."""
+
+    id: int
+    title: str
+    key: str
+    opened_at: float
+    updated_at: float
+    trigger_kind: str
+    first_fault_ts: float | None
+    hosts: list[str]
+    engines: list[dict[str, Any]] = Field(description="host, engine, pair, role (kv_producer/kv_consumer), vllm_version, snapshots (ids)")
+    pairs: dict[str, list[str]] = Field(description="P/D pair name -> host/engine of its engines")
+    timeline: list[dict[str, Any]] = Field(description="every event of every snapshot, once, oldest first, with the snapshots holding it")
+    snapshots: list[dict[str, Any]]
+    replays: list[dict[str, Any]] = Field(description="replays linked from the snapshots (summary.replays), with of_snapshot")
+    alerts: list[dict[str, Any]] = Field(description="the alerts these events page with (alertname, severity, labels, starts_at)")

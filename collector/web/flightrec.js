@@ -100,19 +100,25 @@ const FR = (() => {
   // -- plotting -------------------------------------------------------------------------------
   const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#17becf', '#bcbd22', '#7f7f7f'];
 
-  function niceTicks(lo, hi, n) {
+  function niceStep(lo, hi, n) {
     if (!(hi > lo)) { hi = lo + 1; }
     const raw = (hi - lo) / n;
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+    return [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+  }
+
+  function niceTicks(lo, hi, n) {
+    if (!(hi > lo)) { hi = lo + 1; }
+    const step = niceStep(lo, hi, n);
     const out = [];
     for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
     return out;
   }
 
-  // series: [{name, xs, ys, color?}] (xs ascending); opts: {marker: x of the fault, markerLabel,
-  // xLabel, yFmt, yMin, xRange: [lo, hi] shared by linked plots}. Keeps what the crosshair needs
-  // on the canvas: the scales, the series and the drawn image, so hovering repaints one line.
+  // series: [{name, xs, ys, color?, width?}] (xs ascending), or a band {name, xs, lo, hi, fill}
+  // drawn as the area between lo and hi; opts: {marker: x of the fault, markerLabel, xLabel,
+  // yFmt, yMin, xRange: [lo, hi] shared by linked plots}. Keeps what the crosshair needs on the
+  // canvas: the scales, the series and the drawn image, so hovering repaints one line.
   function plot(canvas, series, opts) {
     opts = opts || {};
     const dpr = window.devicePixelRatio || 1;
@@ -131,12 +137,14 @@ const FR = (() => {
     let ylo = opts.yMin !== undefined ? opts.yMin : Infinity, yhi = -Infinity;
     let points = 0, seen = 0;
     for (const s of series) {
-      for (let i = 0; i < s.xs.length; i++) {
-        const x = s.xs[i], y = s.ys[i];
-        if (y === null || y === undefined || !isFinite(y) || !isFinite(x) || !inRange(x)) continue;
-        seen++;
-        if (!range) { if (x < xlo) xlo = x; if (x > xhi) xhi = x; }
-        if (y < ylo) ylo = y; if (y > yhi) yhi = y;
+      for (const ys of s.lo ? [s.lo, s.hi] : [s.ys]) {
+        for (let i = 0; i < s.xs.length; i++) {
+          const x = s.xs[i], y = ys[i];
+          if (y === null || y === undefined || !isFinite(y) || !isFinite(x) || !inRange(x)) continue;
+          seen++;
+          if (!range) { if (x < xlo) xlo = x; if (x > xhi) xhi = x; }
+          if (y < ylo) ylo = y; if (y > yhi) yhi = y;
+        }
       }
     }
     if (!range && opts.marker !== undefined && opts.marker !== null && isFinite(opts.marker)) {
@@ -153,6 +161,10 @@ const FR = (() => {
     if (yhi <= ylo) { yhi = ylo + (Math.abs(ylo) || 1); }
     if (xhi <= xlo) { xhi = xlo + 1; }
     yhi += (yhi - ylo) * 0.05;
+    // the axis starts and ends on a tick: the lowest value has a labelled tick under it
+    const yStep = niceStep(ylo, yhi, 4);
+    ylo = Math.floor(ylo / yStep + 1e-9) * yStep;
+    yhi = Math.max(Math.ceil(yhi / yStep - 1e-9) * yStep, ylo + yStep);
     const X = (x) => pad.l + ((x - xlo) / (xhi - xlo)) * W;
     const Y = (y) => pad.t + H - ((y - ylo) / (yhi - ylo)) * H;
     g.strokeStyle = '#e6e6e6'; g.lineWidth = 1; g.fillStyle = '#444';
@@ -174,12 +186,27 @@ const FR = (() => {
     g.strokeRect(pad.l + 0.5, pad.t + 0.5, W, H);
     g.save();
     g.beginPath(); g.rect(pad.l, pad.t, W, H); g.clip();
+    // bands first (under the lines): the area between lo and hi, thinned like the lines
+    for (const s of series) {
+      if (!s.lo) continue;
+      const n = s.xs.length, stride = Math.max(1, Math.floor(n / (W * 2)));
+      const idx = [];
+      for (let i = 0; i < n; i += stride) if (isFinite(s.xs[i]) && inRange(s.xs[i]) && s.lo[i] !== null && s.hi[i] !== null) idx.push(i);
+      if (!idx.length) continue;
+      g.fillStyle = s.fill || 'rgba(31,119,180,0.18)';
+      g.beginPath();
+      idx.forEach((i, j) => { const px = X(s.xs[i]), py = Y(s.hi[i]); if (j) g.lineTo(px, py); else g.moveTo(px, py); });
+      for (let j = idx.length - 1; j >= 0; j--) g.lineTo(X(s.xs[idx[j]]), Y(s.lo[idx[j]]));
+      g.closePath(); g.fill();
+      points += idx.length;
+    }
     // lines, thinned to about two points per pixel
     series.forEach((s, k) => {
+      if (s.lo) return;
       const n = s.xs.length;
       const stride = Math.max(1, Math.floor(n / (W * 2)));
       g.strokeStyle = s.color || PALETTE[k % PALETTE.length];
-      g.lineWidth = series.length > 8 ? 1 : 1.6;
+      g.lineWidth = s.width || (series.length > 8 ? 1 : 1.6);
       g.beginPath();
       let pen = false;
       const idx = [];
@@ -201,8 +228,9 @@ const FR = (() => {
       g.strokeStyle = '#d00'; g.lineWidth = 2; g.setLineDash([5, 3]);
       g.beginPath(); g.moveTo(x, pad.t); g.lineTo(x, pad.t + H); g.stroke();
       g.setLineDash([]);
-      g.fillStyle = '#d00'; g.textAlign = x > pad.l + W - 60 ? 'right' : 'left'; g.textBaseline = 'top';
       g.font = 'bold 11px system-ui, sans-serif';
+      const labelW = g.measureText(opts.markerLabel || 'fault').width;
+      g.fillStyle = '#d00'; g.textAlign = x > pad.l + W - labelW - 8 ? 'right' : 'left'; g.textBaseline = 'top';
       g.fillText(opts.markerLabel || 'fault', x + (g.textAlign === 'right' ? -4 : 4), 3);
     }
     canvas._fr = { series, X, Y, xlo, xhi, pad, W, H, dpr, opts, base: g.getImageData(0, 0, canvas.width, canvas.height) };
@@ -241,6 +269,7 @@ const FR = (() => {
     g.beginPath(); g.moveTo(px, st.pad.t); g.lineTo(px, st.pad.t + st.H); g.stroke();
     const values = [];
     st.series.forEach((s, k) => {
+      if (s.lo) return;  // a band is read through its lines (p50, p90...)
       const hit = nearest(s, x, 0.02 * (st.xhi - st.xlo));  // within 2% of the axis: a gap reads "no sample"
       if (!hit) return;
       g.fillStyle = s.color || PALETTE[k % PALETTE.length];
@@ -277,8 +306,8 @@ const FR = (() => {
     const box = el('div', { class: 'legend' });
     if (title) box.appendChild(el('span', { class: 'legend-title' }, title));
     series.slice(0, limit || 12).forEach((s, k) => {
-      const swatch = el('i');
-      swatch.style.background = s.color || PALETTE[k % PALETTE.length];  // CSSOM: allowed by the page's CSP
+      const swatch = el('i', s.lo ? { class: 'band' } : {});
+      swatch.style.background = s.lo ? (s.fill || 'rgba(31,119,180,0.18)') : (s.color || PALETTE[k % PALETTE.length]);  // CSSOM: allowed by the page's CSP
       box.appendChild(el('span', { class: 'key' }, swatch, s.name));
     });
     if (series.length > (limit || 12)) box.appendChild(el('span', { class: 'key' }, '+' + (series.length - (limit || 12)) + ' more'));

@@ -17,7 +17,8 @@
   document.title = 'Flight recorder: snapshot ' + id + ' of ' + doc.engine;
   document.getElementById('title').textContent = 'Snapshot ' + id + ': ' + doc.engine + ' on ' + doc.host;
   status.replaceChildren(
-    'fault at ' + isoTime(doc.fault_ts) + ' · incident ' + (doc.incident_id ?? '–') + ' · ',
+    'fault at ' + isoTime(doc.fault_ts) + ' · ',
+    doc.incident_id ? el('a', { href: '/incidents/' + doc.incident_id, id: 'incident-link' }, 'incident ' + doc.incident_id) : 'no incident', ' · ',
     el('a', { href: '#', id: 'export', onclick: (ev) => { ev.preventDefault(); download('/api/v1/snapshots/' + id + '/export', 'flightrec-snapshot-' + id + '.json.gz').catch((e) => showError(status, e)); } }, 'download export (.json.gz)'),
     ' · ', el('a', { href: '/snapshots?incident_id=' + encodeURIComponent(doc.incident_id ?? '') }, 'snapshots of this incident'));
   document.getElementById('main').hidden = false;
@@ -66,13 +67,21 @@
       'and that the sidecar can join the recorder to this engine: it does so by the configured URL\'s port on this host; ' +
       'where it cannot see the engine\'s processes (another container, a Service URL) set FLIGHTREC_ENGINE_NAME=' + doc.engine + ' for vLLM.'), document.getElementById('checklist'));
   }
-  clSection.insertBefore(el('p', { class: 'muted legend-line' }, '● recorded (the snapshot holds the value; not a verdict on it) · ○ not recorded'), document.getElementById('checklist'));
+  clSection.insertBefore(el('p', { class: 'muted legend-line' }, '● recorded (the snapshot holds the value; not a verdict on it) · ○ not recorded · – not exposed by this vLLM'), document.getElementById('checklist'));
   const tbody = document.querySelector('#checklist tbody');
+  const MARK = { recorded: ['●', 'recorded', 'recorded'], not_recorded: ['○', 'missing', 'not recorded'], not_exposed: ['–', 'not-exposed', 'not exposed by this vLLM'] };
   for (const item of checklist.items) {
-    const value = el('td', { class: item.recorded ? '' : 'missing', 'data-key': item.key }, item.text);
-    if (item.detail !== undefined && item.detail !== null) value.appendChild(detailOf(item.detail));
-    tbody.appendChild(el('tr', {}, el('td', { class: 'check ' + (item.recorded ? 'recorded' : 'missing'), title: item.recorded ? 'recorded' : 'not recorded' },
-      item.recorded ? '●' : '○'), el('th', {}, item.label), value));
+    const status = item.status || (item.recorded ? 'recorded' : 'not_recorded');
+    const [mark, cls, title] = MARK[status] || MARK.not_recorded;
+    const value = el('td', { class: status === 'recorded' ? '' : cls, 'data-key': item.key }, item.text);
+    if (item.key === 'mirror_rows' && item.recorded) {
+      value.replaceChildren(mirrorSummary(item.value), ' · ', el('a', { href: '#requests-card' }, 'every request: the table below'));
+      if (item.detail) value.appendChild(el('div', { class: 'muted' }, 'most: ' + Object.entries(item.detail).map(([k, v]) => k + ' (' + v + ')').join(', ')));
+    } else if (item.detail !== undefined && item.detail !== null) value.appendChild(detailOf(item.detail));
+    tbody.appendChild(el('tr', { 'data-status': status }, el('td', { class: 'check ' + cls, title }, mark), el('th', {}, item.label), value));
+  }
+  function mirrorSummary(v) {
+    return v.total + ' rows over ' + v.requests + ' requests (per request min ' + v.min + ', p50 ' + v.p50 + ', p90 ' + v.p90 + ', max ' + v.max + ')';
   }
   // a detail is data: a small key/value list, never JSON text
   function detailOf(d) {
@@ -131,9 +140,21 @@
   addPlot('step-plots', 'Preemptions per step', [{ name: 'preemptions', xs, ys: col('preemptions') }], { ...common, yMin: 0 });
   addPlot('step-plots', 'Host-mirror rows (all requests)', [{ name: 'mirror rows', xs, ys: col('mirror_rows') }], { ...common, yMin: 0 });
 
-  // per request: group the columns by request id; the legend names the requests running at
-  // the fault (the last step with rows at or before it), drawn in colour, the rest in grey
-  const byReq = new Map();
+  // Was it stalling, was it slowing? The time each step took (from one step's stamp to the
+  // next's), the tokens it scheduled, and how they split between prefill and decode.
+  const durMs = steps.map((r, i) => (i && r.ts !== undefined && steps[i - 1].ts !== undefined ? (r.ts - steps[i - 1].ts) * 1000 : null));
+  addPlot('step-plots', 'Step duration (ms)', [{ name: 'step duration', xs, ys: durMs }], { ...common, yMin: 0, yFmt: (v) => fmt(v) + ' ms' });
+  const tok = (r) => (r.prompt_tokens === null || r.prompt_tokens === undefined) && (r.generation_tokens === null || r.generation_tokens === undefined)
+    ? null : (r.prompt_tokens || 0) + (r.generation_tokens || 0);
+  addPlot('step-plots', 'Tokens per step', [{ name: 'tokens', xs, ys: steps.map(tok) }], { ...common, yMin: 0 });
+  addPlot('step-plots', 'Scheduled prefill vs decode tokens', [
+    { name: 'prefill (prompt_tokens)', xs, ys: col('prompt_tokens'), color: '#ff7f0e' },
+    { name: 'decode (generation_tokens)', xs, ys: col('generation_tokens'), color: '#1f77b4' }], { ...common, yMin: 0 });
+
+  // -- per request: what a person reads at 256 running -----------------------------------------
+  // Percentile bands over the requests of each step (min-max, p10-p90 shaded, p50 a line), the
+  // few longest requests at the fault named in colour, and any one request drawn on demand
+  // (the list beside the plot, or a row of the table below).
   const rs = cols.step || [], rid = cols.request_id || [], ctx = cols.computed_tokens || [], mir = cols.mirror_rows || [];
   let faultRowsStep = null;
   for (let i = 0; i < rs.length; i++) {
@@ -141,26 +162,88 @@
     if (t !== undefined && t <= doc.fault_ts && (faultRowsStep === null || rs[i] > faultRowsStep)) faultRowsStep = rs[i];
   }
   if (faultRowsStep === null && rs.length) faultRowsStep = rs[rs.length - 1];
-  const atFault = new Set();
+  const byReq = new Map();
+  const atFault = new Map();  // request id -> its context at the fault's step
   for (let i = 0; i < rs.length; i++) {
     let r = byReq.get(rid[i]);
     if (!r) { r = { xs: [], ctx: [], mir: [] }; byReq.set(rid[i], r); }
     const t = stepTs.get(rs[i]);
     r.xs.push(t === undefined ? NaN : rel(t)); r.ctx.push(ctx[i]); r.mir.push(mir[i] ?? null);
-    if (rs[i] === faultRowsStep) atFault.add(rid[i]);
+    if (rs[i] === faultRowsStep) atFault.set(rid[i], ctx[i]);
   }
-  const ctxSeries = [], mirSeries = [];
-  let k = 0;
-  const ordered = [...byReq].sort(([a], [b]) => (atFault.has(b) - atFault.has(a)));
-  for (const [name, r] of ordered) {
-    const color = atFault.has(name) ? FR.PALETTE[k++ % FR.PALETTE.length] : '#c8c8c8';
-    ctxSeries.push({ name, xs: r.xs, ys: r.ctx, color });
-    mirSeries.push({ name, xs: r.xs, ys: r.mir, color });
+  function bands(values, name, color) {
+    // one point per step: the distribution of `values` over the rows of that step
+    const per = new Map();
+    for (let i = 0; i < rs.length; i++) {
+      const v = values[i];
+      if (v === null || v === undefined || !isFinite(v)) continue;
+      let a = per.get(rs[i]); if (!a) { a = []; per.set(rs[i], a); } a.push(v);
+    }
+    const bx = [], mn = [], p10 = [], p50 = [], p90 = [], mx = [];
+    for (const [st, a] of [...per].sort((p, q) => p[0] - q[0])) {
+      const t = stepTs.get(st); if (t === undefined) continue;
+      a.sort((p, q) => p - q);
+      const q = (f) => a[Math.min(a.length - 1, Math.floor(f * a.length))];
+      bx.push(rel(t)); mn.push(a[0]); p10.push(q(0.1)); p50.push(q(0.5)); p90.push(q(0.9)); mx.push(a[a.length - 1]);
+    }
+    return [
+      { name: 'min–max', xs: bx, lo: mn, hi: mx, fill: 'rgba(31,119,180,0.12)' },
+      { name: 'p10–p90', xs: bx, lo: p10, hi: p90, fill: 'rgba(31,119,180,0.28)' },
+      { name: 'min', xs: bx, ys: mn, color: 'rgba(31,119,180,0.45)', width: 0.8 },
+      { name: 'p50', xs: bx, ys: p50, color: color || '#1f5f99', width: 1.8 },
+      { name: 'p90', xs: bx, ys: p90, color: 'rgba(31,119,180,0.7)', width: 1 },
+      { name: 'max', xs: bx, ys: mx, color: 'rgba(31,119,180,0.45)', width: 0.8 },
+    ];
   }
-  const faultLegend = (series) => ({ series: series.filter((x) => atFault.has(x.name)), limit: 16,
-    title: atFault.size ? 'running at the fault (step ' + faultRowsStep + ', ' + atFault.size + '): ' : 'no request rows at the fault' });
-  addPlot('step-plots', 'Context length per request (computed tokens)', ctxSeries, common, faultLegend(ctxSeries));
-  addPlot('step-plots', 'Host-mirror rows per request', mirSeries, { ...common, yMin: 0 }, faultLegend(mirSeries));
+  const LONGEST = 5;
+  const longest = [...atFault].sort((a, b) => (b[1] ?? -1) - (a[1] ?? -1)).slice(0, LONGEST).map(([id]) => id);
+  const LONG_COLORS = ['#d62728', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b'];
+  const ctxBands = bands(ctx);
+  const named = longest.map((id, k) => ({ name: id, xs: byReq.get(id).xs, ys: byReq.get(id).ctx, color: LONG_COLORS[k], width: 1.4 }));
+  const ctxTitle = 'Context length per request (computed tokens)';
+  const summaryLine = atFault.size
+    ? atFault.size + ' requests running at the fault (step ' + faultRowsStep + '); the ' + Math.min(LONGEST, atFault.size) + ' longest: '
+    : 'no request rows at the fault';
+  addPlot('step-plots', ctxTitle, [...ctxBands, ...named], common,
+    { series: [...ctxBands.filter((x) => x.lo || x.name === 'p50'), ...named.map((x) => ({ ...x, name: x.name + ' (' + fmt(atFault.get(x.name)) + ')' }))], limit: 12, title: summaryLine });
+  const ctxPlot = drawn[drawn.length - 1];
+  const ctxBox = ctxPlot.canvas.parentElement;
+  ctxBox.classList.add('wide');
+  // the per-request view: any request, drawn over the bands in black
+  const pick = el('select', { id: 'req-pick', 'aria-label': 'show one request' }, el('option', { value: '' }, 'show one request…'));
+  for (const [id, c] of [...atFault].sort((a, b) => (b[1] ?? -1) - (a[1] ?? -1))) pick.appendChild(el('option', { value: id }, id + ' · ' + fmt(c) + ' tokens'));
+  for (const id of byReq.keys()) if (!atFault.has(id)) pick.appendChild(el('option', { value: id }, id + ' · ended before the fault'));
+  const pickNote = el('span', { class: 'muted', id: 'req-pick-note' });
+  ctxBox.insertBefore(el('div', { class: 'pick' }, pick, ' ', pickNote), ctxPlot.canvas);
+  function showRequest(id) {
+    const base = [...ctxBands, ...named];
+    const mbase = mirPlot ? mirBands : null;
+    if (id && byReq.has(id)) {
+      const r = byReq.get(id);
+      ctxPlot.series = [...base, { name: id, xs: r.xs, ys: r.ctx, color: '#000', width: 2.2 }];
+      if (mirPlot) mirPlot.series = [...mbase, { name: id, xs: r.xs, ys: r.mir, color: '#000', width: 2.2 }];
+      const last = r.ctx[r.ctx.length - 1];
+      pickNote.textContent = r.xs.length + ' steps recorded, context ' + fmt(r.ctx[0]) + ' → ' + fmt(last) + ' tokens';
+      document.body.dataset.request = id;
+    } else {
+      ctxPlot.series = base;
+      if (mirPlot) mirPlot.series = mbase;
+      pickNote.textContent = '';
+      delete document.body.dataset.request;
+    }
+    pick.value = id || '';
+    drawAll();
+  }
+  pick.addEventListener('change', () => showRequest(pick.value));
+  FR.showRequest = showRequest;
+
+  let mirPlot = null, mirBands = null;
+  if (mir.some((v) => v !== null && v !== undefined)) {
+    mirBands = bands(mir);
+    addPlot('step-plots', 'Host-mirror rows per request', mirBands, { ...common, yMin: 0 },
+      { series: mirBands.filter((x) => x.lo || x.name === 'p50'), limit: 4, title: 'distribution over the requests of each step: ' });
+    mirPlot = drawn[drawn.length - 1];
+  }
 
   document.getElementById('gpu-note').textContent = gpus.size ? (doc.gpu_samples.length + ' samples of ' + gpus.size + ' GPU(s), on the same time axis') : 'no GPU samples recorded';
   const gpuSeries = (field, scale) => [...gpus].map(([name, samples]) => ({
@@ -229,9 +312,13 @@
   document.getElementById('req-note').textContent = lastReqStep !== null ? 'step ' + lastReqStep : 'no per-request rows recorded';
   document.querySelector('#requests thead').appendChild(el('tr', {}, ...reqCols.map((c) => el('th', { class: c === 'request_id' || c === 'status' ? 'l' : '' }, c))));
   const rbody = document.querySelector('#requests tbody');
-  for (let i = 0; i < rs.length; i++) {
-    if (rs[i] !== lastReqStep) continue;
-    rbody.appendChild(el('tr', {}, ...reqCols.map((c) => el('td', { class: c === 'request_id' || c === 'status' ? 'l' : '' }, fmt(cols[c][i])))));
+  const lastRows = [];
+  for (let i = 0; i < rs.length; i++) if (rs[i] === lastReqStep) lastRows.push(i);
+  lastRows.sort((a, b) => (ctx[b] ?? -1) - (ctx[a] ?? -1));  // the longest first, as the plot names them
+  for (const i of lastRows) {
+    const tr = el('tr', { class: 'pickable', title: 'draw this request in the context plot' }, ...reqCols.map((c) => el('td', { class: c === 'request_id' || c === 'status' ? 'l' : '' }, fmt(cols[c][i]))));
+    tr.addEventListener('click', () => { showRequest(rid[i]); ctxPlot.canvas.scrollIntoView({ block: 'center' }); });
+    rbody.appendChild(tr);
   }
 
   // -- events ---------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ def test_deployment_facts(snapshot: dict[str, Any]) -> None:
     detail = snapshot["items"]["connectors"]["detail"]
     assert detail["kv_connector_extra_config"]["connectors"][1]["kv_connector_extra_config"]["host_pool_gib"] == SC.host_pool_gib
     assert item(snapshot, "host_pool_size") in (SC.host_pool_gib, f"{SC.host_pool_gib:g} GiB")
-    assert not snapshot["items"]["import_prefix_via_host"]["recorded"]  # vLLM has no such setting
+    imports = snapshot["items"]["import_prefix_via_host"]  # vLLM has no such setting: grey, not red
+    assert not imports["recorded"] and imports["status"] == "not_exposed" and imports["text"] == "not exposed by this vLLM"
     assert item(snapshot, "block_size") == SC.block_size
     assert item(snapshot, "nccl_net_plugin") == {"decode-0": "none", "prefill-0": "none"}  # both engines of the pair
     assert item(snapshot, "cuda_launch_blocking") == "0"
@@ -70,9 +71,13 @@ def test_engine_state_at_the_crash(snapshot: dict[str, Any]) -> None:
     kv = item(snapshot, "kv_cache_usage")
     assert kv == last["kv_cache_usage"] and kv == pytest.approx(0.032, abs=0.003)
     assert item(snapshot, "preemptions") == 0
+    # host-mirror rows: a summary (total, distribution, the requests with the most), not a map of every id
+    rows = {cols["request_id"][i]: cols["mirror_rows"][i] for i in at_last}
     mirror = item(snapshot, "mirror_rows")
-    assert mirror == {cols["request_id"][i]: cols["mirror_rows"][i] for i in at_last}
-    assert all(v > 0 for v in mirror.values())
+    assert mirror["total"] == sum(rows.values()) and mirror["requests"] == len(rows) and mirror["min"] > 0
+    assert mirror["max"] == max(rows.values()) and mirror["min"] == min(rows.values())
+    most = snapshot["items"]["mirror_rows"]["detail"]
+    assert 0 < len(most) <= 5 and all(rows[rid] == n for rid, n in most.items()) and max(most.values()) == mirror["max"]
 
 
 def test_the_fault(snapshot: dict[str, Any]) -> None:
@@ -82,7 +87,10 @@ def test_the_fault(snapshot: dict[str, Any]) -> None:
     assert sorted(workers) == sorted(SC.failing_workers)
     assert len(set(workers.values())) == 1  # the two TP workers fail at the same step
     assert workers["Worker_TP0"] == doc["steps"][-1]["step"]
-    assert item(snapshot, "xid") == [SC.xid]
+    assert item(snapshot, "xid") == [f"{SC.xid} (GPU stopped processing: application)"]  # the code and its class
+    assert snapshot["items"]["fault"]["text"].startswith("xid: Xid 43")
+    keys = list(snapshot["items"])
+    assert keys.index("xid") < keys.index("connectors") < keys.index("vllm_version")  # the fault's questions first
     # whole tracebacks, frames included, for both workers
     tbs = {e["process"]: e for e in doc["events"] if e["kind"] == "cuda_error" and e.get("frames")}
     assert {"Worker_TP0", "Worker_TP1"} <= set(tbs)
