@@ -91,8 +91,8 @@ class Service:
         host = settings.host_name or socket.gethostname()
         repo = Repository(db, host=host)
         writer = BatchWriter(repo, interval=settings.write_batch_interval)
-        if migrated:  # the migration just reached it: /healthz says up, as /metrics does, before any write
-            writer.db_up = True
+        # the migration just reached it, or not: /healthz says so, as /metrics does, before any write
+        writer.db_up = migrated
         hub = Hub(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         committer = SnapshotCommitter(
             hub,

@@ -105,7 +105,8 @@ def title(snap: Mapping[str, Any]) -> str:
     kind = trig.get("kind") or "fault"
     what = _exception_of(snap) or trig.get("message") or kind
     conns = "+".join(c for c in (fp.get("connectors") or []) if c != "MultiConnector")
-    where = ", ".join(x for x in (f"vLLM {fp['vllm_version']}" if fp.get("vllm_version") else "", conns, _role(fp)) if x)
+    side = {"kv_consumer": "P/D decode", "kv_producer": "P/D prefill"}.get(str(fp.get("kv_role")), "")
+    where = ", ".join(x for x in (f"vLLM {fp['vllm_version']}" if fp.get("vllm_version") else "", conns, side) if x)
     xid = _xid(snap)
     if xid is not None and what != trig.get("message"):  # the Xid and the workers' error, both
         head = f"Xid {xid} ({lookup(xid).name}) with {what}"
@@ -166,7 +167,7 @@ def _environment(snap: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
         ("dtype / KV cache dtype", f"{_v(fp.get('dtype'))} / {_v(fp.get('kv_cache_dtype'))}"),
         ("Parallelism", f"TP {_v(fp.get('tensor_parallel_size'))}, PP {_v(fp.get('pipeline_parallel_size'))}, DP {_v(fp.get('data_parallel_size'))}"),
         ("Host", snap.get("host")),
-        ("Engine", f"{snap.get('engine')} ({_role(fp) or 'no KV role'})"),
+        ("Engine", f"{snap.get('engine')}, {_role(fp) or 'no KV role'}"),
         ("Driver, CUDA, PyTorch", "not recorded by the flight recorder: run `python collect_env.py` on the node"),
     ]
     out = [f"{k:24}: {_v(v)}" for k, v in rows]
@@ -197,7 +198,7 @@ def _what_happened(snap: Mapping[str, Any]) -> str:
             " Its P/D peer"
             + ("s" if len(peers) > 1 else "")
             + ": "
-            + ", ".join(f"{p.get('engine')} ({_role(p.get('fingerprint') or {}) or '?'})" for p in peers)
+            + ", ".join(f"{p.get('engine')}, {_role(p.get('fingerprint') or {}) or '?'}" for p in peers)
             + "."
         )
     load = ""
@@ -210,7 +211,7 @@ def _what_happened(snap: Mapping[str, Any]) -> str:
         )
     died = f" in step {max(steps)}" if steps else ""
     return (
-        f"The engine `{snap.get('engine')}` ({_role(fp) or 'no KV role'}, model `{fp.get('model') or NOT_RECORDED}`) failed{died} at "
+        f"The engine `{snap.get('engine')}`, {_role(fp) or 'no KV role'} serving `{fp.get('model') or NOT_RECORDED}`, failed{died} at "
         f'{_when(snap.get("fault_ts"))}: {trig.get("kind", "?")} from {trig.get("source", "?")}, "{trig.get("message", "")}".'
         f"{load}{pair} Failed processes: {', '.join(failed) or NOT_RECORDED}."
     )
@@ -234,13 +235,13 @@ def _connectors(snap: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
     if not kv:
         return [f"KV transfer config: {NOT_RECORDED} (or none configured)."]
     out = [f"Connectors in use: {', '.join(fp.get('connectors') or []) or NOT_RECORDED}.", ""]
-    out += [f"`{snap.get('engine')}` ({_role(fp) or '?'}):", "", "```json", json.dumps(kv, indent=2, sort_keys=True, default=str), "```"]
+    out += [f"`{snap.get('engine')}`, {_role(fp) or '?'}:", "", "```json", json.dumps(kv, indent=2, sort_keys=True, default=str), "```"]
     for p in snap.get("peers") or []:
         pkv = (p.get("fingerprint") or {}).get("kv_transfer_config")
         if pkv:
             out += [
                 "",
-                f"Peer `{p.get('engine')}` ({_role(p.get('fingerprint') or {}) or '?'}):",
+                f"Peer `{p.get('engine')}`, {_role(p.get('fingerprint') or {}) or '?'}:",
                 "",
                 "```json",
                 json.dumps(pkv, indent=2, sort_keys=True, default=str),

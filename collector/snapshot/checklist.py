@@ -27,11 +27,16 @@ DETECTORS_SHOWN = 6
 MOST_MIRROR_ROWS = 5
 
 
-def _item(key: str, label: str, value: Any, *, recorded: bool | None = None, detail: Any = None, status: str | None = None) -> dict[str, Any]:
+def _item(
+    key: str, label: str, value: Any, *, recorded: bool | None = None, detail: Any = None, status: str | None = None, text: str | None = None
+) -> dict[str, Any]:
     ok = value is not None if recorded is None else recorded
     st = status or (RECORDED if ok else MISSING)
     ok = ok and st == RECORDED
-    text = _text(value) if ok else (NOT_EXPOSED_TEXT if st == NOT_EXPOSED else NOT_RECORDED)
+    if not ok:
+        text = NOT_EXPOSED_TEXT if st == NOT_EXPOSED else NOT_RECORDED
+    elif text is None:
+        text = _text(value)
     out = {"key": key, "label": label, "value": value if ok else None, "recorded": ok, "status": st, "text": text}
     if detail is not None:
         out["detail"] = detail
@@ -175,8 +180,8 @@ def _xid_item(s: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict
     for code in codes:
         info = lookup(int(code))
         classes[f"Xid {code}"] = f"{info.name} ({info.category}, {info.severity.value}): {info.action}"
-    value = [f"{code} ({lookup(int(code)).name}: {lookup(int(code)).category})" for code in codes]
-    return _item("xid", "GPU Xid and its class", value, detail=classes)
+    text = ", ".join(f"{code} ({lookup(int(code)).name}: {lookup(int(code)).category})" for code in codes)
+    return _item("xid", "GPU Xid and its class", list(codes), detail=classes, text=text)
 
 
 def _detectors_item(header: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

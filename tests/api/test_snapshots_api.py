@@ -290,6 +290,7 @@ def test_checklist_reads_the_pair_peer_fingerprint(client: TestClient, ctx: Any)
         "key": "cuda_graph_mode",
         "label": "CUDA graph mode",
         "recorded": False,
+        "status": "not_recorded",
         "value": None,
         "text": "not recorded",
         "detail": None,

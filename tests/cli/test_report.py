@@ -40,7 +40,7 @@ def test_the_demo_snapshot_as_a_bug_report(demo_run: Any, tmp_path: Path, capsys
     # the environment, the exact arguments and the connectors, from the fingerprint
     assert "vLLM version            : 0.11.1" in text and "NCCL_NET_PLUGIN=none" in text and "Parallelism             : TP 2" in text
     assert "| `max_num_seqs` | `16` |" in text and "| `block_size` | `64` |" in text and "| `cuda_graph_mode` | `FULL` |" in text
-    assert '"kv_connector": "HiSparseConnector"' in text and "Peer `prefill-0` (prefill (kv_producer))" in text
+    assert '"kv_connector": "HiSparseConnector"' in text and "Peer `prefill-0`, prefill (kv_producer)" in text
     # the fault: the Xid with its catalog meaning, both workers' tracebacks, the failed step
     assert "**Xid 43: GPU stopped processing** (warning, application)" in text and "Action: restart the application" in text
     assert "Traceback of Worker_TP0" in text and "Traceback of Worker_TP1" in text and "copy_event.synchronize()" in text

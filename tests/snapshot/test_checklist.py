@@ -87,7 +87,8 @@ def test_the_fault(snapshot: dict[str, Any]) -> None:
     assert sorted(workers) == sorted(SC.failing_workers)
     assert len(set(workers.values())) == 1  # the two TP workers fail at the same step
     assert workers["Worker_TP0"] == doc["steps"][-1]["step"]
-    assert item(snapshot, "xid") == [f"{SC.xid} (GPU stopped processing: application)"]  # the code and its class
+    assert item(snapshot, "xid") == [SC.xid]
+    assert snapshot["items"]["xid"]["text"] == f"{SC.xid} (GPU stopped processing: application)"  # the code and its class
     assert snapshot["items"]["fault"]["text"].startswith("xid: Xid 43")
     keys = list(snapshot["items"])
     assert keys.index("xid") < keys.index("connectors") < keys.index("vllm_version")  # the fault's questions first

@@ -37,7 +37,7 @@ def test_a_pd_crash_with_an_xid_asks_the_xid_class_and_the_connector_questions()
     items = {i["key"]: i for i in checklist(header, [{"engine": "prefill-0", "fingerprint": {"env": {}}}], events)}
     order = list(items)
     assert order[:5] == ["fault", "xid", "failed_workers", "detectors_before", "cuda_launch_blocking"]
-    assert items["xid"]["value"] == ["79 (GPU has fallen off the bus: hardware)"]
+    assert items["xid"]["value"] == [79] and items["xid"]["text"] == "79 (GPU has fallen off the bus: hardware)"
     assert "reboot" in items["xid"]["detail"]["Xid 79"]
     assert items["detectors_before"]["detail"] == {"-10.0 s": "stall warning: no step for 2 s"}
     assert items["nccl_net_plugin"]["value"] == {"decode-0": "none", "prefill-0": "unset"}
