@@ -20,7 +20,7 @@
         tbody.appendChild(el('tr', {},
           el('td', {}, el('a', { href: '/snapshots/' + encodeURIComponent(s.id) }, s.id)),
           el('td', { class: 'l' }, isoTime(s.created_at)), el('td', { class: 'l' }, s.host), el('td', { class: 'l' }, s.engine),
-          el('td', { class: 'l' }, s.trigger_kind), el('td', {}, s.incident_id ?? ''), el('td', {}, s.step_count),
+          el('td', { class: 'l' }, s.trigger_kind), el('td', {}, s.incident_id ? el('a', { href: '/incidents/' + encodeURIComponent(s.incident_id) }, s.incident_id) : ''), el('td', {}, s.step_count),
           el('td', {}, s.request_rows), el('td', {}, fmt(sum.running)), el('td', {}, fmt(sum.kv_cache_usage)),
           el('td', { class: 'l' }, (s.trigger_message || '').slice(0, 120))));
       }

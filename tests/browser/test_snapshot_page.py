@@ -111,6 +111,7 @@ def test_the_list_page_links_to_the_snapshot(serve: Any, browser: Browser) -> No
         page.navigate(f"{srv.url}/snapshots")
         page.wait_js("document.querySelectorAll('#list tbody tr').length > 0 || !!document.querySelector('.error')")
         assert page.evaluate("document.querySelector('#list tbody a').getAttribute('href')") == "/snapshots/1"
+        assert page.evaluate("document.querySelector('#list tbody a[href^=\"/incidents/\"]').getAttribute('href')") == "/incidents/1"
         browser.pump(0.3)
         assert page.console_errors() == []
 
