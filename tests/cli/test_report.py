@@ -80,3 +80,15 @@ def test_the_demo_snapshot_as_a_bug_report(demo_run: Any, tmp_path: Path, capsys
 def test_report_without_an_id_or_file_is_a_usage_error(capsys: Any) -> None:
     assert main(["report"]) == 2
     assert "needs a snapshot ID" in capsys.readouterr().err
+
+
+def test_a_report_from_an_export_file_keeps_hostnames_on_request(demo_run: Any, tmp_path: Path, capsys: Any) -> None:
+    export = tmp_path / "s.json.gz"
+    assert main(["snapshots", "export", "1", "--db", demo_run.db, "-o", str(export)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--from-file", str(export), "--keep-hostnames"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# [Bug]: Xid 43") and "#### How to reproduce" in text
+    assert "host-1" not in text  # kept as they are
+    assert main(["report", "--from-file", str(tmp_path / "missing.json.gz")]) == 2
+    assert "cannot read" in capsys.readouterr().err
