@@ -53,6 +53,7 @@ from collector.storage.writer import event_row
 log = logging.getLogger(__name__)
 
 DISTINCT_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.ANOMALY})
+BUILD_ATTEMPTS = 3  # a capture's build, tried again after a failure before the amendment takes over
 
 
 @dataclass
@@ -250,9 +251,9 @@ class SnapshotCommitter:
             await asyncio.wait_for(self._queue.join(), timeout)
 
     async def _process(self, job: _Job) -> None:
-        o = job.open
-        assert job.capture is not None
-        doc, blobs = await asyncio.to_thread(_build, job.capture)
+        o, cap = job.open, job.capture
+        assert cap is not None
+        doc, blobs = await self._build_off_loop(job)
         meta = {
             "incident_key": f"{o.trigger.kind.value}:{int(o.trigger.ts)}",
             "trigger_uid": o.trigger.uid,
@@ -260,7 +261,7 @@ class SnapshotCommitter:
             "amend": job.amend,
             "counts": doc.counts(),
         }
-        name = f"snapshot-{job.capture.trigger.ts:.6f}-{_safe(o.engine)}-{o.trigger.uid[:12]}.spool"
+        name = f"snapshot-{cap.trigger.ts:.6f}-{_safe(o.engine)}-{o.trigger.uid[:12]}.spool"
         try:
             if o.spool_path is not None and o.spool_path.name != name:
                 o.spool_path.unlink(missing_ok=True)
@@ -283,6 +284,25 @@ class SnapshotCommitter:
         if not await self._commit(job):
             self._waiting = [j for j in self._waiting if j.open is not o]  # the newest version waits
             self._waiting.append(job)
+
+    async def _build_off_loop(self, job: _Job) -> tuple[SnapshotDoc, dict[str, bytes]]:
+        """The build, in a worker thread, tried again after a failure. A capture whose build
+        failed was dropped with its amendment never scheduled, and only the stop's drain then
+        committed the fault (once 101 s after it); a build that fails for good still gets the
+        amendment's fresh capture, ``settle_s`` later."""
+        assert job.capture is not None
+        for attempt in range(1, BUILD_ATTEMPTS + 1):
+            try:
+                return await asyncio.to_thread(_build, job.capture)
+            except Exception:
+                if attempt < BUILD_ATTEMPTS:
+                    log.exception("building the snapshot of %s failed (attempt %d); trying again", job.open.engine, attempt)
+                    await asyncio.sleep(0.05 * attempt)
+                    continue
+                if not job.amend and job.open.retake is None:
+                    self._schedule_amend(job.open)
+                raise
+        raise AssertionError("unreachable")
 
     async def _commit(self, job: _Job) -> bool:
         """One attempt; True when the database has it (or refused it for good)."""

@@ -12,7 +12,7 @@ import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from collector.channel.blocks import RequestBlock
@@ -220,10 +220,20 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
     return out
 
 
+def own_copy(ev: Event) -> Event:
+    """An event the build may read in its worker thread: ingest merges a later witness of the
+    same fault into the event it published (``XidMerger``: new keys in ``data``, lines, sources)
+    and the committer links it (``data["snapshot_id"]``), both on the loop. ``to_dict`` walks
+    ``data`` in Python, and a key added meanwhile ended the build with "dictionary changed size
+    during iteration" (``tests/snapshot/test_commit_race.py``)."""
+    return replace(ev, data=copy.deepcopy(ev.data), frames=list(ev.frames), lines=list(ev.lines), sources=list(ev.sources))
+
+
 @dataclass
 class Capture:
     """What a snapshot is made of, taken on the event loop: references, copied lists, nothing
-    decoded or encoded (milliseconds at any load). ``build`` makes the document, off the loop."""
+    decoded or encoded (milliseconds at any load); the events are copies (``own_copy``), as the
+    loop changes them. ``build`` makes the document, off the loop."""
 
     host: str
     engine: str
@@ -283,6 +293,7 @@ def capture(
     seen = {e.uid for e in events}
     events += [e for e in hub.host_events if e.ts >= horizon and e.uid not in seen]
     events.sort(key=lambda e: e.ts)
+    events = [own_copy(e) for e in events]
     extra: dict[str, Any] = {"configured": st.configured, "scrape_interval_s": scrape_interval}
     if st.scrapes:
         extra["last_scrape"] = {"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)}
@@ -298,7 +309,7 @@ def capture(
     return Capture(
         host=hub.host,
         engine=engine,
-        trigger=trigger,
+        trigger=own_copy(trigger),
         steps=steps,
         blocks=[s.request_block for s in steps],
         gpu_samples=samples,
