@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -28,6 +29,8 @@ from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import SCRAPE_SECONDS
+from collector.sources.kmsg import KmsgSource
+from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
@@ -136,6 +139,10 @@ class Service:
         ctx.supervised = [SupervisedSource(s) for s in sources]
         ctx.recorders = [s for s in sources if isinstance(s, RecorderSource)]
         committer.before_capture = lambda: [r.poll(hub) for r in ctx.recorders]
+        # the kernel log resumes after the mark of what it handled durably (sources/kmsg_mark.py)
+        kernel_logs = [s for s in sources if isinstance(s, KmsgSource)]
+        for k in kernel_logs:
+            k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
 
         from collector.api.app import create_app
 
@@ -154,6 +161,8 @@ class Service:
         tasks.append(start("detectors", detectors.run))
         tasks.append(start("retention", lambda: self._retention(repo)))
         tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
+        for k in kernel_logs:  # after the sources: cancelled after the writer's last flush, it saves the last mark
+            tasks.append(start("kmsg-mark", functools.partial(keep_mark, k, writer)))
         if not migrated:
             tasks.append(start("migrate", self._migrate_when_back, once=True))
         if ctx.alerter is not None:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from tests.faults import sidecar_node as sn  # noqa: E402
 
-POINTS = ("before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
+POINTS = ("intent_tmp", "before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
 
 
 def main() -> None:

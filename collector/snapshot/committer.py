@@ -145,6 +145,10 @@ class SnapshotCommitter:
             # An engine never seen up has no last steps to freeze: the event (and its alert)
             # says it is down; a snapshot would be empty.
             targets = [n for n in targets if self.hub.engines[n].ever_up]
+        if ev.data.get("replayed"):
+            # read again at start (the kernel log resumes after its mark): a trigger whose intent
+            # the killed run left is retaken from that intent, not opened twice
+            targets = [n for n in targets if not intent.pending_for(self.spool_dir, n, ev.uid)]
         for name in targets:
             self.snapshot_due(name, ev)
 
@@ -156,7 +160,10 @@ class SnapshotCommitter:
             if cur.snapshot_id is not None:
                 self._link_later(trigger, cur.snapshot_id)
             return cur
-        opened = OpenSnapshot(engine, trigger, now + self.window_s)
+        # a trigger read again at start happened before it: the rings as they were at its time
+        # plus the settle time, like a retake, and no amendment (what came later is not its evidence)
+        replayed = bool(trigger.data.get("replayed"))
+        opened = OpenSnapshot(engine, trigger, now + self.window_s, amended=replayed)
         self._write_intent(opened)  # first: durable before anything else (and before a POST answers)
         with contextlib.suppress(RuntimeError):
             opened.committed = asyncio.get_running_loop().create_future()
@@ -164,7 +171,10 @@ class SnapshotCommitter:
             self._open[engine] = opened
         self._recent.append(opened)
         del self._recent[:-500]
-        self._put(_Job(opened, self._capture(engine, trigger), amend=False))
+        cap = self._capture(engine, trigger)
+        if replayed:
+            cap.extra["replayed"] = {"steps_after_fault_left_out": _cut(cap, trigger.ts + self.settle_s, trigger.uid)}
+        self._put(_Job(opened, cap, amend=False))
         return opened
 
     def _write_intent(self, o: OpenSnapshot) -> None:
@@ -451,22 +461,13 @@ class SnapshotCommitter:
                 continue
             o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
             cap = self._capture(it.engine, it.event)
-            cut = it.event.ts + self.settle_s
-            keep = [i for i, s in enumerate(cap.steps) if s.ts <= cut]
-            later = len(cap.steps) - len(keep)
-            kept = [cap.steps[i] for i in keep]
-            if cap.blocks is not None:  # each step's block as captured, cut with its step
-                cap.blocks = [cap.blocks[i] for i in keep]
-            cap.steps = kept
-            cap.events = [e for e in cap.events if e.ts <= cut and e.uid != it.event.uid]
-            cap.events.append(it.event)
-            cap.events.sort(key=lambda e: e.ts)
+            later = _cut(cap, it.event.ts + self.settle_s, it.event.uid)
             cap.extra["retaken"] = {
                 **intent.to_meta(it),
                 "retaken_at": time.time(),
                 "steps_after_fault_left_out": later,
                 "note": "retaken at start from the recorder rings: the sidecar stopped before committing it"
-                + ("" if kept else "; the rings no longer hold the steps before the fault"),
+                + ("" if cap.steps else "; the rings no longer hold the steps before the fault"),
             }
             self._recent.append(o)
             log.warning(
@@ -600,6 +601,20 @@ def _sweep_temporaries(directory: Path) -> None:
         except OSError:
             continue
         log.warning("removed %s, a temporary file left by a sidecar stopped while writing it", path.name)
+
+
+def _cut(cap: Capture, cut: float, trigger_uid: str) -> int:
+    """A capture taken after its trigger's time (a retake, a trigger read again at start) as it
+    was at ``cut``: later steps and events left out. Returns how many steps were left out."""
+    keep = [i for i, s in enumerate(cap.steps) if s.ts <= cut]
+    later = len(cap.steps) - len(keep)
+    if cap.blocks is not None:  # each step's block as captured, cut with its step
+        cap.blocks = [cap.blocks[i] for i in keep]
+    cap.steps = [cap.steps[i] for i in keep]
+    cap.events = [e for e in cap.events if e.ts <= cut and e.uid != trigger_uid]
+    cap.events.append(cap.trigger)
+    cap.events.sort(key=lambda e: e.ts)
+    return later
 
 
 def _build(cap: Capture) -> tuple[SnapshotDoc, dict[str, bytes]]:

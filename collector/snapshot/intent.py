@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collector import durable
 from collector.errors import FlightrecError
 from collector.model import Event, EventKind, Severity
-from collector.snapshot import durable
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,12 @@ class Intent:
 
 
 def file_name(engine: str, ev: Event) -> str:
+    return f"trigger-{ev.ts:.6f}{_tail(engine, ev.uid)}"
+
+
+def _tail(engine: str, uid: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in engine)[:64]
-    return f"trigger-{ev.ts:.6f}-{safe}-{ev.uid[:16]}{SUFFIX}"
+    return f"-{safe}-{uid[:16]}{SUFFIX}"
 
 
 def encode(engine: str, ev: Event, accepted_at: float) -> bytes:
@@ -127,6 +131,12 @@ def pending(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.glob(f"trigger-*{SUFFIX}") if p.is_file() and not p.is_symlink())
+
+
+def pending_for(directory: Path, engine: str, uid: str) -> bool:
+    """Whether an intent of this engine and trigger id is on disk (whatever its time)."""
+    tail = _tail(engine, uid)
+    return bool(uid) and any(p.name.endswith(tail) for p in pending(directory))
 
 
 def remove(path: Path) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collector import durable
 from collector.errors import FlightrecError
-from collector.snapshot import durable
 
 log = logging.getLogger(__name__)
 

@@ -141,6 +141,12 @@ class BatchWriter:
         self.flushes = 0
         self.last_flush_s = 0.0
         self.last_ok: float | None = None
+        # Events offered, ever, and how many of the first of them are written (or dropped by the
+        # bound, or refused, and counted): the barrier the kernel log's resume mark waits for.
+        self.events_offered = 0
+        self.events_written_through = 0
+        self._in_flight = 0  # flushes writing now
+        self._given_back = 0  # batches the database did not take, ever
 
     # -- the queue (called on the event loop by ingest) ------------------------------------
     def offer_step(self, rec: StepRecord) -> None:
@@ -161,6 +167,14 @@ class BatchWriter:
 
     def offer_event(self, ev: Event) -> None:
         self._bounded(self._q.events).append(ev)
+        self.events_offered += 1
+
+    def ticket(self) -> int:
+        """The events offered so far: ``passed(ticket)`` once every one of them is written."""
+        return self.events_offered
+
+    def passed(self, ticket: int) -> bool:
+        return self.events_written_through >= ticket
 
     def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
         self._q.fingerprints[engine] = facts
@@ -219,9 +233,13 @@ class BatchWriter:
 
     async def flush(self, *, everything: bool = False) -> None:
         batch = self._take(everything=everything)
+        # every event offered before this take is in this batch or an earlier one
+        through, given_back = self.events_offered, self._given_back
         if not (batch.steps or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
+            self._written_through(through, given_back)
             return
         t0 = time.perf_counter()
+        self._in_flight += 1
         try:
             written = await asyncio.to_thread(self._write, batch)
         except StorageError as exc:
@@ -229,13 +247,23 @@ class BatchWriter:
                 log.error("database write failed, holding %d rows in memory: %s", len(batch.steps), exc)
             self.db_up, self.last_error = False, str(exc)
             self._give_back(batch)
+            self._given_back += 1
             return
+        finally:
+            self._in_flight -= 1
+        self._written_through(through, given_back)
         if self.db_up is False:
             log.warning("database is back; wrote the rows held meanwhile")
         self.db_up, self.last_error, self.last_ok = True, "", time.time()
         self.flushes += 1
         self.rows_written += written
         self.last_flush_s = time.perf_counter() - t0
+
+    def _written_through(self, through: int, given_back: int) -> None:
+        """A flush that took every event offered before ``through`` is done: they are written,
+        unless another flush still writes some of them or gave some back meanwhile."""
+        if self._in_flight == 0 and self._given_back == given_back:
+            self.events_written_through = max(self.events_written_through, through)
 
     def _write(self, batch: _Queue) -> int:
         tuples = step_tuples([rec for _, rec in batch.steps.values()])

@@ -7,6 +7,8 @@ outside, then runs ``collector.cli.main`` as ``python -m collector.cli`` would.
 ``FLIGHTREC_KILL_TRIGGER`` names the trigger kind whose snapshot is killed (``xid``, ``manual``);
 other snapshots pass the point untouched. The points, in the order a snapshot passes them:
 
+- ``intent_tmp``: the trigger is read (the kernel's line) and its intent written to its
+  temporary name, not renamed yet: nothing of the fault is durable
 - ``before_spool``: the capture is built, nothing is spooled yet (only the trigger's intent)
 - ``spool_tmp``: the spool's temporary file is written and fsynced, not renamed yet
 - ``after_spool``: spooled, the database not tried yet
@@ -34,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sqlalchemy import event  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
-from collector.snapshot import durable, spool  # noqa: E402
+from collector import durable  # noqa: E402
+from collector.snapshot import intent, spool  # noqa: E402
 from collector.storage.repo import Repository  # noqa: E402
 
-POINTS = ("before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
+POINTS = ("intent_tmp", "before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
 POINT = os.environ.get("FLIGHTREC_KILL_AT", "")
 TRIGGER = os.environ.get("FLIGHTREC_KILL_TRIGGER", "xid")
 _local = threading.local()
@@ -71,6 +74,16 @@ def install(point: str) -> None:
         return path
 
     spool.write = write
+    original_intent_write = intent.write
+
+    def write_intent(directory: Path, engine: str, ev: Any, accepted_at: float) -> Path:
+        _local.kill_on_replace = point == "intent_tmp" and ev.kind.value == TRIGGER
+        try:
+            return original_intent_write(directory, engine, ev, accepted_at)
+        finally:
+            _local.kill_on_replace = False
+
+    intent.write = write_intent
 
     def replace(src: Any, dst: Any) -> None:
         if getattr(_local, "kill_on_replace", False):

@@ -27,7 +27,7 @@ TALLY: list[str] = []
 
 # every point for the kernel's trigger; the manual one (the same path after its intent) and
 # Postgres at the points where the database's part differs; 8-12 s a case
-CASES = [(p, "xid", "sqlite") for p in ("before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")]
+CASES = [(p, "xid", "sqlite") for p in ("intent_tmp", "before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")]
 CASES += [(p, "manual", "sqlite") for p in ("before_spool", "after_commit", "in_amend")]
 CASES += [(p, "xid", "postgres") for p in ("in_commit_tx", "after_commit")]
 CASES += [("before_spool", "xid", "sqlite-dead-engine")]  # the engine died with the fault: retaken from its left ring
@@ -69,6 +69,8 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
     assert f"SIGKILL at {point}" in node.output()
     if point == "spool_tmp":  # the kill left a whole temporary file and no spool file
         assert list(node.spool.glob(".snapshot-*.tmp")) and not spool.pending(node.spool)
+    if point == "intent_tmp":  # nothing of the fault is durable: the kernel log, read again after its mark, has it
+        assert list(node.spool.glob(".trigger-*.intent.tmp")) and not intent.pending(node.spool)
     # the engine goes on after the fault: steps a retake must not put in the fault's snapshot
     restarted_at = time.time()
     node.write_steps(100, restarted_at)
@@ -119,6 +121,7 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
         doc = Repository(make_engine(node.db), host="node-k").get_snapshot(snap.id)
         assert doc.steps and doc.steps[-1]["ts"] <= snap.fault_ts + SETTLE_S  # the rings at the fault, not at the restart
         assert doc.steps[-1]["step"] >= 300
+    assert sum(1 for e in events if e.kind == "xid") == 1  # the kernel's line, read again after the restart, is the same event
     assert steps[0][0] == steps[0][1] >= node.step == (300 if node.ring is None else 400)  # every step once
     if point == "in_amend":
         assert _summary(by_kind[trigger][0].summary).get("amended_at")  # the spooled amendment committed at restart

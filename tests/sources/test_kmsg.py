@@ -14,7 +14,8 @@ import pytest
 from collector.model import Event, EventKind, Severity
 from collector.sources import kmsg as kmsg_mod
 from collector.sources.base import SourceError, SourceUnsupported
-from collector.sources.kmsg import FileFollower, KmsgSource, kmsg_source_from_setting
+from collector.sources.kmsg import KmsgSource, kmsg_source_from_setting
+from collector.sources.kmsg_file import KernelLogFile
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "kmsg-h200-xid.txt"
 LINES = FIXTURE.read_text().splitlines()
@@ -148,14 +149,20 @@ def test_missing_file_is_waited_for(tmp_path: Path) -> None:
     assert run_with(src, body).items[0].xid == 43
 
 
-def test_file_follower_bounded_and_partial(tmp_path: Path) -> None:
+def test_file_lines_come_whole_with_their_place_in_the_file(tmp_path: Path) -> None:
     p = tmp_path / "f"
-    p.write_text("a\nb\nc")
-    f = FileFollower(str(p), from_start=True)
-    assert f.read_lines() == ["a", "b"]
+    p.write_bytes(b"a\n\xffb\nc")
+    f = KernelLogFile(str(p), from_start=True)
+    got = f.read()
+    assert [(x.start, x.end, x.text) for x in got] == [(0, 2, "a"), (2, 5, "\ufffdb")]  # offsets in bytes
+    st = p.stat()
+    assert got[0].file == (st.st_dev, st.st_ino) and f.place() == (st.st_dev, st.st_ino, 5)
     append(p, "")  # completes "c"
-    assert f.read_lines() == ["c"]
+    assert [(x.start, x.text) for x in f.read()] == [(5, "c")]
+    assert f.place() == (st.st_dev, st.st_ino, 7)
     f.close()
+    again = KernelLogFile(str(p), start=(st.st_dev, st.st_ino, 2))  # where an earlier run stopped
+    assert [x.text for x in again.read()] == ["\ufffdb", "c"] and again.resumed
 
 
 def test_fallen_off_the_bus_is_gpu_lost() -> None:
@@ -200,7 +207,7 @@ def test_kmsg_records_read_whole_and_without_blocking(monkeypatch: pytest.Monkey
 
 def test_kmsg_overwritten_records_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     src = KmsgSource("/dev/kmsg", mode="on")
-    script: list[bytes | int] = [errno.EPIPE, XID43.encode(), errno.EAGAIN]
+    script: list[bytes | int] = [XID43.replace(",360,", ",356,").encode(), errno.EPIPE, XID43.encode(), errno.EAGAIN]
 
     def fake_read(fd: int, n: int) -> bytes:
         item = script.pop(0)
@@ -211,8 +218,10 @@ def test_kmsg_overwritten_records_are_counted(monkeypatch: pytest.MonkeyPatch) -
         return item
 
     monkeypatch.setattr(kmsg_mod.os, "read", fake_read)
-    assert src._drain_kmsg(99) == [XID43]
-    assert src.records_lost == 1
+    records, caught_up = src._drain_kmsg(99)
+    assert caught_up and len(records) == 2
+    assert [src._sequence(r, None) for r in records] == [356, 360]
+    assert src.records_lost == 3  # 357-359: the sequence numbers jumped past them
 
 
 def test_unreadable_kmsg_auto_is_unsupported_on_is_error(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""One way to put a file on disk for the committer (spool files, trigger intents): atomic (a
+"""One way to put a file on disk for the sidecar's own state (spool files, trigger intents, the
+kernel log's resume mark): atomic (a
 temporary name, fsynced, renamed: a crash leaves the whole file or none), durable (the folder is
 fsynced after the rename), owner-only, and never through a link (a leftover or planted
 temporary name is removed, the new one created with ``O_EXCL|O_NOFOLLOW``)."""
