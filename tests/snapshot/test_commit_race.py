@@ -100,14 +100,17 @@ def test_a_witness_merged_while_the_capture_is_built_does_not_hold_the_snapshot_
     assert not failures, failures  # the build never failed
 
 
-def test_a_capture_that_cannot_be_built_is_still_committed_by_its_amendment(
-    migrated_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stage", ["build", "spool"])
+def test_a_first_version_that_fails_is_still_committed_by_its_amendment(
+    migrated_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
-    """Whatever else fails a build, the fault is committed within the settle time, not at stop."""
+    """Whatever else fails the first version before its amendment is scheduled (a build that
+    fails every time, a spool write that raises what no one expected), the fault is committed
+    within the settle time by the amendment's capture, not at the stop."""
     from collector.snapshot import committer as committer_module
 
     hub, repo, c, committed = setup(migrated_url, tmp_path, settle=0.3)
-    real_build, calls = committer_module._build, [0]
+    real_build, real_write, calls = committer_module._build, committer_module.spool.write, [0]
 
     def failing_build(cap: Any) -> Any:
         calls[0] += 1
@@ -115,7 +118,16 @@ def test_a_capture_that_cannot_be_built_is_still_committed_by_its_amendment(
             raise RuntimeError("a build that fails")
         return real_build(cap)
 
-    monkeypatch.setattr(committer_module, "_build", failing_build)
+    def failing_write(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ValueError("a spool write that raises what no one expected")
+        return real_write(*args)
+
+    if stage == "build":
+        monkeypatch.setattr(committer_module, "_build", failing_build)
+    else:
+        monkeypatch.setattr(committer_module.spool, "write", failing_write)
     waited: dict[str, float] = {}
 
     async def body() -> None:
@@ -129,6 +141,7 @@ def test_a_capture_that_cannot_be_built_is_still_committed_by_its_amendment(
 
     asyncio.run(_run(c, body))
     assert committed and waited["s"] < 5.0
-    assert calls[0] == committer_module.BUILD_ATTEMPTS + 1  # tried again, then the amendment's capture
+    # the build tried again, then the amendment's capture; the spool write once more, for the amendment
+    assert calls[0] == (committer_module.BUILD_ATTEMPTS + 1 if stage == "build" else 2)
     rows, _ = repo.list_snapshots(SnapshotFilter())
     assert [r["id"] for r in rows] == committed
