@@ -239,9 +239,13 @@ class BatchWriter:
             self._written_through(through, given_back)
             return
         t0 = time.perf_counter()
+        # on the loop: ingest merges a later witness of a fault into the event it published (new
+        # keys in its data), and a walk of that data in the writer's thread could end in
+        # "dictionary changed size during iteration", losing the whole batch
+        events = [event_row(e) for e in batch.events]
         self._in_flight += 1
         try:
-            written = await asyncio.to_thread(self._write, batch)
+            written = await asyncio.to_thread(self._write, batch, events)
         except StorageError as exc:
             if self.db_up is not False:
                 log.error("database write failed, holding %d rows in memory: %s", len(batch.steps), exc)
@@ -265,11 +269,10 @@ class BatchWriter:
         if self._in_flight == 0 and self._given_back == given_back:
             self.events_written_through = max(self.events_written_through, through)
 
-    def _write(self, batch: _Queue) -> int:
+    def _write(self, batch: _Queue, events: list[dict[str, Any]]) -> int:
         tuples = step_tuples([rec for _, rec in batch.steps.values()])
         gpu = [gpu_row(s) for s in batch.gpu]
         scrapes = [scrape_row(s) for s in batch.scrapes]
-        events = [event_row(e) for e in batch.events]
         try:
             self.repo.write_batch([], gpu, events, batch.seen, scrapes=scrapes, step_tuples=tuples)
         except StorageError as exc:
