@@ -173,7 +173,12 @@ class SnapshotCommitter:
         del self._recent[:-500]
         cap = self._capture(engine, trigger)
         if replayed:
-            cap.extra["replayed"] = {"steps_after_fault_left_out": _cut(cap, trigger.ts + self.settle_s, trigger.uid)}
+            later = _cut(cap, trigger.ts + self.settle_s, trigger.uid)
+            cap.extra["replayed"] = {
+                "steps_after_fault_left_out": later,
+                "note": "read again at start after the kernel log's mark: the sidecar had not made it durable, or was stopped"
+                + ("" if cap.steps else "; the rings no longer hold the steps before the fault"),
+            }
         self._put(_Job(opened, cap, amend=False))
         return opened
 

@@ -231,7 +231,9 @@ class KmsgSource:
                     if skip:
                         self._learn_uuid(record)
                     else:
-                        event = self.handle_record(record, replayed=backlog, place=f"kmsg:{boot}:{seq}" if seq is not None else None)
+                        # the place: this boot, and the record's header (priority, sequence number, time)
+                        place = f"kmsg:{boot}:{record.split(';', 1)[0]}" if seq is not None else None
+                        event = self.handle_record(record, replayed=backlog, place=place)
                         if event is not None:
                             sink.emit(event)
                             self.events += 1
