@@ -17,7 +17,10 @@ database, and before a manual request is answered. It is removed once the snapsh
 trigger's event row are committed (one transaction). At start, every intent without a committed
 snapshot is retaken (``_retake``) from the recorder rings, which outlive the sidecar, with the
 trigger's own time; the commit is idempotent on (host, engine, trigger id), so a trigger whose
-snapshot was committed just before a kill is not stored twice. At a graceful stop, snapshots
+snapshot was committed just before a kill is not stored twice. A trigger read again at start
+(``data["replayed"]``: the kernel log resumes after its mark, ``collector.sources.kmsg_mark``)
+is captured like a retake, cut at its time plus ``settle_s`` and not amended; one whose intent
+is on disk is left to its retake. At a graceful stop, snapshots
 still held in memory only are spooled and committed once more within a bound; what neither
 takes is logged as lost (``close``).
 
