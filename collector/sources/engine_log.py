@@ -5,6 +5,10 @@ exist yet is waited for; a rotation by rename (the path names a new inode) drain
 file and reads the new one from its start; a truncation in place (``copytruncate``, ``>``)
 starts again from offset 0. By default it starts at the end of an existing file
 (``from_start=False``): a restarted sidecar does not replay old crashes as new ones.
+A ``path`` that is a folder (or ``cri=True``) is a container's log folder as the kubelet keeps
+it, ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/``: its ``N.log`` files are read in the
+runtime's CRI format, across container restarts and the kubelet's rotation
+(``collector.sources.cri_follow``), and the lines handled are the container's own.
 ``EngineLogSource(engine, None, stream=sys.stdin.buffer)`` reads a pipe
 (``vllm serve ... 2>&1 | flightrec serve``); at end of stream it flushes and idles.
 
@@ -47,6 +51,7 @@ from collector.parsers.throughput_line import (
 from collector.parsers.tracebacks import LogEventizer
 from collector.parsers.vllm_log import LogRecordLine, parse_line
 from collector.sources.base import Sink
+from collector.sources.cri_follow import CriFolderTail
 from collector.sources.engine_log_settings import DEFAULT_IDLE_FLUSH, DEFAULT_POLL_INTERVAL
 from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter
 
@@ -80,6 +85,7 @@ class EngineLogSource:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         clock: Callable[[], float] = time.time,
         tz: tzinfo | None = None,
+        cri: bool = False,
     ) -> None:
         if (path is None) == (stream is None):
             raise ValueError("give exactly one of path and stream")
@@ -91,6 +97,7 @@ class EngineLogSource:
         self.idle_flush = idle_flush
         self.keep = keep
         self.max_line_bytes = max_line_bytes
+        self.cri = cri
         self.clock = clock
         self.name = f"engine_log:{engine}"
         self.eventizer = LogEventizer(engine, reference_clock=clock, tz=tz)
@@ -135,7 +142,11 @@ class EngineLogSource:
             await self._run_file(sink, self.path)
 
     async def _run_file(self, sink: Sink, path: Path) -> None:
-        tail = FileTail(path, from_start=self.from_start, max_line_bytes=self.max_line_bytes)
+        tail: FileTail | CriFolderTail
+        if self.cri or path.is_dir():
+            tail = CriFolderTail(path, from_start=self.from_start, max_line_bytes=self.max_line_bytes)
+        else:
+            tail = FileTail(path, from_start=self.from_start, max_line_bytes=self.max_line_bytes)
         partial_since: float | None = None
         try:
             while True:
@@ -144,10 +155,11 @@ class EngineLogSource:
                     self.handle_line(sink, raw)
                 # A last line without its newline (a process killed mid-write) is taken
                 # as a line once it has been quiet as long as a record is.
-                if tail.splitter.has_partial:
+                splitter = tail if isinstance(tail, CriFolderTail) else tail.splitter
+                if splitter.has_partial:
                     partial_since = partial_since or self.clock()
                     if self.clock() - partial_since >= self.idle_flush:
-                        for raw in tail.splitter.take_partial():
+                        for raw in splitter.take_partial():
                             self.handle_line(sink, raw)
                         partial_since = None
                 else:

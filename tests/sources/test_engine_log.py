@@ -139,7 +139,10 @@ def test_garbage_bytes_are_replaced_not_fatal(tmp_path):
     assert sink.lines() == ["\ufffd\ufffd\x00bin\ufffdary", "caf\u00e9 ok"]
 
 
-def test_a_directory_is_a_source_error(tmp_path):
+def test_an_unreadable_log_is_a_source_error(tmp_path):
+    # a folder is a container's log folder (tests/sources/test_cri_follow.py); its newest
+    # N.log being no file is an error the operator must see
+    (tmp_path / "0.log").mkdir()
     src = EngineLogSource("e0", tmp_path, **FAST)
     with pytest.raises(SourceError):
         asyncio.run(asyncio.wait_for(src.run(ListSink()), 5))
