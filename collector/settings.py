@@ -24,6 +24,8 @@ from pydantic_settings import (
 from collector.alerting.config import AlertingSettings
 from collector.detectors.config import DetectorThresholds
 from collector.errors import FlightrecError
+from collector.sources.dcgm_settings import DcgmSettings
+from collector.sources.discovery_settings import DiscoverySettings
 from collector.sources.engine_log_settings import EngineLogSettings
 from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
@@ -83,7 +85,7 @@ class RetentionConfig(BaseModel):
     interval_s: float = Field(default=300.0, gt=0)
 
 
-class Settings(KmsgSettings, NvmlSettings, EngineLogSettings, BaseSettings):
+class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, BaseSettings):
     """The one settings object. Each source's own settings are defined next to it
     (``collector/sources/*_settings.py``) and mounted here flat, as flightrec.yaml spells them."""
 
@@ -129,6 +131,7 @@ class Settings(KmsgSettings, NvmlSettings, EngineLogSettings, BaseSettings):
     host_name: str | None = Field(default=None, description="this node's name; default hostname")
     alerting: AlertingSettings = Field(default_factory=AlertingSettings)
     detectors: DetectorThresholds = Field(default_factory=DetectorThresholds)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
     @field_validator("database")
     @classmethod

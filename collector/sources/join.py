@@ -124,6 +124,16 @@ class EngineJoin:
         self.clock = clock
         self._listeners: dict[int, tuple[float, set[int]]] = {}
 
+    def add(self, engine: Any) -> None:
+        """An engine found while running (Kubernetes discovery): its rings join it by name."""
+        self.discard(str(engine.name))
+        self.names.add(str(engine.name))
+        self.targets += _targets([engine])
+
+    def discard(self, name: str) -> None:
+        self.names.discard(name)
+        self.targets = [t for t in self.targets if t.name != name]
+
     def _listening(self, port: int) -> set[int]:
         now = self.clock()
         hit = self._listeners.get(port)

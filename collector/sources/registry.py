@@ -82,13 +82,67 @@ def _engine_logs(settings: Settings) -> list[Any]:
 
 
 def _recorder(settings: Settings) -> list[Any]:
+    """The recorder's rings, and the engines Kubernetes discovery finds: one join for both, so
+    that a discovered engine's rings join it by name."""
+    from collector.sources.join import EngineJoin
     from collector.sources.recorder import RecorderSource
 
-    if settings.recorder == "off":
-        return []
-    from collector.sources.join import EngineJoin
+    join = EngineJoin(settings.engines)
+    out: list[Any] = []
+    if settings.recorder != "off":
+        out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait))
+    if settings.discovery.mode == "kubernetes":
+        out.append(_discovery(settings, join))
+    return out
 
-    return [RecorderSource(settings.recorder_dir, join=EngineJoin(settings.engines), join_wait=settings.recorder_join_wait)]
+
+def _discovery(settings: Settings, join: Any) -> Any:
+    from collector.parsers.kube_pods import PodEngine
+    from collector.settings import EngineConfig
+    from collector.sources.discovery import KubernetesDiscovery
+    from collector.sources.engine_log import EngineLogSource
+    from collector.sources.kube_api import KubeApi
+    from collector.sources.vllm_metrics import VllmMetricsSource
+
+    d = settings.discovery
+    s = settings
+
+    def metrics(engine: PodEngine) -> Any:
+        assert engine.url is not None
+        return VllmMetricsSource(
+            engines=[EngineConfig(name=engine.name, url=engine.url)],
+            interval=s.scrape_interval,
+            timeout=s.scrape_timeout,
+            health_fail_threshold=s.health_fail_threshold,
+        )
+
+    def logs(engine: PodEngine, from_start: bool) -> Any:
+        if not d.follow_logs:
+            return None
+        return EngineLogSource(
+            engine.name,
+            d.log_root / engine.log_dir,
+            cri=True,
+            from_start=from_start or s.log_from_start,
+            poll_interval=s.log_poll_interval,
+            idle_flush=s.log_idle_flush,
+            keep=s.log_keep,
+        )
+
+    return KubernetesDiscovery(
+        KubeApi(d.api_url, token_file=d.token_file, ca_file=d.ca_file),
+        node=d.node_name,
+        label_selector=d.label_selector,
+        namespace=d.namespace,
+        container=d.container,
+        port=d.port,
+        metrics_factory=metrics,
+        log_factory=logs,
+        join=join,
+        watch_timeout_s=d.watch_timeout_s,
+        retry_s=d.retry_s,
+        forget_after_s=d.forget_after_s,
+    )
 
 
 SOURCES: list[tuple[str, Callable[[Settings], list[Any]]]] = [

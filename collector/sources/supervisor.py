@@ -22,6 +22,7 @@ LOST_WHEN_UNSUPPORTED = {
     "recorder": "per-step recording",
     "engine_log": "engine-log capture",
     "vllm_metrics": "metrics scraping",
+    "discovery": "engine discovery",
 }
 
 
