@@ -109,6 +109,7 @@ class NvmlSource:
         lost_retry_interval: float = DEFAULT_LOST_RETRY,
         event_timeout_ms: int = DEFAULT_EVENT_TIMEOUT_MS,
         xid_events: bool = True,
+        gauges: bool = True,
         required: bool = False,
         clock: Callable[[], float] = time.time,
         catalog: XidCatalog | None = None,
@@ -119,6 +120,7 @@ class NvmlSource:
         self.lost_retry_interval = lost_retry_interval
         self.event_timeout_ms = event_timeout_ms
         self.xid_events = xid_events
+        self.gauges = gauges  # False (gpu_metrics: dcgm): Xid events only, no polling
         self.required = required
         self._clock = clock
         self._catalog = catalog or default_catalog()
@@ -178,6 +180,8 @@ class NvmlSource:
         try:
             if self.xid_events:
                 self.start_event_thread(lambda ev: loop.call_soon_threadsafe(sink.emit, ev))
+            if not self.gauges:  # dcgm-exporter gives the gauges: nothing to poll
+                await asyncio.Event().wait()
             next_tick = loop.time()
             while True:
                 for item in await asyncio.to_thread(self.poll_once):
@@ -375,6 +379,7 @@ def nvml_source_from_setting(
     lost_retry_interval: float = DEFAULT_LOST_RETRY,
     event_timeout_ms: int = DEFAULT_EVENT_TIMEOUT_MS,
     xid_events: bool = True,
+    gauges: bool = True,
     backend: NvmlBackend | None = None,
 ) -> NvmlSource | None:
     """The source the ``nvml`` setting asks for, or None for ``off``.
@@ -395,5 +400,6 @@ def nvml_source_from_setting(
         lost_retry_interval=lost_retry_interval,
         event_timeout_ms=event_timeout_ms,
         xid_events=xid_events,
+        gauges=gauges,
         required=value != "auto",
     )

@@ -36,8 +36,19 @@ def _nvml(settings: Settings) -> list[Any]:
         lost_retry_interval=settings.gpu_lost_retry,
         event_timeout_ms=settings.event_timeout_ms,
         xid_events=settings.xid_events,
+        gauges=settings.gpu_metrics == "nvml",
     )
+    if src is not None and not src.gauges and not src.xid_events:
+        return []  # dcgm-exporter gives the gauges and no Xid events are wanted: nothing for NVML to do
     return [src] if src is not None else []
+
+
+def _dcgm(settings: Settings) -> list[Any]:
+    from collector.sources.dcgm import DcgmSource
+
+    if settings.gpu_metrics != "dcgm":
+        return []
+    return [DcgmSource(settings.dcgm_url, interval=settings.gpu_poll_interval, timeout=settings.dcgm_timeout)]
 
 
 def _kmsg(settings: Settings) -> list[Any]:
@@ -151,4 +162,5 @@ SOURCES: list[tuple[str, Callable[[Settings], list[Any]]]] = [
     ("engine_log", _engine_logs),
     ("kmsg", _kmsg),
     ("nvml", _nvml),
+    ("dcgm", _dcgm),
 ]

@@ -23,6 +23,7 @@ LOST_WHEN_UNSUPPORTED = {
     "engine_log": "engine-log capture",
     "vllm_metrics": "metrics scraping",
     "discovery": "engine discovery",
+    "dcgm": "GPU gauges from dcgm-exporter",
 }
 
 

@@ -198,3 +198,23 @@ def test_a_failing_api_server_leaves_the_engines_followed(tmp_path: Path) -> Non
         assert api.requests[-1].headers["authorization"] == "Bearer t2"  # the file is re-read
 
     run(body)
+
+
+def test_settings_and_the_sources_table() -> None:
+    import pytest
+
+    from collector.settings import SettingsError
+    from collector.sources.recorder import RecorderSource
+    from collector.sources.registry import SOURCES
+
+    with pytest.raises(SettingsError, match="discovery: .*node_name is required"):
+        load_settings(discovery={"mode": "kubernetes"})
+    settings = load_settings(discovery={"mode": "kubernetes", "node_name": "gpu-node-a"}, recorder_dir="/tmp/flightrec-test-rings")
+    built = dict(SOURCES)["recorder"](settings)
+    rec, disc = built
+    assert isinstance(rec, RecorderSource) and isinstance(disc, KubernetesDiscovery)
+    assert disc.join is rec.join  # a discovered engine's rings join it by name
+    assert disc.node == "gpu-node-a" and disc.label_selector == "flightrec.io/engine"
+    assert disc.api.base_url == "https://kubernetes.default.svc"
+    # static: no discovery
+    assert [type(s).__name__ for s in dict(SOURCES)["recorder"](load_settings())] == ["RecorderSource"]
