@@ -88,6 +88,7 @@ class SidecarCollector(Collector):
         info.add_metric([__version__], 1.0)
         yield info
         yield from self._engines(hub, host)
+        yield self._engine_info(hub, host)
         yield from self._ingest(host)
         yield from self._gpus(hub, host)
         yield from self._sidecar(hub, host)
@@ -136,6 +137,26 @@ class SidecarCollector(Collector):
                 put(waiting, key, v.get("num_requests_waiting"))
                 put(kv, key, v.get("kv_cache_usage_perc"))
         yield from (up, running, waiting, kv, step, mirror, steps, rows, source)
+
+    def _engine_info(self, hub: Any, host: str) -> Metric:
+        """One series per engine naming where it runs, so that vLLM's own series (which carry
+        ``namespace``/``pod`` through Kubernetes service discovery) and dcgm-exporter's (which
+        carry them with its pod mapping) join the sidecar's ``engine`` without a relabelling:
+        ``vllm:num_requests_running * on (namespace, pod) group_left (engine) flightrec_engine_info``."""
+        info = GaugeMetricFamily(
+            "flightrec_engine_info",
+            "1 per engine: its pod (discovered engines) and P/D role and pair",
+            labels=[HOSTNAME, ENGINE, "namespace", "pod", "role", "pair"],
+        )
+        found: dict[str, dict[str, Any]] = {}
+        statuses = getattr(self.ctx, "source_statuses", None)
+        for status in statuses() if callable(statuses) else []:
+            if status.name == "discovery":
+                found = {str(e["name"]): e for e in status.details.get("engines", []) if e.get("followed")}
+        for name, st in sorted(hub.engines.items()):
+            e = found.get(name, {})
+            info.add_metric([host, name, e.get("namespace") or "", e.get("pod") or "", e.get("role") or "", e.get("pair") or st.pair or ""], 1.0)
+        return info
 
     def _ingest(self, host: str) -> Iterable[Metric]:
         figures_of = getattr(self.ctx, "ingest_figures", None)

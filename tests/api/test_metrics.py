@@ -104,3 +104,32 @@ def test_promtool_check_metrics_is_clean(tmp_path) -> None:
     assert problems == [], "\n".join(problems)
     names = {k for fam in text_string_to_metric_families(text) for s in fam.samples for k in s.labels}
     assert {n for n in names if n != n.lower()} == DCGM_CAMEL_CASE
+
+
+def test_engine_info_names_the_pod_of_a_discovered_engine(tmp_path) -> None:
+    from collector.model import SourceStatus
+    from collector.sources.supervisor import SupervisedSource
+
+    ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
+    ctx.hub.engine("vllm-decode-0", url="http://10.244.3.18:8000", configured=True)
+
+    class Discovery:
+        name = "discovery"
+
+        def status(self) -> list[SourceStatus]:
+            engine = {"name": "vllm-decode-0", "namespace": "inference", "pod": "vllm-decode-0", "role": "decode", "pair": "pd-0", "followed": True}
+            return [SourceStatus(name="discovery", up=True, details={"engines": [engine]})]
+
+    ctx.supervised.append(SupervisedSource(Discovery()))
+    text = generate_latest(sidecar_registry(ctx)).decode()
+    info = {s.labels["engine"]: s.labels for f in text_string_to_metric_families(text) for s in f.samples if s.name == "flightrec_engine_info"}
+    assert info["vllm-decode-0"] == {
+        "Hostname": "node-a",
+        "engine": "vllm-decode-0",
+        "namespace": "inference",
+        "pod": "vllm-decode-0",
+        "role": "decode",
+        "pair": "pd-0",
+    }
+    # a configured engine: no pod, its pair from the settings
+    assert info["decode-0"]["pod"] == "" and info["decode-0"]["pair"] == "pd-0"
