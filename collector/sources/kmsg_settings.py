@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 
 
 class KmsgSettings(BaseModel):
-    kmsg: str = Field(default="auto", description="auto | on | off | a file path to follow")
+    kmsg: str = Field(default="auto", description="auto | on | off | syslog (the ring through syslog(2)) | a file path to follow")
     kmsg_from_start: bool = False
     kmsg_poll_interval: float = Field(default=0.05, gt=0, description="file follow poll, seconds")
 

@@ -54,6 +54,11 @@ def _dcgm(settings: Settings) -> list[Any]:
 def _kmsg(settings: Settings) -> list[Any]:
     from collector.sources.kmsg import kmsg_source_from_setting
 
+    if settings.kmsg == "syslog":  # the same ring through syslog(2): CAP_SYSLOG, no device
+        from collector.sources.klog import KlogSource
+
+        return [KlogSource(required=True, from_start=settings.kmsg_from_start, poll_interval=max(settings.kmsg_poll_interval, 0.25))]
+
     src = kmsg_source_from_setting(settings.kmsg, from_start=settings.kmsg_from_start, poll_interval=settings.kmsg_poll_interval)
     return [src] if src is not None else []
 

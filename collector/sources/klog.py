@@ -1,0 +1,145 @@
+"""The kernel log through ``syslog(2)`` (``kmsg: syslog``): the same ring ``/dev/kmsg`` reads,
+for a container that may not open that device.
+
+Why: in an unprivileged container the runtime's device cgroup refuses ``open("/dev/kmsg")``
+(EPERM) even when a hostPath mounts it, since ``/dev/kmsg`` (char 1:11) is not among the
+devices a container may use; only ``privileged: true`` lifts that, which gives far more than
+the log. ``syslog(SYSLOG_ACTION_READ_ALL)`` is a system call, not a device: it needs
+``CAP_SYSLOG`` when ``kernel.dmesg_restrict`` is 1 (most distributions) and nothing when it
+is 0, and the runtimes' default seccomp profiles allow it to a holder of ``CAP_SYSLOG``. The
+kernel log is not namespaced: a container reads the node's.
+
+``READ_ALL`` copies the whole ring (``SYSLOG_ACTION_SIZE_BUFFER`` bytes, 128 KiB to a few MiB)
+without consuming it, so the source polls it every ``poll_interval`` and hands on the lines
+after the last one it handed on, found by their ``[seconds.micros]`` stamp (and, for lines of
+one stamp, their count). A ring that turned over between two polls (the last line seen is no
+longer in it) is counted in ``records_lost``. Lines are the ``/dev/kmsg`` source's records
+(``KmsgSource.handle_record``: Xid and fallen-off-the-bus events, UUID lines); a line without a
+stamp (``printk.time=0``) is compared by its text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import time
+from collections.abc import Callable
+
+from collector.sources.base import Sink, SourceError, SourceUnsupported
+from collector.sources.kmsg import KmsgSource
+
+SYSLOG_ACTION_READ_ALL = 3
+SYSLOG_ACTION_SIZE_BUFFER = 10
+_PRIO = re.compile(r"^<\d{1,3}>")
+_STAMP = re.compile(r"^\[\s*(\d{1,12})\.(\d{1,9})\]")
+
+Reader = Callable[[], str]
+
+
+def klogctl_read_all() -> str:
+    """The kernel's log ring, as ``dmesg -r`` prints it. Raises ``PermissionError`` without
+    ``CAP_SYSLOG`` (dmesg_restrict) or when seccomp refuses the call, ``OSError`` otherwise."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    size = libc.klogctl(SYSLOG_ACTION_SIZE_BUFFER, None, 0)
+    if size < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syslog(SIZE_BUFFER): {os.strerror(err)}")
+    buf = ctypes.create_string_buffer(max(size, 1))
+    n = libc.klogctl(SYSLOG_ACTION_READ_ALL, buf, size)
+    if n < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syslog(READ_ALL): {os.strerror(err)}")
+    return buf.raw[:n].decode("utf-8", "replace")
+
+
+def _key(line: str) -> tuple[int, str]:
+    """A line's place in the log: its stamp in microseconds (0 without one) and its text."""
+    m = _STAMP.match(line)
+    usec = int(m.group(1)) * 1_000_000 + int((m.group(2) + "000000")[:6]) if m else 0
+    return usec, line
+
+
+def new_lines(ring: list[str], last: tuple[int, str] | None) -> tuple[list[str], bool]:
+    """The lines of ``ring`` after ``last`` (the key of the last line handed on), and whether
+    the ring turned over past it (lines may have been lost). Pure."""
+    if last is None:
+        return ring, False
+    for i in range(len(ring) - 1, -1, -1):
+        if _key(ring[i]) == last:
+            return ring[i + 1 :], False
+    if last[0]:
+        newer = [ln for ln in ring if _key(ln)[0] > last[0]]
+        return newer, bool(ring) and _key(ring[0])[0] > last[0]
+    return ring, True
+
+
+class KlogSource:
+    name = "kmsg"
+
+    def __init__(
+        self,
+        *,
+        required: bool = False,
+        from_start: bool = False,
+        poll_interval: float = 0.25,
+        reader: Reader = klogctl_read_all,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.required = required
+        self.from_start = from_start
+        self.poll_interval = poll_interval
+        self.reader = reader
+        # the /dev/kmsg source's record handling: one parser, one set of events
+        self.records = KmsgSource("syslog(2)", mode="path", clock=clock)
+        self.records_lost = 0  # polls that found the ring turned over past the last line
+        self.polls = 0
+        self._last: tuple[int, str] | None = None
+
+    @property
+    def lines_read(self) -> int:
+        return self.records.lines_read
+
+    def _read(self) -> list[str]:
+        self.polls += 1
+        text = self.reader()
+        return [_PRIO.sub("", ln) for ln in text.splitlines() if ln.strip()]
+
+    def poll(self, sink: Sink) -> int:
+        """One read of the ring, its new lines handled (tests, one-shot tools)."""
+        return self._handle(sink, self._read())
+
+    def _handle(self, sink: Sink, ring: list[str]) -> int:
+        fresh, lost = new_lines(ring, self._last)
+        if lost:
+            self.records_lost += 1
+        for line in fresh:
+            event = self.records.handle_record(line)
+            if event is not None:
+                sink.emit(event)
+        if ring:
+            self._last = _key(ring[-1])
+        return len(fresh)
+
+    async def run(self, sink: Sink) -> None:
+        try:
+            ring = await asyncio.to_thread(self._read)
+        except OSError as exc:
+            denied = exc.errno in (errno.EPERM, errno.EACCES)
+            msg = f"syslog(2): {exc}" + (": no CAP_SYSLOG (kernel.dmesg_restrict=1), or seccomp refuses syslog(2)" if denied else "")
+            if self.required:
+                raise SourceError(msg) from exc
+            raise SourceUnsupported(msg) from exc
+        if not self.from_start and ring:
+            self._last = _key(ring[-1])  # what is already in the ring is not news
+        self._handle(sink, ring)
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                ring = await asyncio.to_thread(self._read)
+            except OSError as exc:
+                raise SourceError(f"syslog(2): {exc}") from exc
+            self._handle(sink, ring)
