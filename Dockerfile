@@ -18,14 +18,15 @@ COPY alembic ./alembic
 RUN pip install . \
     && mkdir -p /usr/local/share/vllm-flight-recorder \
     && cp -r alembic /usr/local/share/vllm-flight-recorder/alembic \
-    && cd / && rm -rf /src
+    && rm -rf /src
 
-# Non-root: reading /dev/kmsg then needs the GPU-node settings in docker-compose.yml.
+# Non-root by default (uid 10001). On a GPU node the kernel log and the engines' rings need more:
+# the compose file's GPU-node settings, or the Kubernetes DaemonSet (root, CAP_SYSLOG only).
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/flightrec --shell /usr/sbin/nologin flightrec \
     && mkdir -p /var/lib/flightrec/spool /etc/flightrec \
     && chown -R flightrec:flightrec /var/lib/flightrec
 WORKDIR /var/lib/flightrec
-USER flightrec
+USER 10001:10001
 
 # Snapshots wait here while the database is down (a volume in docker-compose.yml).
 ENV FLIGHTREC_SPOOL_DIR=/var/lib/flightrec/spool

@@ -5,10 +5,12 @@ scheduler class, the secrets, the probes on the configured port, the node form's
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -48,51 +50,69 @@ def config_of(docs: list[dict[str, Any]], prefix: str, tmp_path: Path) -> Any:
     [cm] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(prefix)]
     path = tmp_path / "flightrec.yaml"
     path.write_text(cm["data"]["flightrec.yaml"])
-    return load_settings(path, api_token="x")  # the token comes from the Secret in the pod
+    # the token comes from the Secret in the pod, the node's name from the downward API
+    with mock.patch.dict(os.environ, {"FLIGHTREC_DISCOVERY__NODE_NAME": "gpu-node-a"}):
+        return load_settings(path, api_token="x")
 
 
-@pytest.mark.parametrize("form", ["base", "daemonset", "components/servicemonitor"])
+FORMS = ["base", "daemonset", "engines", "overlays/dcgm-exporter"]
+
+
+@pytest.mark.parametrize("form", [*FORMS, "components/servicemonitor"])
 def test_kustomize_builds(form: str) -> None:
     assert build(form)
 
 
-@pytest.mark.parametrize("form", ["base", "daemonset"])
+@pytest.mark.parametrize("form", FORMS)
 def test_manifests_validate_against_the_kubernetes_schemas(form: str) -> None:
     kv = pytest.importorskip("kubernetes_validate")
     for doc in build(form):
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the Prometheus Operator's kinds: no schema in kubernetes-validate
         kv.validate(doc, KUBE_VERSION, strict=True)  # raises ValidationError with the path
 
 
 def test_servicemonitor_has_the_operator_shape() -> None:
-    sm, _ = build("components/servicemonitor")
+    sm = one(build("components/servicemonitor"), "ServiceMonitor")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1" and sm["kind"] == "ServiceMonitor"
     [ep] = sm["spec"]["endpoints"]
     assert ep["port"] == "flightrec" and ep["authorization"]["credentials"] == {"name": "flightrec-secrets", "key": "api-token"}
+    assert sm["spec"]["namespaceSelector"] == {"any": True}
 
 
-@pytest.mark.parametrize("form", ["base", "daemonset"])
-def test_the_vllm_scrape_gets_the_labels_the_rules_join_on(form: str, tmp_path: Path) -> None:
-    # a rule alert and the sidecar's alert of one fault must carry the same engine and Hostname
-    _, vllm_sm = build("components/servicemonitor")
-    assert vllm_sm["kind"] == "ServiceMonitor"
-    [ep] = vllm_sm["spec"]["endpoints"]
-    relabel = {r["targetLabel"]: r["sourceLabels"] for r in ep["relabelings"]}
-    assert relabel == {"flightrec_engine": ["__meta_kubernetes_service_label_flightrec_io_engine"], "Hostname": ["__meta_kubernetes_pod_node_name"]}
-    docs = build(form)
-    settings = config_of(docs, "flightrec-config" if form == "base" else "flightrec-node", tmp_path)
-    [engine] = settings.engines
-    port = int(engine.url.rsplit(":", 1)[1])
-    [svc] = [
-        d for d in docs if d["kind"] == "Service" and any(p["port"] == port for p in d["spec"]["ports"]) and "flightrec" not in d["metadata"]["name"]
-    ]
-    [expr] = vllm_sm["spec"]["selector"]["matchExpressions"]
+def test_the_vllm_scrape_gets_the_labels_the_rules_join_on(tmp_path: Path) -> None:
+    """A rule alert and the sidecar's alert of one fault must carry the same engine and Hostname:
+    the PodMonitor names each vLLM pod's target as the sidecar names the engine (the annotation
+    flightrec.io/engine-name, else the pod's name, as discovery does) and its node."""
+    pm = one(build("components/servicemonitor"), "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    [expr] = pm["spec"]["selector"]["matchExpressions"]
     assert expr == {"key": "flightrec.io/engine", "operator": "Exists"}
-    assert svc["metadata"]["labels"]["flightrec.io/engine"] == engine.name
-    assert any(p["name"] == ep["port"] for p in svc["spec"]["ports"])
-    # the sidecar names its host by the node, as the relabelling does
-    pod = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet"))["spec"]["template"]["spec"]
-    side = container(pod, "flightrec")
-    assert env(side)["FLIGHTREC_HOST_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    [ep] = pm["spec"]["podMetricsEndpoints"]
+    relabel = [(r["sourceLabels"], r["targetLabel"], r.get("regex")) for r in ep["relabelings"]]
+    assert relabel == [
+        (["__meta_kubernetes_pod_name"], "flightrec_engine", None),
+        (["__meta_kubernetes_pod_annotation_flightrec_io_engine_name"], "flightrec_engine", "(.+)"),
+        (["__meta_kubernetes_pod_node_name"], "Hostname", None),
+    ]
+    from collector.parsers.kube_pods import ENGINE_NAME_ANNOTATION
+
+    assert ENGINE_NAME_ANNOTATION == "flightrec.io/engine-name"
+    # the pod form: the configured name is on the pod, with the label the selector wants
+    docs = build("base")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    [engine] = config_of(docs, "flightrec-config", tmp_path).engines
+    assert pod["metadata"]["annotations"][ENGINE_NAME_ANNOTATION] == engine.name
+    assert "flightrec.io/engine" in pod["metadata"]["labels"]
+    assert any(p["name"] == ep["port"] for p in container(pod["spec"], "vllm")["ports"])
+    # the engines the DaemonSet finds: the label, the port name
+    eng = one(build("engines"), "Deployment")["spec"]["template"]
+    assert "flightrec.io/engine" in eng["metadata"]["labels"]
+    assert any(p["name"] == ep["port"] for p in container(eng["spec"], "vllm")["ports"])
+    # the sidecars name their host by the node, as the relabelling does
+    for form in ("base", "daemonset"):
+        spec = next(d for d in build(form) if d["kind"] in ("Deployment", "DaemonSet"))["spec"]["template"]["spec"]
+        assert env(container(spec, "flightrec"))["FLIGHTREC_HOST_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_the_pod_form_shares_the_recorder_folder_and_names_the_engine(tmp_path: Path) -> None:
@@ -109,9 +129,11 @@ def test_the_pod_form_shares_the_recorder_folder_and_names_the_engine(tmp_path: 
     assert str(settings.recorder_dir).startswith("/dev/shm/")
     # one name, the per-request scheduler, the log the sidecar follows
     assert env(vllm)["FLIGHTREC_ENGINE_NAME"] == engine.name
-    command = " ".join(vllm["command"] + vllm["args"])
-    assert "--scheduler-cls collector.vllm.RecordingScheduler" in command and "pipefail" in command
-    assert engine.log and f"tee -a {engine.log}" in command
+    # vllm serve itself is the container's first process: no shell, no tee
+    assert vllm["command"] == ["vllm", "serve"] and "--scheduler-cls=collector.vllm.RecordingScheduler" in vllm["args"]
+    assert engine.log is None and not any("/var/log" in m["mountPath"] for m in vllm["volumeMounts"])
+    # no GPU, no kernel log in the sidecar's container: it says so rather than pretend
+    assert settings.nvml == "off" and settings.kmsg == "off"
     assert engine.url == f"http://127.0.0.1:{vllm['ports'][0]['containerPort']}"
     # secrets and the node name from the cluster; probes on the port the config serves
     side_env = env(side)
@@ -145,20 +167,86 @@ def test_the_engine_and_the_sidecar_run_as_one_non_root_user() -> None:
     assert any(home.startswith(m["mountPath"]) for m in vllm["volumeMounts"]) and env(vllm)["HF_HOME"].startswith(home)
 
 
-def test_the_node_form_has_host_pid_kmsg_read_only_and_only_syslog(tmp_path: Path) -> None:
+def test_the_node_form_finds_engines_and_sees_gpus_logs_and_the_kernel(tmp_path: Path) -> None:
     docs = build("daemonset")
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
+    ds = one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
     side = container(pod, "flightrec")
-    [kmsg_vol] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/dev/kmsg"]
-    assert kmsg_vol["hostPath"]["type"] == "CharDevice"
-    assert {"name": kmsg_vol["name"], "mountPath": "/dev/kmsg", "readOnly": True} in side["volumeMounts"]
+    settings = config_of(docs, "flightrec-node-config", tmp_path)
+    # discovery: this node's name from the downward API, read access to pods and nothing else
+    assert settings.discovery.mode == "kubernetes" and not settings.engines
+    assert env(side)["FLIGHTREC_DISCOVERY__NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == sa
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": ds["metadata"]["namespace"]}]
+    # the engines' logs where the kubelet keeps them, read-only
+    [logs] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/var/log/pods"]
+    assert {"name": logs["name"], "mountPath": str(settings.discovery.log_root), "readOnly": True} in side["volumeMounts"]
+    # the kernel log through syslog(2): no /dev/kmsg device, CAP_SYSLOG only
+    assert settings.kmsg == "syslog"
+    assert not any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in pod["volumes"])
     sc = side["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
-    assert sc.get("privileged") is not True and sc["allowPrivilegeEscalation"] is False
-    settings = config_of(docs, "flightrec-node-config", tmp_path)
-    assert settings.kmsg == "auto" and settings.port == side["ports"][0]["containerPort"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    # every GPU for NVML, none reserved: the env var and the hardened toolkit's volume mount
+    assert env(side)["NVIDIA_VISIBLE_DEVICES"] == "all" and env(side)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    [allgpus] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/dev/null"]
+    assert {"name": allgpus["name"], "mountPath": "/var/run/nvidia-container-devices/all", "readOnly": True} in side["volumeMounts"]
+    assert "nvidia.com/gpu" not in str(side["resources"])
+    # the recorder folder the engines mount too
     [rec] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == str(settings.recorder_dir)]
     assert {"name": rec["name"], "mountPath": str(settings.recorder_dir)} in side["volumeMounts"]
-    local = one(docs, "Service", "vllm-decode-local")
-    assert local["spec"]["internalTrafficPolicy"] == "Local"
+    assert settings.port == side["ports"][0]["containerPort"]
+    # the namespace says the Pod Security level it needs
+    ns = one(docs, "Namespace")
+    assert ns["metadata"]["name"] == ds["metadata"]["namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_the_engines_the_daemonset_finds(tmp_path: Path) -> None:
+    """The example engine is what discovery reads: its label, container, port, recorder folder and
+    name all agree with the node sidecar's settings and the pod parser."""
+    from collector.parsers.kube_pods import engine_of_pod
+
+    node = config_of(build("daemonset"), "flightrec-node-config", tmp_path)
+    docs = build("engines")
+    dep = one(docs, "Deployment")
+    tmpl = dep["spec"]["template"]
+    key = node.discovery.label_selector
+    assert key in tmpl["metadata"]["labels"]
+    vllm = container(tmpl["spec"], node.discovery.container)
+    assert vllm["command"] == ["vllm", "serve"]  # PID 1, no shell, output to stdout
+    assert env(vllm)["FLIGHTREC_ENGINE_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env(vllm)["FLIGHTREC_RECORDER_DIR"] == str(node.recorder_dir)
+    [rec] = [v for v in tmpl["spec"]["volumes"] if v.get("hostPath", {}).get("path") == str(node.recorder_dir)]
+    assert {"name": rec["name"], "mountPath": str(node.recorder_dir)} in vllm["volumeMounts"]
+    # as the API server would serve it on a node: the parser finds the engine, its port and GPU
+    pod = {
+        "metadata": {**tmpl["metadata"], "name": "vllm-decode-7c9f8d-xk2lp", "namespace": dep["metadata"]["namespace"], "uid": "u-1"},
+        "spec": {**tmpl["spec"], "nodeName": "gpu-node-a"},
+        "status": {"phase": "Running", "podIP": "10.244.3.18"},
+    }
+    engine = engine_of_pod(pod, default_container=node.discovery.container, default_port=node.discovery.port)
+    assert engine.name == "vllm-decode-7c9f8d-xk2lp" and engine.url == "http://10.244.3.18:8000"
+    assert engine.gpus == 1 and engine.pair == "pd-0" and engine.container == "vllm"
+    assert engine.log_dir == f"{dep['metadata']['namespace']}_vllm-decode-7c9f8d-xk2lp_u-1/vllm"
+    ns = one(docs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"  # the hostPath recorder folder
+
+
+def test_the_dcgm_overlay_reads_the_nodes_own_exporter() -> None:
+    docs = build("overlays/dcgm-exporter")
+    side = container(one(docs, "DaemonSet")["spec"]["template"]["spec"], "flightrec")
+    svc = one(docs, "Service", "flightrec-dcgm-exporter-local")
+    assert svc["spec"]["internalTrafficPolicy"] == "Local"
+    url = env(side)["FLIGHTREC_DCGM_URL"]
+    assert env(side)["FLIGHTREC_GPU_METRICS"] == "dcgm"
+    assert url == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}/metrics"
+    from collector.settings import load_settings
+
+    assert load_settings(gpu_metrics="dcgm", dcgm_url=url).dcgm_url == url
