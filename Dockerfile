@@ -13,6 +13,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY collector ./collector
 COPY alembic ./alembic
+# installed as data: `flightrec rules` renders it with the deployment's runbook links
+COPY rules/flightrec-alerts.yml ./rules/flightrec-alerts.yml
 # The migrations are not part of the wheel: collector.storage.migrate looks for them under
 # <prefix>/share/vllm-flight-recorder/alembic when there is no checkout beside the package.
 RUN pip install . \

@@ -5,14 +5,16 @@ The Alertmanager URLs themselves are the top-level ``alertmanager:`` list.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class AlertingSettings(BaseModel):
     # Where people reach this sidecar: generatorURL links to {public_url}/snapshots/{id}.
     # Empty: alerts carry no generatorURL (Alertmanager rejects one that is not a URI).
     public_url: str = ""
-    # Base of the runbook links: an alert's runbook_url is {runbook_base}#{alertname lower-cased}.
+    # Base of the runbook links: an alert's runbook_url is {runbook_base}#{alertname lower-cased},
+    # for the sidecar's alerts and for the rules `flightrec rules` renders. Absolute (a pager
+    # follows nothing else), or empty: no runbook link.
     runbook_base: str = ""
     # The `host` label; empty means the machine's host name.
     host: str = ""
@@ -27,3 +29,11 @@ class AlertingSettings(BaseModel):
     backoff_min: float = Field(0.1, gt=0)
     backoff_max: float = Field(10.0, gt=0)
     timeout: float = Field(5.0, gt=0)
+
+    @field_validator("runbook_base")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not (v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].split("/", 1)[0]) > 0):
+            raise ValueError("must be an absolute http(s) URL (a pager follows nothing else), or empty")
+        return v

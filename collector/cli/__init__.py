@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collector import __version__
-from collector.cli import db, health, inspect_log, report, serve, snapshots
+from collector.cli import db, health, inspect_log, report, rules, serve, snapshots
 from collector.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -68,7 +68,7 @@ class _Simulate:
 
 # Subcommand modules, in the order `flightrec --help` lists them. A new command is a module
 # with register(sub, parents) and one line here.
-COMMANDS: list[Any] = [serve, db, snapshots, report, inspect_log, health, _Replay, _Simulate]
+COMMANDS: list[Any] = [serve, db, snapshots, report, inspect_log, health, rules, _Replay, _Simulate]
 
 # Libraries whose INFO lines are noise to an operator (each migration step, each request).
 QUIET_LOGGERS = ("alembic", "uvicorn", "uvicorn.error", "httpx", "httpcore", "asyncio")

@@ -82,8 +82,6 @@ def recorder_imports() -> set[str]:
     return third
 
 
-
-
 def vllm_environment_modules(python: str) -> set[str]:
     """Top-level modules of vLLM and everything it declares it needs (transitively), as
     installed in a real vLLM environment: what `pip install vllm` puts beside it."""

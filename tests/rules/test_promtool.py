@@ -44,7 +44,30 @@ def test_every_alert_in_the_rules_has_a_severity_and_a_runbook() -> None:
         else:
             assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
         assert rule["alert"][0].isupper() and "_" not in rule["alert"]
-        assert rule["annotations"]["runbook_url"].startswith("docs/alerting.md#")
+        assert rule["annotations"]["runbook_url"].startswith("RUNBOOK_BASE#")  # flightrec rules makes it absolute
+
+
+def test_rendered_rules_link_absolute_runbooks_and_pass_the_same_unit_tests(tmp_path: Path) -> None:
+    """What Prometheus loads: `flightrec rules --runbook-base URL`'s output, promtool-checked and
+    run through every unit test with the links it must then carry."""
+    import yaml
+
+    from collector.alerting.rules import render
+
+    base = "https://runbooks.test/flightrec/alerting"
+    rendered = tmp_path / "flightrec-alerts.yml"
+    rendered.write_text(render(RULES.read_text(), base + "/"))
+    result = promtool("check", "rules", str(rendered))
+    assert result.returncode == 0, result.stdout + result.stderr
+    groups = yaml.safe_load(rendered.read_text())["groups"]
+    urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]
+    assert urls and all(u.startswith(base + "#") for u in urls)
+    for test_file in TESTS:
+        text = test_file.read_text().replace("../flightrec-alerts.yml", str(rendered)).replace("RUNBOOK_BASE#", base + "#")
+        copy = tmp_path / test_file.name
+        copy.write_text(text)
+        result = promtool("test", "rules", str(copy))
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_unit_test_group_sets_its_interval() -> None:
