@@ -64,6 +64,17 @@ def test_xid_lines_become_events_and_old_ones_are_not_news() -> None:
     assert (ev.kind, ev.xid, ev.gpu, ev.source) == (EventKind.XID, 43, "0000:3b:00.0", "kmsg")
 
 
+def test_a_ring_that_turned_over_between_two_reads() -> None:
+    rings = iter(["<6>[ 1.000000] a\n<6>[ 2.000000] b\n", f"<6>[ 3.000000] c\n<3>{XID}\n", f"<6>[ 3.000000] c\n<3>{XID}\n<6>[6000.000000] d\n"])
+    got: list[object] = []
+    src = KlogSource(reader=lambda: next(rings))
+    sink = type("S", (), {"emit": lambda s, i: got.append(i)})()
+    src.poll(sink)  # a, b (the first read of a poll() is handled: from_start semantics)
+    assert src.poll(sink) == 2 and src.records_lost == 1  # b is gone: c and the Xid are newer, some may be lost
+    assert src.poll(sink) == 1 and src.records_lost == 1  # the fast path: only d
+    assert [e.xid for e in got] == [43]  # type: ignore[attr-defined]
+
+
 def test_refused_is_unsupported_or_an_error() -> None:
     def refused() -> str:
         raise PermissionError(1, "Operation not permitted")
