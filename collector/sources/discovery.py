@@ -48,9 +48,18 @@ LogFactory = Callable[[PodEngine, bool], Any]  # (engine, from_start) -> a sourc
 
 @runtime_checkable
 class EngineRegistry(Protocol):
-    """What ingest's hub offers to name an engine before its first record."""
+    """What ingest offers to name an engine before its first record."""
 
     def engine(self, name: str, **attrs: Any) -> Any: ...
+
+
+def registry_of(sink: Any) -> EngineRegistry | None:
+    """Where to register an engine's facts: the sink itself, or its intake (ingest split into
+    intake and routing); None when the sink is neither (a test's list)."""
+    for candidate in (sink, getattr(sink, "intake", None)):
+        if candidate is not None and isinstance(candidate, EngineRegistry):
+            return candidate
+    return None
 
 
 @dataclass
@@ -248,8 +257,9 @@ class KubernetesDiscovery:
         assert self._sink is not None
         f = self.followed[engine.uid] = _Followed(engine)
         sink = self._sink
-        if isinstance(sink, EngineRegistry):
-            sink.engine(engine.name, url=engine.url, pair=engine.pair, configured=True)
+        registry = registry_of(sink)
+        if registry is not None:
+            registry.engine(engine.name, url=engine.url, pair=engine.pair, configured=True)
         if self.join is not None:
             self.join.add(engine)
         if not engine.terminating:

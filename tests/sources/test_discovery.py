@@ -218,3 +218,25 @@ def test_settings_and_the_sources_table() -> None:
     assert disc.api.base_url == "https://kubernetes.default.svc"
     # static: no discovery
     assert [type(s).__name__ for s in dict(SOURCES)["recorder"](load_settings())] == ["RecorderSource"]
+
+
+def test_the_engine_facts_go_to_whatever_of_ingest_registers_engines() -> None:
+    from collector.sources.discovery import registry_of
+
+    class Registry:
+        def __init__(self) -> None:
+            self.known: dict[str, dict[str, Any]] = {}
+
+        def engine(self, name: str, **facts: Any) -> None:
+            self.known[name] = facts
+
+    class Split:  # a hub whose engines are registered by its intake
+        def __init__(self) -> None:
+            self.intake = Registry()
+
+        def emit(self, item: object) -> None:
+            pass
+
+    direct, split = Registry(), Split()
+    assert registry_of(direct) is direct and registry_of(split) is split.intake
+    assert registry_of(type("ListSink", (), {"emit": lambda s, i: None})()) is None
