@@ -27,12 +27,15 @@ A field the page does not carry stays None (unknown, never 0): the default count
 ECC and no clock reasons. DCGM's "blank" values (a field the GPU does not support, served as
 huge sentinels such as 9223372036854775794 or 2147483632) are None too. ``DCGM_FI_DEV_XID_ERRORS``
 (the last Xid's number, sticky) is not read: Xids come from NVML's events and the kernel log.
-Per-process memory is not in dcgm-exporter's page: ``processes`` stays empty.
+Per-process memory is not in dcgm-exporter's page: ``processes`` stays empty. Which pod uses a
+GPU is, where dcgm-exporter maps GPUs to pods (its Kubernetes mode, the GPU Operator's
+default): ``parse_page`` gives ``pods``, GPU index -> (namespace, pod).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from collector.model import GpuSample
 from collector.parsers.prom_text import Wanted, parse
@@ -50,10 +53,22 @@ def _value(v: float) -> float | None:
     return None if math.isnan(v) or math.isinf(v) or v >= _BLANK else v
 
 
+@dataclass(frozen=True, slots=True)
+class DcgmPage:
+    samples: list[GpuSample]
+    pods: dict[int, tuple[str, str]]  # GPU index -> (namespace, pod) using it
+
+
 def gpu_samples(text: str, ts: float) -> list[GpuSample]:
     """One sample per GPU on the page (by ``gpu`` index), in index order. Raises
     ``MetricsParseError`` on a page that is not exposition text (``prom_text.parse``)."""
+    return parse_page(text, ts).samples
+
+
+def parse_page(text: str, ts: float) -> DcgmPage:
+    """The page's GPU samples and which pod uses each GPU (where the page says)."""
     page = parse(text, WANTED)
+    pods: dict[int, tuple[str, str]] = {}
     fields: dict[int, dict[str, float | None]] = {}
     labels: dict[int, dict[str, str]] = {}
     for s in page.samples:
@@ -65,6 +80,8 @@ def gpu_samples(text: str, ts: float) -> list[GpuSample]:
             continue
         fields.setdefault(index, {})[s.name[len(PREFIX) :]] = _value(s.value)
         labels.setdefault(index, s.labels)
+        if s.labels.get("pod") and s.labels.get("namespace"):
+            pods[index] = (s.labels["namespace"], s.labels["pod"])
     out = []
     for index in sorted(fields):
         f, lab = fields[index], labels[index]
@@ -102,7 +119,7 @@ def gpu_samples(text: str, ts: float) -> list[GpuSample]:
                 pcie_replay=_int(f.get("PCIE_REPLAY_COUNTER")),
             )
         )
-    return out
+    return DcgmPage(out, pods)
 
 
 def _int(v: float | None, scale: int = 1) -> int | None:

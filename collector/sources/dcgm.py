@@ -16,7 +16,7 @@ from collections.abc import Callable
 import httpx
 
 from collector.model import SourceStatus
-from collector.parsers.dcgm import gpu_samples
+from collector.parsers.dcgm import parse_page
 from collector.parsers.prom_text import MetricsParseError
 from collector.sources.base import Sink
 
@@ -46,6 +46,7 @@ class DcgmSource:
         self.scrapes = 0
         self.errors = 0
         self.gpus = 0
+        self.gpu_pods: dict[int, tuple[str, str]] = {}  # GPU index -> (namespace, pod), as the exporter maps them
 
     def status(self) -> SourceStatus:
         return SourceStatus(
@@ -54,7 +55,14 @@ class DcgmSource:
             reason="" if self.up or self.up is None else self.last_error,
             last_ok=self.last_ok,
             errors=self.errors,
-            details={"url": self.url, "scrapes": self.scrapes, "errors_total": self.errors, "gpus": self.gpus, "last_error": self.last_error or None},
+            details={
+                "url": self.url,
+                "scrapes": self.scrapes,
+                "errors_total": self.errors,
+                "gpus": self.gpus,
+                "last_error": self.last_error or None,
+                "gpu_pods": {str(i): f"{ns}/{pod}" for i, (ns, pod) in sorted(self.gpu_pods.items())},
+            },
         )
 
     async def scrape_once(self, client: httpx.AsyncClient, sink: Sink) -> None:
@@ -63,7 +71,8 @@ class DcgmSource:
             resp = await client.get(self.url)
             if resp.status_code != 200:
                 raise MetricsParseError(f"HTTP {resp.status_code}")
-            samples = gpu_samples(resp.text, self.clock())
+            page = parse_page(resp.text, self.clock())
+            samples = page.samples
         except (httpx.HTTPError, MetricsParseError) as exc:
             self.errors += 1
             self.up, self.last_error = False, f"{self.url}: {type(exc).__name__}: {exc}"
@@ -73,6 +82,7 @@ class DcgmSource:
             self.up, self.last_error = False, f"{self.url}: no DCGM_FI_DEV_* series with a gpu label"
             return
         self.up, self.last_error, self.last_ok, self.gpus = True, "", time.time(), len(samples)
+        self.gpu_pods = page.pods
         for s in samples:
             sink.emit(s)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,6 +43,7 @@ from collector.tasks import Backoff
 log = logging.getLogger(__name__)
 
 MetricsFactory = Callable[[PodEngine], Any]
+GpuPods = Callable[[], Mapping[int, tuple[str, str]]]  # GPU index -> (namespace, pod): dcgm-exporter's map
 LogFactory = Callable[[PodEngine, bool], Any]  # (engine, from_start) -> a source, or None
 
 
@@ -69,6 +70,7 @@ class _Followed:
     logs: SupervisedSource | None = None
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     gone_at: float | None = None
+    gpu_indices: list[int] | None = None  # from dcgm-exporter's GPU -> pod map, when it gives one
 
 
 class KubernetesDiscovery:
@@ -86,6 +88,7 @@ class KubernetesDiscovery:
         metrics_factory: MetricsFactory,
         log_factory: LogFactory | None = None,
         join: EngineJoin | None = None,
+        gpu_pods: GpuPods | None = None,
         watch_timeout_s: int = 300,
         retry_s: float = 2.0,
         forget_after_s: float = 60.0,
@@ -100,6 +103,7 @@ class KubernetesDiscovery:
         self.metrics_factory = metrics_factory
         self.log_factory = log_factory
         self.join = join
+        self.gpu_pods = gpu_pods
         self.watch_timeout_s = watch_timeout_s
         self.forget_after_s = forget_after_s
         self.clock = clock
@@ -135,7 +139,10 @@ class KubernetesDiscovery:
                 "watches": self.watches,
                 "relists_410": self.relists_gone,
                 "bad_pods": self.bad_pods,
-                "engines": [{**f.engine.to_dict(), "followed": f.gone_at is None, "scraped": f.metrics is not None} for f in self.followed.values()],
+                "engines": [
+                    {**f.engine.to_dict(), "followed": f.gone_at is None, "scraped": f.metrics is not None, "gpu_indices": f.gpu_indices}
+                    for f in self.followed.values()
+                ],
             },
         )
         out = [own]
@@ -295,9 +302,26 @@ class KubernetesDiscovery:
         if self.join is not None and f.gone_at is None:
             self.join.discard(f.engine.name)
 
+    def map_gpus(self) -> None:
+        """Which GPUs each engine uses, from dcgm-exporter's GPU -> pod map (where NVML's process
+        lists are not read): registered with ingest, so that a GPU's Xid goes to its engine."""
+        if self.gpu_pods is None:
+            return
+        by_pod: dict[tuple[str, str], list[int]] = {}
+        for index, pod in self.gpu_pods().items():
+            by_pod.setdefault(pod, []).append(index)
+        registry = registry_of(self._sink)
+        for f in self.followed.values():
+            indices = sorted(by_pod.get((f.engine.namespace, f.engine.pod), []))
+            if f.gone_at is None and indices and indices != f.gpu_indices:
+                f.gpu_indices = indices
+                if registry is not None:
+                    registry.engine(f.engine.name, gpus=indices)
+
     async def _reap(self, every: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every)
+            self.map_gpus()
             now = self.clock()
             for uid, f in list(self.followed.items()):
                 if f.gone_at is not None and now - f.gone_at >= self.forget_after_s:

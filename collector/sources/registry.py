@@ -43,12 +43,19 @@ def _nvml(settings: Settings) -> list[Any]:
     return [src] if src is not None else []
 
 
-def _dcgm(settings: Settings) -> list[Any]:
+def _dcgm_source(settings: Settings) -> Any:
     from collector.sources.dcgm import DcgmSource
 
     if settings.gpu_metrics != "dcgm":
-        return []
-    return [DcgmSource(settings.dcgm_url, interval=settings.gpu_poll_interval, timeout=settings.dcgm_timeout)]
+        return None
+    return DcgmSource(settings.dcgm_url, interval=settings.gpu_poll_interval, timeout=settings.dcgm_timeout)
+
+
+def _dcgm(settings: Settings) -> list[Any]:
+    if settings.discovery.mode == "kubernetes":
+        return []  # built beside discovery ("recorder" above), which reads its GPU -> pod map
+    src = _dcgm_source(settings)
+    return [src] if src is not None else []
 
 
 def _kmsg(settings: Settings) -> list[Any]:
@@ -108,11 +115,15 @@ def _recorder(settings: Settings) -> list[Any]:
     if settings.recorder != "off":
         out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait))
     if settings.discovery.mode == "kubernetes":
-        out.append(_discovery(settings, join))
+        # with dcgm-exporter, its GPU -> pod map says which GPUs each discovered engine uses
+        dcgm = _dcgm_source(settings)
+        out.append(_discovery(settings, join, dcgm))
+        if dcgm is not None:
+            out.append(dcgm)
     return out
 
 
-def _discovery(settings: Settings, join: Any) -> Any:
+def _discovery(settings: Settings, join: Any, dcgm: Any = None) -> Any:
     from collector.parsers.kube_pods import PodEngine
     from collector.settings import EngineConfig
     from collector.sources.discovery import KubernetesDiscovery
@@ -155,6 +166,7 @@ def _discovery(settings: Settings, join: Any) -> Any:
         metrics_factory=metrics,
         log_factory=logs,
         join=join,
+        gpu_pods=(lambda: dcgm.gpu_pods) if dcgm is not None else None,
         watch_timeout_s=d.watch_timeout_s,
         retry_s=d.retry_s,
         forget_after_s=d.forget_after_s,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.parsers.dcgm import gpu_samples
+from collector.parsers.dcgm import gpu_samples, parse_page
 from collector.parsers.prom_text import MetricsParseError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter"
@@ -91,3 +91,19 @@ def test_garbage_is_an_error_or_nothing(text: str) -> None:
         gpu_samples(text, 0.0)
     except MetricsParseError:
         pass
+
+
+def test_which_pod_uses_each_gpu() -> None:
+    """dcgm-exporter's Kubernetes mode labels a GPU's series with the pod using it; these lines
+    are from a page published from an EKS node (NVIDIA L40S, a vLLM pod on GPU 0)."""
+    page = (
+        'DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-1c2b08c1-f602-d290-4519-863bc0c96079",pci_bus_id="00000000:30:00.0",device="nvidia0",'
+        'modelName="NVIDIA L40S",Hostname="i-0e2c27f8b63f89296",container="vllm",namespace="default",pod="mistral-6cfb59d6cd-xbwgd"} 2520\n'
+        'DCGM_FI_DEV_MEM_CLOCK{gpu="0",UUID="GPU-1c2b08c1-f602-d290-4519-863bc0c96079",pci_bus_id="00000000:30:00.0",device="nvidia0",'
+        'modelName="NVIDIA L40S",Hostname="i-0e2c27f8b63f89296",container="vllm",namespace="default",pod="mistral-6cfb59d6cd-xbwgd"} 9001\n'
+        'DCGM_FI_DEV_SM_CLOCK{gpu="1",UUID="GPU-2",pci_bus_id="00000000:31:00.0",device="nvidia1",modelName="NVIDIA L40S"} 210\n'
+    )
+    parsed = parse_page(page, 0.0)
+    assert parsed.pods == {0: ("default", "mistral-6cfb59d6cd-xbwgd")}  # GPU 1: no pod
+    assert [s.sm_clock_mhz for s in parsed.samples] == [2520, 210]
+    assert parse_page(L4, 0.0).pods == {}  # the captured page: no pod mapping

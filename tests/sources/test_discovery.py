@@ -240,3 +240,27 @@ def test_the_engine_facts_go_to_whatever_of_ingest_registers_engines() -> None:
     direct, split = Registry(), Split()
     assert registry_of(direct) is direct and registry_of(split) is split.intake
     assert registry_of(type("ListSink", (), {"emit": lambda s, i: None})()) is None
+
+
+def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
+    from collector.parsers.kube_pods import engine_of_pod
+    from collector.sources.discovery import _Followed
+    from collector.sources.registry import SOURCES
+
+    hub = Hub(load_settings())
+    gpu_pods = {2: ("inference", "vllm-prefill-0"), 3: ("inference", "vllm-prefill-0"), 5: ("other", "x")}
+    d = KubernetesDiscovery(
+        KubeApi("http://127.0.0.1:9"), node="gpu-node-a", label_selector="", metrics_factory=lambda e: None, gpu_pods=lambda: gpu_pods
+    )
+    d._sink = hub
+    engine = engine_of_pod(PODS["items"][0])
+    d.followed[engine.uid] = _Followed(engine)
+    d.map_gpus()
+    assert hub.engines["vllm-prefill-0"].gpus == [2, 3]  # a GPU's Xid now goes to this engine alone
+    assert d.status()[0].details["engines"][0]["gpu_indices"] == [2, 3]
+    # the settings wire the one dcgm-exporter source to discovery
+    settings = load_settings(discovery={"mode": "kubernetes", "node_name": "n"}, gpu_metrics="dcgm", recorder="off")
+    disc, dcgm = dict(SOURCES)["recorder"](settings)
+    assert dict(SOURCES)["dcgm"](settings) == []
+    dcgm.gpu_pods = {0: ("ns", "p")}
+    assert disc.gpu_pods() == {0: ("ns", "p")}
