@@ -113,7 +113,10 @@ class SidecarCollector(Collector):
             if value is not None:  # unknown is absent, never 0
                 fam.add_metric(key, float(value))
 
+        gone = self._discovery().get("gone", [])
         for name, st in sorted(hub.engines.items()):
+            if name in gone:  # its pod is deleted: no longer scraped, its last state is stale
+                continue
             key = [host, name]
             up.add_metric(key, 1.0 if st.up else 0.0)
             steps.add_metric(key, st.steps_received)
@@ -148,15 +151,23 @@ class SidecarCollector(Collector):
             "1 per engine: its pod (discovered engines) and P/D role and pair",
             labels=[HOSTNAME, ENGINE, "namespace", "pod", "role", "pair"],
         )
-        found: dict[str, dict[str, Any]] = {}
-        statuses = getattr(self.ctx, "source_statuses", None)
-        for status in statuses() if callable(statuses) else []:
-            if status.name == "discovery":
-                found = {str(e["name"]): e for e in status.details.get("engines", []) if e.get("followed")}
+        details = self._discovery()
+        found = {str(e["name"]): e for e in details.get("engines", []) if e.get("followed")}
+        gone = details.get("gone", [])
         for name, st in sorted(hub.engines.items()):
+            if name in gone:
+                continue
             e = found.get(name, {})
             info.add_metric([host, name, e.get("namespace") or "", e.get("pod") or "", e.get("role") or "", e.get("pair") or st.pair or ""], 1.0)
         return info
+
+    def _discovery(self) -> dict[str, Any]:
+        """Kubernetes discovery's status details (engines followed, engines gone), or {}."""
+        statuses = getattr(self.ctx, "source_statuses", None)
+        for status in statuses() if callable(statuses) else []:
+            if status.name == "discovery":
+                return dict(status.details)
+        return {}
 
     def _ingest(self, host: str) -> Iterable[Metric]:
         figures_of = getattr(self.ctx, "ingest_figures", None)

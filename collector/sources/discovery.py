@@ -120,6 +120,9 @@ class KubernetesDiscovery:
         self.bad_pods = 0
         self._listed_once = False
         self._sink: Sink | None = None
+        # engines whose pod is being deleted or is gone (the last 1000): no longer scraped, so
+        # their last "up" is stale; /metrics leaves them out rather than report it forever
+        self.gone: dict[str, float] = {}
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> list[SourceStatus]:
@@ -139,6 +142,7 @@ class KubernetesDiscovery:
                 "watches": self.watches,
                 "relists_410": self.relists_gone,
                 "bad_pods": self.bad_pods,
+                "gone": sorted(self.gone),
                 "engines": [
                     {**f.engine.to_dict(), "followed": f.gone_at is None, "scraped": f.metrics is not None, "gpu_indices": f.gpu_indices}
                     for f in self.followed.values()
@@ -246,6 +250,7 @@ class KubernetesDiscovery:
                 if f.gone_at is None:
                     f.gone_at = now  # the pod is gone: no scrape; the log for its last lines
                     self._stop_metrics(f)
+                    self._mark_gone(f.engine.name)
                     if self.join is not None:
                         self.join.discard(f.engine.name)
                     log.info("discovery: engine %s (pod %s/%s) is gone", f.engine.name, f.engine.namespace, f.engine.pod)
@@ -256,12 +261,19 @@ class KubernetesDiscovery:
             f.engine = want
             if want.terminating and f.metrics is not None:
                 self._stop_metrics(f)
+                self._mark_gone(want.name)
         for uid, engine in desired.items():
             if uid not in self.followed and engine.url is not None:
                 self._start(engine, from_start=from_start)
 
+    def _mark_gone(self, name: str) -> None:
+        self.gone[name] = time.time()
+        while len(self.gone) > 1000:
+            del self.gone[min(self.gone, key=self.gone.__getitem__)]
+
     def _start(self, engine: PodEngine, *, from_start: bool) -> None:
         assert self._sink is not None
+        self.gone.pop(engine.name, None)  # a pod of that name again (a StatefulSet's)
         f = self.followed[engine.uid] = _Followed(engine)
         sink = self._sink
         registry = registry_of(sink)
@@ -269,7 +281,9 @@ class KubernetesDiscovery:
             registry.engine(engine.name, url=engine.url, pair=engine.pair, configured=True)
         if self.join is not None:
             self.join.add(engine)
-        if not engine.terminating:
+        if engine.terminating:
+            self._mark_gone(engine.name)
+        else:
             f.metrics = SupervisedSource(self.metrics_factory(engine))
             f.tasks["metrics"] = asyncio.create_task(f.metrics.run(sink), name=f"discovery metrics {engine.name}")
         if self.log_factory is not None:

@@ -112,13 +112,14 @@ def test_engine_info_names_the_pod_of_a_discovered_engine(tmp_path) -> None:
 
     ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
     ctx.hub.engine("vllm-decode-0", url="http://10.244.3.18:8000", configured=True)
+    ctx.hub.engine("vllm-old-0", url="http://10.244.3.9:8000", configured=True).up = False  # its pod was deleted
 
     class Discovery:
         name = "discovery"
 
         def status(self) -> list[SourceStatus]:
             engine = {"name": "vllm-decode-0", "namespace": "inference", "pod": "vllm-decode-0", "role": "decode", "pair": "pd-0", "followed": True}
-            return [SourceStatus(name="discovery", up=True, details={"engines": [engine]})]
+            return [SourceStatus(name="discovery", up=True, details={"engines": [engine], "gone": ["vllm-old-0"]})]
 
     ctx.supervised.append(SupervisedSource(Discovery()))
     text = generate_latest(sidecar_registry(ctx)).decode()
@@ -133,3 +134,6 @@ def test_engine_info_names_the_pod_of_a_discovered_engine(tmp_path) -> None:
     }
     # a configured engine: no pod, its pair from the settings
     assert info["decode-0"]["pod"] == "" and info["decode-0"]["pair"] == "pd-0"
+    # an engine whose pod is gone: no stale "down" to page on forever, no info
+    up = {s.labels["engine"]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "flightrec_engine_up"}
+    assert "vllm-old-0" not in up and "vllm-old-0" not in info and up["vllm-decode-0"] == 0.0

@@ -142,6 +142,7 @@ def test_engines_found_followed_and_forgotten(tmp_path: Path) -> None:
             await asyncio.sleep(0.3)
             assert scrapes(hub, "vllm-decode-0") == frozen
             assert "vllm-decode-0" not in join.names and {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"} <= join.names
+            assert d.status()[0].details["gone"] == ["vllm-decode-0"]  # /metrics leaves its stale state out
             await until(lambda: {e.name for e in d.engines()} == {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"})
             status = d.status()
             assert status[0].name == "discovery" and status[0].up and status[0].details["relists_410"] == 1
