@@ -267,6 +267,11 @@ class KubernetesDiscovery:
                 self._start(engine, from_start=from_start)
 
     def _mark_gone(self, name: str) -> None:
+        """The engine stopped on purpose: no longer scraped. Ingest is told it is not up, so the
+        detectors do not read the end of its scrapes as a target gone (a page on every rollout)."""
+        registry = registry_of(self._sink)
+        if registry is not None:
+            registry.engine(name, up=False)
         self.gone[name] = time.time()
         while len(self.gone) > 1000:
             del self.gone[min(self.gone, key=self.gone.__getitem__)]

@@ -143,6 +143,8 @@ def test_engines_found_followed_and_forgotten(tmp_path: Path) -> None:
             assert scrapes(hub, "vllm-decode-0") == frozen
             assert "vllm-decode-0" not in join.names and {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"} <= join.names
             assert d.status()[0].details["gone"] == ["vllm-decode-0"]  # /metrics leaves its stale state out
+            # not up: the detectors do not take the end of its scrapes for a target gone
+            assert hub.engines["vllm-decode-0"].up is False
             await until(lambda: {e.name for e in d.engines()} == {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"})
             status = d.status()
             assert status[0].name == "discovery" and status[0].up and status[0].details["relists_410"] == 1
