@@ -1,6 +1,6 @@
 """The DaemonSet's configuration end to end, with a real `flightrec serve`: no engine listed,
-discovery finds the node's vLLM pod through an API server answering from recorded responses
-(loopback HTTP: no kube-apiserver can run here), scrapes it (a loopback engine serving a
+discovery finds the node's vLLM pod through a stand-in API server answering with pods written in the v1 API's
+shape (loopback HTTP: no kube-apiserver can run here), scrapes it (a loopback engine serving a
 captured vLLM page), follows its container log in a kubelet-style /var/log/pods folder, and a
 CUDA error written there in the CRI format becomes a snapshot of that engine; /metrics names
 the pod the engine runs in."""

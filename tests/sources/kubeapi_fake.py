@@ -1,4 +1,4 @@
-"""An API server that answers from recorded responses, over real HTTP on loopback: a pod list
+"""A stand-in API server over real HTTP on loopback, answering from given responses: a pod list
 (``GET /api/v1/pods``) and watches (``?watch=1``, newline-delimited JSON events, chunked), each
 watch playing one script. Requests are kept for assertions. Nothing here runs a cluster: it is
 what the discovery tests use because no kube-apiserver can be installed on the test machine."""

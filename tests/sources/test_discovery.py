@@ -1,4 +1,4 @@
-"""Kubernetes discovery against an API server answering from recorded responses over real HTTP
+"""Kubernetes discovery against a stand-in API server over real HTTP, answering with pods written in the v1 API's shape
 (tests/sources/kubeapi_fake.py: no kube-apiserver can be installed here), with the real
 httpx client, the real metrics scrape (engines: loopback servers serving a captured vLLM page)
 and the real hub: pods found on the node become engines, a pod added while running is followed,
