@@ -108,6 +108,13 @@ class SidecarCollector(Collector):
         steps = CounterMetricFamily("flightrec_engine_steps_received", "engine steps received from the recorder", labels=labels)
         rows = CounterMetricFamily("flightrec_engine_request_rows_received", "per-request rows received from the recorder", labels=labels)
         source = GaugeMetricFamily("flightrec_engine_series_source", "1 for where an engine's live figures come from", labels=[*labels, "source"])
+        # vLLM's counters as rates over the sidecar's last /metrics scrape of the engine, labelled
+        # with the sidecar's engine name: a dashboard shows them with no relabelling of vLLM's scrape
+        gen = g("flightrec_engine_generation_tokens_per_second", "tokens generated per second (vLLM's counter, over the last scrape interval)")
+        prompt = g("flightrec_engine_prompt_tokens_per_second", "prompt tokens computed per second (vLLM's counter, over the last scrape interval)")
+        preempt = g("flightrec_engine_preemptions_per_second", "preemptions per second (vLLM's counter, over the last scrape interval)")
+        ttft = g("flightrec_engine_time_to_first_token_mean_seconds", "mean time to first token of the requests seen over the last scrape interval")
+        itl = g("flightrec_engine_inter_token_latency_mean_seconds", "mean inter-token latency over the last scrape interval")
 
         def put(fam: GaugeMetricFamily, key: list[str], value: float | None) -> None:
             if value is not None:  # unknown is absent, never 0
@@ -133,13 +140,21 @@ class SidecarCollector(Collector):
                 ):  # the last value a step carried
                     rec = st.ring.last_known(name)
                     put(fam, key, None if rec is None else getattr(rec, name))
-            elif getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
+            last_scrape = next((sc for sc in reversed(getattr(st, "scrapes", ())) if sc.origin == "scrape"), None)
+            if last_scrape is not None:
+                r = last_scrape.rates
+                put(gen, key, r.get("generation_tokens_total"))
+                put(prompt, key, r.get("prompt_tokens_total"))
+                put(preempt, key, r.get("num_preemptions_total"))
+                put(ttft, key, _mean(r, "time_to_first_token_seconds"))
+                put(itl, key, _mean(r, "inter_token_latency_seconds"))
+            if last is None and getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
                 source.add_metric([*key, "scrape"], 1.0)
                 v = st.scrapes[-1].values
                 put(running, key, v.get("num_requests_running"))
                 put(waiting, key, v.get("num_requests_waiting"))
                 put(kv, key, v.get("kv_cache_usage_perc"))
-        yield from (up, running, waiting, kv, step, mirror, steps, rows, source)
+        yield from (up, running, waiting, kv, step, mirror, steps, rows, source, gen, prompt, preempt, ttft, itl)
 
     def _engine_info(self, hub: Any, host: str) -> Metric:
         """One series per engine naming where it runs, so that vLLM's own series (which carry
@@ -266,3 +281,12 @@ class SidecarCollector(Collector):
         for outcome, value in sorted(self.ctx.alert_stats().items()):
             alerts.add_metric([host, outcome], value)
         yield alerts
+
+
+def _mean(rates: dict[str, float], histogram: str) -> float | None:
+    """A histogram's mean over the interval its _sum and _count rates cover; None (unknown) when
+    no observation fell in it."""
+    total, count = rates.get(histogram + "_sum"), rates.get(histogram + "_count")
+    if total is None or not count:
+        return None
+    return total / count

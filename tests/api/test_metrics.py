@@ -137,3 +137,24 @@ def test_engine_info_names_the_pod_of_a_discovered_engine(tmp_path) -> None:
     # an engine whose pod is gone: no stale "down" to page on forever, no info
     up = {s.labels["engine"]: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "flightrec_engine_up"}
     assert "vllm-old-0" not in up and "vllm-old-0" not in info and up["vllm-decode-0"] == 0.0
+
+
+def test_vllms_rates_under_the_sidecars_engine_name(tmp_path) -> None:
+    """What a dashboard needs with no relabelling of vLLM's scrape: vLLM's counters as rates over
+    the last scrape, labelled with the sidecar's engine name; a mean with no observation is absent."""
+    from collector.model import MetricsScrape
+
+    ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
+    rates = {"generation_tokens_total": 120.0, "prompt_tokens_total": 800.0, "num_preemptions_total": 0.5}
+    rates |= {"time_to_first_token_seconds_sum": 0.9, "time_to_first_token_seconds_count": 3.0}
+    rates |= {"inter_token_latency_seconds_sum": 0.0, "inter_token_latency_seconds_count": 0.0}
+    ctx.hub.emit(MetricsScrape(engine="decode-0", ts=time.time(), values={"num_requests_running": 2.0}, rates=rates))
+    # a fallback series from the log's stat line is no scrape: it does not replace the scrape's rates
+    ctx.hub.emit(MetricsScrape(engine="decode-0", ts=time.time(), values={"generation_tokens_per_s": 1.0}, origin="log"))
+    text = generate_latest(sidecar_registry(ctx)).decode()
+    got = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("engine") == "decode-0"}
+    assert got["flightrec_engine_generation_tokens_per_second"].value == 120.0
+    assert got["flightrec_engine_prompt_tokens_per_second"].value == 800.0
+    assert got["flightrec_engine_preemptions_per_second"].value == 0.5
+    assert abs(got["flightrec_engine_time_to_first_token_mean_seconds"].value - 0.3) < 1e-9
+    assert "flightrec_engine_inter_token_latency_mean_seconds" not in got  # no token in the interval: unknown

@@ -268,6 +268,7 @@ def sidecar_names(tmp_path: Path) -> set[str]:
         Event,
         EventKind,
         GpuSample,
+        MetricsScrape,
         RequestRow,
         Severity,
         SourceStatus,
@@ -329,6 +330,10 @@ def sidecar_names(tmp_path: Path) -> set[str]:
                 requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)],
             )
         )
+        rates = {"generation_tokens_total": 10.0, "prompt_tokens_total": 5.0, "num_preemptions_total": 0.0}
+        rates |= {"time_to_first_token_seconds_sum": 0.5, "time_to_first_token_seconds_count": 2.0}
+        rates |= {"inter_token_latency_seconds_sum": 0.1, "inter_token_latency_seconds_count": 10.0}
+        hub.emit(MetricsScrape(engine="decode-0", ts=999.7, values={"num_requests_running": 1.0}, rates=rates))
         hub.emit(Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0", severity=Severity.CRITICAL))
         assert committer.backlog == 1  # the Xid was decided a snapshot of decode-0
         registry = CollectorRegistry()
