@@ -47,19 +47,22 @@ class KubeApi:
         ca_file: Path | None = None,
         client_factory: ClientFactory | None = None,
         timeout: float = 10.0,
+        read_timeout: float | None = 330.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token_file = token_file
         self.ca_file = ca_file
         self.timeout = timeout
+        # a watch is quiet between events, but never longer than its timeoutSeconds (the server
+        # then ends it) or the bookmarks' interval: past this, the connection is taken for dead
+        self.read_timeout = read_timeout
         self._client_factory = client_factory or self._default_client
 
     def _default_client(self) -> httpx.AsyncClient:
         verify: ssl.SSLContext | bool = True
         if self.ca_file is not None and self.base_url.startswith("https://"):
             verify = ssl.create_default_context(cafile=str(self.ca_file))
-        # the read timeout covers a watch's quiet stretches: the server closes it first
-        return httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(self.timeout, read=None))
+        return httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(self.timeout, read=self.read_timeout))
 
     def client(self) -> httpx.AsyncClient:
         return self._client_factory()

@@ -157,7 +157,7 @@ def _discovery(settings: Settings, join: Any, dcgm: Any = None) -> Any:
         )
 
     return KubernetesDiscovery(
-        KubeApi(d.api_url, token_file=d.token_file, ca_file=d.ca_file),
+        KubeApi(d.api_url, token_file=d.token_file, ca_file=d.ca_file, read_timeout=d.watch_timeout_s + 30.0),
         node=d.node_name,
         label_selector=d.label_selector,
         namespace=d.namespace,

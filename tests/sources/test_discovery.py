@@ -219,6 +219,7 @@ def test_settings_and_the_sources_table() -> None:
     assert disc.join is rec.join  # a discovered engine's rings join it by name
     assert disc.node == "gpu-node-a" and disc.label_selector == "flightrec.io/engine"
     assert disc.api.base_url == "https://kubernetes.default.svc"
+    assert disc.api.read_timeout == settings.discovery.watch_timeout_s + 30  # a dead connection is noticed
     # static: no discovery
     assert [type(s).__name__ for s in dict(SOURCES)["recorder"](load_settings())] == ["RecorderSource"]
 

@@ -88,3 +88,14 @@ def test_nobody_listening_is_an_error() -> None:
                 await client.list_pods(http, node="n", label_selector="")
 
     asyncio.run(main())
+
+
+def test_a_watch_whose_connection_goes_quiet_past_the_read_timeout_is_an_error() -> None:
+    async def body(api: RecordedApi) -> None:
+        client = KubeApi(api.url, read_timeout=0.3)  # a dead peer sends nothing, not even a FIN
+        async with client.client() as http:
+            with pytest.raises(KubeApiError, match="ReadTimeout"):
+                async for _ in client.watch_pods(http, node="n", label_selector="", resource_version="7"):
+                    pass
+
+    run(["hang"], body)
