@@ -29,6 +29,7 @@ from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import SCRAPE_SECONDS
+from collector.sources.klog import KlogSource
 from collector.sources.kmsg import KmsgSource
 from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
 from collector.sources.recorder import RecorderSource
@@ -140,7 +141,7 @@ class Service:
         ctx.recorders = [s for s in sources if isinstance(s, RecorderSource)]
         committer.before_capture = lambda: [r.poll(hub) for r in ctx.recorders]
         # the kernel log resumes after the mark of what it handled durably (sources/kmsg_mark.py)
-        kernel_logs = [s for s in sources if isinstance(s, KmsgSource)]
+        kernel_logs = [s for s in sources if isinstance(s, (KmsgSource, KlogSource))]
         for k in kernel_logs:
             k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
 

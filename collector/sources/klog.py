@@ -16,6 +16,12 @@ one stamp, their count). A ring that turned over between two polls (the last lin
 longer in it) is counted in ``records_lost``. Lines are the ``/dev/kmsg`` source's records
 (``KmsgSource.handle_record``: Xid and fallen-off-the-bus events, UUID lines); a line without a
 stamp (``printk.time=0``) is compared by its text.
+
+It resumes like the ``/dev/kmsg`` source (``collector.sources.kmsg_mark``): its position is the
+boot and the stamp, in microseconds, of the last line handled (``syslog(2)`` gives no sequence
+numbers); at start, the lines after a mark of this boot are read again (``replayed``), those up
+to it skipped but for the GPU UUIDs they teach; and an event's id is made from the line's boot,
+stamp and text, so a line read twice is one event.
 """
 
 from __future__ import annotations
@@ -29,13 +35,17 @@ import os
 import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.kmsg import KmsgSource
+from collector.sources.kmsg_mark import Position, ResumeMark
 
 SYSLOG_ACTION_READ_ALL = 3
 SYSLOG_ACTION_SIZE_BUFFER = 10
 _PRIO = re.compile(r"^<\d{1,3}>")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+SOURCE = "syslog(2)"  # the mark's source: the kernel ring read through the system call
 _STAMP = re.compile(r"^\[\s*(\d{1,12})\.(\d{1,9})\]")
 
 Reader = Callable[[], str]
@@ -94,13 +104,21 @@ class KlogSource:
         poll_interval: float = 0.25,
         reader: Reader = klogctl_read_all,
         clock: Callable[[], float] = time.time,
+        mark: ResumeMark | None = None,
+        boot_id: Callable[[], str | None] | None = None,
     ) -> None:
         self.required = required
         self.from_start = from_start
         self.poll_interval = poll_interval
         self.reader = reader
         # the /dev/kmsg source's record handling: one parser, one set of events
-        self.records = KmsgSource("syslog(2)", mode="path", clock=clock)
+        self.records = KmsgSource(SOURCE, mode="path", clock=clock)
+        self.path = SOURCE  # the resume mark's source
+        self.mark = mark  # where an earlier run stopped; kept up to date by ``kmsg_mark.keep_mark``
+        self.handled: Position | None = None  # every line up to here is handed to ingest
+        self.events = 0  # events handed to ingest
+        self._boot_id = boot_id or _boot_id
+        self._boot: str | None = None
         self.records_lost = 0  # polls that found the ring turned over past the last line
         self.polls = 0
         self._last: tuple[int, str] | None = None
@@ -136,16 +154,25 @@ class KlogSource:
         """One read of the ring, its new lines handled (tests, one-shot tools)."""
         return self._handle(sink, self._read())
 
-    def _handle(self, sink: Sink, text: str, *, skip: bool = False) -> int:
-        fresh, lost = ([], False) if skip else self._new(text)
+    def _handle(self, sink: Sink, text: str, *, skip: bool = False, after_usec: int | None = None) -> int:
+        """Hand on the new lines (all of them skipped with ``skip``, as their UUIDs only; with
+        ``after_usec``, the lines stamped after it as ``replayed`` and those before skipped)."""
+        fresh, lost = self._new(text)
         if lost:
             self.records_lost += 1
         for line in fresh:
-            event = self.records.handle_record(line)
+            usec = _key(line)[0]
+            if skip or (after_usec is not None and usec <= after_usec):
+                self.records._learn_uuid(line)
+                continue
+            event = self.records.handle_record(line, replayed=after_usec is not None, place=f"{SOURCE}:{self._boot}:{line}")
             if event is not None:
+                self.events += 1
                 sink.emit(event)
         self._remember(text)
-        return len(fresh)
+        if self._last is not None and self._last[0]:
+            self.handled = Position(boot_id=self._boot, seq=self._last[0])
+        return 0 if skip else len(fresh)
 
     def _remember(self, text: str) -> None:
         """The ring's last line, raw (for the fast path) and as a key (for the slow one)."""
@@ -166,8 +193,14 @@ class KlogSource:
             if self.required:
                 raise SourceError(msg) from exc
             raise SourceUnsupported(msg) from exc
-        # what is already in the ring is not news, unless asked for (kmsg_from_start)
-        self._handle(sink, text, skip=not self.from_start)
+        self._boot = self._boot_id()
+        resume = self.handled or (self.mark.load() if self.mark is not None else None)
+        if resume is not None and resume.boot_id == self._boot and resume.seq is not None:
+            # after a restart: what the last run may not have made durable is read again
+            self._handle(sink, text, after_usec=resume.seq)
+        else:
+            # what is already in the ring is not news, unless asked for (kmsg_from_start)
+            self._handle(sink, text, skip=not self.from_start)
         while True:
             await asyncio.sleep(self.poll_interval)
             try:
@@ -175,3 +208,10 @@ class KlogSource:
             except OSError as exc:
                 raise SourceError(f"syslog(2): {exc}") from exc
             self._handle(sink, text)
+
+
+def _boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None

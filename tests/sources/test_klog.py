@@ -111,3 +111,65 @@ def test_the_real_system_call_reads_a_line_written_to_the_kernel_log() -> None:
     seen.clear()
     src.poll(type("S", (), {"emit": lambda s, i: None})())
     assert not any(marker in line for line in seen)  # read once, not again
+
+
+def test_it_resumes_after_the_mark_of_this_boot(tmp_path) -> None:
+    from collector.sources.kmsg_mark import Position, ResumeMark, keep_mark
+
+    uuid_line = "<6>[ 1.000000] NVRM: GPU at PCI:0000:3b:00: GPU-5c1e3a5e-9a7b-4f0e-8a6f-1d2c3b4a5e6f\n"
+    ring = f"{uuid_line}<6>[ 2.000000] before the mark\n<3>{XID}\n<6>[6000.000000] after\n"
+    mark = ResumeMark(tmp_path / "kmsg.mark", source="syslog(2)")
+    mark.save(Position(boot_id="boot-a", seq=2_000_000))  # the last run handled up to 2.0 s
+    got: list[Event] = []
+    sink = type("S", (), {"emit": lambda s, i: got.append(i)})()
+
+    async def main(src: KlogSource) -> None:
+        task = asyncio.create_task(src.run(sink))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    src = KlogSource(reader=lambda: ring, mark=mark, boot_id=lambda: "boot-a", poll_interval=0.01)
+    asyncio.run(main(src))
+    [ev] = got
+    assert (
+        ev.xid == 43 and ev.data.get("replayed") is True and ev.data.get("uuid") == "GPU-5c1e3a5e-9a7b-4f0e-8a6f-1d2c3b4a5e6f"
+    )  # the skipped line still taught the UUID
+    assert src.handled == Position(boot_id="boot-a", seq=6_000_000_000) and src.events == 1
+    # read again (another restart before the mark moved): the same event, by its id
+    again: list[Event] = []
+    src2 = KlogSource(reader=lambda: ring, mark=mark, boot_id=lambda: "boot-a", poll_interval=0.01)
+    sink2 = type("S", (), {"emit": lambda s, i: again.append(i)})()
+    src2._boot = "boot-a"
+    src2._handle(sink2, ring, after_usec=2_000_000)
+    assert [e.uid for e in again] == [ev.uid]
+    # another boot's mark: the ring is not news
+    other: list[Event] = []
+    src3 = KlogSource(reader=lambda: ring, mark=mark, boot_id=lambda: "boot-b", poll_interval=0.01)
+    task_sink = type("S", (), {"emit": lambda s, i: other.append(i)})()
+
+    async def main3() -> None:
+        task = asyncio.create_task(src3.run(task_sink))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main3())
+    assert other == []
+
+    # the service's keep_mark saves this source's position once its events are written
+    class Barrier:
+        def ticket(self) -> int:
+            return 1
+
+        def passed(self, ticket: int) -> bool:
+            return True
+
+    async def keep() -> None:
+        task = asyncio.create_task(keep_mark(src, Barrier(), every=0.01))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(keep())
+    assert ResumeMark(tmp_path / "kmsg.mark", source="syslog(2)").load() == Position(boot_id="boot-a", seq=6_000_000_000)
