@@ -115,7 +115,7 @@ async def main(args: argparse.Namespace) -> None:
             continue
         lat.append(committed.pop(key) - t0)
         await asyncio.sleep(args.settle + 0.4)  # let the amendment and the incident window pass
-    inner = list(svc.ctx.snapshots.commit_latency) if svc.ctx else []
+    inner = list(svc.ctx.committer.commit_latency) if svc.ctx else []
     svc.request_stop()
     await task
     backend = args.db.split(":", 1)[0]

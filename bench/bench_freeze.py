@@ -16,7 +16,7 @@ import statistics
 import time
 
 from collector.channel.blocks import pack_blocks
-from collector.ingest.hub import Hub
+from collector.ingest.hub import hub_for
 from collector.model import HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.document import RequestTable
@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--request-bytes", type=int, default=8 << 20, help="ring_request_bytes")
     p.add_argument("--random-ids", action="store_true", help="vLLM-like ids (cmpl-<32 random hex>-0), new every step")
     args = p.parse_args()
-    hub = Hub(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps, ring_request_bytes=args.request_bytes))
+    hub = hub_for(Settings(engines=[EngineConfig(name="d", url="http://d")], ring_steps=args.steps, ring_request_bytes=args.request_bytes))
     for i in range(args.steps):  # what the recorder delivers: a stats half and a requests half
         hub.emit(
             StepRecord(
@@ -61,7 +61,7 @@ def main() -> None:
     zlib_size = 0
     for _ in range(args.runs):
         t0 = time.perf_counter()
-        cap = capture(hub, "d", trigger, gpu_seconds=300)
+        cap = capture(hub.view, "d", trigger, gpu_seconds=300)
         t1 = time.perf_counter()
         doc = cap.build()
         t2 = time.perf_counter()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector.ingest.hub import Hub
+from collector.ingest.hub import hub_for
 from collector.settings import Settings
 from collector.sim.load import EngineLoad, LoadConfig
 from collector.sources.recorder import RecorderSource
@@ -54,7 +54,7 @@ def main() -> None:
         t = [1_000_000.0]
         loads = [EngineLoad(cfg, i, clock=lambda: t[0]) for i in range(args.engines)]
         writer = BatchWriter(_NoRepo(), interval=1.0, clock=lambda: t[0])  # type: ignore[arg-type]
-        hub = Hub(Settings(engines=[]), rows=writer)
+        hub = hub_for(Settings(engines=[]), rows=writer)
         source = RecorderSource(folder, alive=lambda pid: True, join_wait=0.0)
         source.poll(hub)  # the meta and fingerprint records
         poll_us, rows_us = [], []
@@ -75,7 +75,7 @@ def main() -> None:
             rows_us.append((c2 - c1) / n * 1e6)
         for load in loads:
             load.close()
-    received = sum(st.steps_received for st in hub.engines.values())
+    received = sum(info.steps_received for n in hub.view.engine_names() if (info := hub.view.engine(n)) is not None)
     print(f"bench_ingest: {args.engines} engines x {args.running} running, {args.rounds} rounds of {args.steps} steps each")
     print(f"half records filed           {received:,} (expected {2 * args.engines * args.steps * args.rounds:,})")
     print(f"poll (read, decode, file)    best {min(poll_us):.1f} us/step, median {statistics.median(poll_us):.1f}")

@@ -1,14 +1,14 @@
 """The application context the HTTP handlers and the sidecar's ``/metrics`` see: the stages the
-service wired, and read-only queries over them. The queries read ingest's state and must run
-on the event loop (the handlers that use them are ``async``): nothing here is read from a
-worker thread while the loop writes it."""
+service wired (each given at construction), and read-only queries over them. The queries read
+ingest's view and must run on the event loop (the handlers that use them are ``async``):
+nothing here is read from a worker thread while the loop writes it."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from collector import __version__
 from collector.alerting.router import Alerter
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
+from collector.ingest.view import EngineInfo, IngestView
 from collector.model import Event, EventKind, Severity, SourceStatus
 from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
@@ -42,9 +43,25 @@ RECORDER_UNJOINED_FIX = (
 
 
 @dataclass
+class Lateness:
+    """The sidecar's own lateness: its loop's (the heartbeat writes ``loop_lag_s``) and its ring
+    reads'. Made before the stages that ask (the detector task skips its ticks while behind)."""
+
+    recorders: Sequence[RecorderSource] = ()
+    loop_lag_s: float = 0.0  # how late the loop's heartbeat last ran
+
+    def behind(self) -> bool:
+        """The sidecar itself is late: its loop ran late, or a ring's newest record is old while
+        its writer is alive (cheap: for the detector task's every tick)."""
+        if self.loop_lag_s > 1.0:
+            return True
+        return any((r.figures().get("lag_s") or 0.0) > 2.0 for r in self.recorders)
+
+
+@dataclass
 class AppContext:
     settings: Settings
-    hub: Hub
+    hub: Hub  # ingest's front door (a manual snapshot is an event like any other)
     repo: Repository
     writer: BatchWriter
     committer: SnapshotCommitter
@@ -55,16 +72,20 @@ class AppContext:
     tasks: TaskSet = field(default_factory=TaskSet)  # the stages' supervised tasks
     unsupported: list[SourceStatus] = field(default_factory=list)
     alerter: Alerter | None = None
-    port_getter: Callable[[], int] | None = None
+    port: Callable[[], int] | None = None  # the port served on (a bind to port 0 learns it late)
+    lateness: Lateness = field(default_factory=Lateness)
     snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
-    loop_lag_s: float = 0.0  # how late the loop's heartbeat last ran (the sidecar's own lateness)
     manual_wait_s: float = 5.0  # a manual POST waits this long for its commits before answering 202
 
     # -- queries ----------------------------------------------------------------------------
     @property
-    def snapshots(self) -> SnapshotCommitter:  # the name the API and older callers use
-        return self.committer
+    def view(self) -> IngestView:
+        return self.hub.view
+
+    @property
+    def loop_lag_s(self) -> float:
+        return self.lateness.loop_lag_s
 
     def source_statuses(self) -> list[SourceStatus]:
         out = list(self.unsupported)
@@ -73,7 +94,7 @@ class AppContext:
         return out
 
     def service_port(self) -> int:
-        return self.port_getter() if self.port_getter is not None else self.settings.port
+        return self.port() if self.port is not None else self.settings.port
 
     def alert_stats(self) -> dict[str, int]:
         return self.alerter.stats() if self.alerter is not None else {}
@@ -83,14 +104,19 @@ class AppContext:
         now = time.time()
         if now - self.started_at < RECORDER_MISSING_AFTER_S:
             return {}
-        unjoined = sorted(n for n, st in self.hub.engines.items() if not st.configured and st.steps_received)
+        engines = self._engines()
+        unjoined = sorted(e.name for e in engines if not e.configured and e.steps_received)
         out = {}
-        for name, st in self.hub.engines.items():
+        for e in engines:
             # a joined recorder's fingerprint arrives before any step: an idle engine has one
-            if not st.configured or st.steps_received or st.fingerprint or st.last_scrape_ok is None:
+            if not e.configured or e.steps_received or e.fingerprint or e.last_scrape_ok is None:
                 continue
-            out[name] = RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=name) if unjoined else RECORDER_FIX
+            out[e.name] = RECORDER_UNJOINED_FIX.format(names=", ".join(unjoined[:4]), engine=e.name) if unjoined else RECORDER_FIX
         return out
+
+    def _engines(self) -> list[EngineInfo]:
+        view = self.view
+        return [info for n in sorted(view.engine_names()) if (info := view.engine(n)) is not None]
 
     def ingest_figures(self) -> dict[str, Any]:
         rec: dict[str, Any] = {}
@@ -103,25 +129,22 @@ class AppContext:
                 elif v is None:
                     rec.setdefault(k, None)
         w = self.writer
+        engines = self._engines()
         return {
             "recorder": rec,
-            "steps_received": sum(st.steps_received for st in self.hub.engines.values()),
-            "request_rows_received": sum(st.requests_received for st in self.hub.engines.values()),
+            "steps_received": sum(e.steps_received for e in engines),
+            "request_rows_received": sum(e.requests_received for e in engines),
             "steps_written": w.steps_written,
             "rows_pending": w.pending_rows,
             "rows_dropped": w.dropped,
             "rows_rejected": w.rejected,
-            "ingest_dropped": self.hub.dropped,
+            "ingest_dropped": self.view.dropped,
             "snapshot_backlog": self.committer.backlog,
             "loop_lag_s": round(self.loop_lag_s, 4),
         }
 
     def behind(self) -> bool:
-        """The sidecar itself is late: its loop ran late, or a ring's newest record is old while
-        its writer is alive (cheap: for the detector task's every tick)."""
-        if self.loop_lag_s > 1.0:
-            return True
-        return any((r.figures().get("lag_s") or 0.0) > 2.0 for r in self.recorders)
+        return self.lateness.behind()
 
     def database_wait_s(self) -> float | None:
         """How long the oldest database statement in flight has waited (None: none, or SQLite)."""
@@ -184,30 +207,33 @@ class AppContext:
 
     def engines_live(self) -> list[dict[str, Any]]:
         missing = self.recorder_missing()
+        view = self.view
         out = []
-        for name, st in sorted(self.hub.engines.items()):
-            last = st.ring.last()
+        for e in self._engines():
+            name = e.name
+            last = view.last_step(name)
+            scrape = view.last_scrape(name)
             out.append(
                 {
                     "name": name,
-                    "host": self.hub.host,
-                    "url": st.url,
-                    "pair": st.pair,
-                    "up": st.up,
-                    "configured": st.configured,
-                    "last_seen": st.last_seen,
-                    "steps_in_ring": len(st.ring),
-                    "steps_received": st.steps_received,
-                    "request_rows_received": st.requests_received,
+                    "host": view.host,
+                    "url": e.url,
+                    "pair": e.pair,
+                    "up": e.up,
+                    "configured": e.configured,
+                    "last_seen": e.last_seen,
+                    "steps_in_ring": view.steps_held(name),
+                    "steps_received": e.steps_received,
+                    "request_rows_received": e.requests_received,
                     "last_step": last.step if last else None,
                     "running": last.running if last else None,
                     "waiting": last.waiting if last else None,
                     "kv_cache_usage": last.kv_cache_usage if last else None,
-                    "last_scrape": ({"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)} if st.scrapes else None),
-                    "recorder": "missing" if name in missing else ("recording" if st.steps_received or st.fingerprint else "none"),
+                    "last_scrape": ({"ts": scrape.ts, "values": dict(scrape.values)} if scrape is not None else None),
+                    "recorder": "missing" if name in missing else ("recording" if e.steps_received or e.fingerprint else "none"),
                     "recorder_fix": missing.get(name),
-                    "vllm_version": st.fingerprint.get("vllm_version"),
-                    "fingerprint": dict(st.fingerprint),
+                    "vllm_version": e.fingerprint.get("vllm_version"),
+                    "fingerprint": dict(e.fingerprint),
                 }
             )
         return out
@@ -218,16 +244,13 @@ class AppContext:
     async def manual_snapshot(self, engine: str | None, reason: str, *, wait_s: float | None = None) -> list[dict[str, Any]]:
         """Take a manual snapshot of one engine (or all); wait up to ``wait_s`` for the commits.
         Each answer has the snapshot id, or null with the state when not committed yet."""
+        # One route for every manual snapshot: an event into ingest like any other; the trigger
+        # policy opens a snapshot of the engine it names, or of every engine when it names none.
         ev = Event(
-            kind=EventKind.MANUAL, ts=self.hub.clock(), source="api", message=reason or "manual snapshot", severity=Severity.INFO, engine=engine
+            kind=EventKind.MANUAL, ts=self.view.now(), source="api", message=reason or "manual snapshot", severity=Severity.INFO, engine=engine
         )
-        if engine is None:
-            ev.engine = None
-            opens = [self.committer.snapshot_due(name, ev) for name in sorted(self.hub.engines)]
-            self.hub.emit(ev)  # stored and routed like any event (the policy sees it has no engine)
-        else:
-            self.hub.emit(ev)
-            opens = self.committer.opens_for(ev)
+        self.hub.emit(ev)
+        opens = self.committer.opens_for(ev)
         futures = [o.committed for o in opens if o.committed is not None]
         if futures:
             await asyncio.wait(futures, timeout=self.manual_wait_s if wait_s is None else wait_s)

@@ -19,16 +19,19 @@ from typing import Any
 import uvicorn
 
 from collector.alerting.router import Alerter
-from collector.context import AppContext
+from collector.context import AppContext, Lateness
 from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
+from collector.ingest.intake import Intake
+from collector.ingest.live import LiveView
 from collector.ingest.reach import ReachLog
 from collector.model import Event, SourceStatus
 from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import SCRAPE_SECONDS
+from collector.snapshot.ledger import SnapshotLedger
 from collector.sources.klog import KlogSource
 from collector.sources.kmsg import KmsgSource
 from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
@@ -88,62 +91,86 @@ class Service:
             migrated = False
             log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
 
-        # The stages, wired once, data flowing one way:
-        # sources -> ingest (hub) -> trigger policy + committer -> store; ingest -> writer -> store;
-        # ingest -> detector task -> (anomaly events back through ingest's front door);
-        # ingest events, detector transitions, commits -> alert router.
+        # The stages, wired once, each given what it needs at construction, data flowing one way:
+        # sources -> ingest (intake, routing) -> trigger policy -> commit queue -> store;
+        # ingest -> writer -> store; ingest's view -> detector task -> anomaly events back
+        # through ingest's front door; ingest events, detector transitions, commits -> alerts.
+        # docs/architecture.md draws it.
         host = settings.host_name or socket.gethostname()
         repo = Repository(db, host=host)
         writer = BatchWriter(repo, interval=settings.write_batch_interval)
         # the migration just reached it, or not: /healthz says so, as /metrics does, before any write
         writer.db_up = migrated
-        hub = Hub(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
+
+        sources: list[Any] = []
+        unsupported: list[SourceStatus] = []
+        for name, build in SOURCES:
+            try:
+                sources.extend(build(settings))
+            except Exception as exc:  # a source that cannot even be built is reported, not fatal
+                log.warning("source %s not started: %s", name, exc)
+                unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
+        sources.extend(self.extra_sources)
+        recorders = [s for s in sources if isinstance(s, RecorderSource)]
+        # the kernel log resumes after the mark of what it handled durably (sources/kmsg_mark.py)
+        kernel_logs = [s for s in sources if isinstance(s, (KmsgSource, KlogSource))]
+        for k in kernel_logs:
+            k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
+        lateness = Lateness(recorders)
+
+        intake = Intake(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
+        view = LiveView(intake)
+        ledger = SnapshotLedger()
+        alerter = (
+            Alerter(
+                settings,
+                host=intake.host,
+                snapshots_for=ledger.snapshots_for,
+                engine_up=lambda n: info.up if (info := view.engine(n)) is not None else None,
+                port=lambda: self.port,
+                gpus=lambda: list(view.gpus().values()),
+            )
+            if settings.alertmanager
+            else None
+        )
         committer = SnapshotCommitter(
-            hub,
+            view,
             repo,
+            ledger=ledger,
             spool_dir=self.spool_dir,
             settle_s=settings.snapshot_settle_s,
             window_s=settings.incident_window_s,
             gpu_seconds=settings.snapshot_gpu_seconds,
             scrape_interval=settings.scrape_interval,
             on_committed=[self._committed],
+            # a retaken trigger pages with its snapshot
+            on_retaken=[lambda ev: alerter.on_event(ev, True)] if alerter is not None else [],
+            # the explicit step before a capture: file what the recorders published (an event they
+            # find, a dead ring, is routed after the one being decided, never inside it)
+            read_now=lambda: [r.poll(intake) for r in recorders],
         )
-        detectors = DetectorTask(hub, settings.detectors)
-        ctx = self.ctx = AppContext(settings=settings, hub=hub, repo=repo, writer=writer, committer=committer, detectors=detectors, loop=loop)
-        ctx.port_getter = lambda: self.port
-        detectors.behind = ctx.behind
-        hub.consumers.append(committer.on_event)
-        if settings.alertmanager:
-            alerter = ctx.alerter = Alerter(
-                settings,
-                host=hub.host,
-                snapshots_for=committer.snapshots_for,
-                engine_up=lambda n: hub.engines[n].up if n in hub.engines else None,
-                port=lambda: self.port,
-                gpus=lambda: list(hub.gpu_meta.values()),
-            )
-            hub.consumers.append(alerter.on_event)
-            committer.on_retaken.append(lambda ev: alerter.on_event(ev, True))  # a retaken trigger pages with its snapshot
-            detectors.consumers.append(alerter.on_transition)
+        hub = Hub(intake, consumers=[committer.on_event, *([alerter.on_event] if alerter is not None else [])])
+        detectors = DetectorTask(
+            view, hub.emit, settings.detectors, behind=lateness.behind, consumers=[alerter.on_transition] if alerter is not None else []
+        )
+        ctx = self.ctx = AppContext(
+            settings=settings,
+            hub=hub,
+            repo=repo,
+            writer=writer,
+            committer=committer,
+            detectors=detectors,
+            loop=loop,
+            recorders=recorders,
+            supervised=[SupervisedSource(s) for s in sources],
+            unsupported=unsupported,
+            alerter=alerter,
+            port=lambda: self.port,
+            lateness=lateness,
+        )
         for eng in settings.engines:
             with contextlib.suppress(StorageError):
                 await asyncio.to_thread(repo.register_engine, eng.name, url=eng.url, pair=eng.pair)
-
-        sources: list[Any] = []
-        for name, build in SOURCES:
-            try:
-                sources.extend(build(settings))
-            except Exception as exc:  # a source that cannot even be built is reported, not fatal
-                log.warning("source %s not started: %s", name, exc)
-                ctx.unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
-        sources.extend(self.extra_sources)
-        ctx.supervised = [SupervisedSource(s) for s in sources]
-        ctx.recorders = [s for s in sources if isinstance(s, RecorderSource)]
-        committer.before_capture = lambda: [r.poll(hub) for r in ctx.recorders]
-        # the kernel log resumes after the mark of what it handled durably (sources/kmsg_mark.py)
-        kernel_logs = [s for s in sources if isinstance(s, (KmsgSource, KlogSource))]
-        for k in kernel_logs:
-            k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
 
         from collector.api.app import create_app
 
@@ -219,13 +246,14 @@ class Service:
         n = 0
         while True:
             if n % 20 == 0:  # at start, then every 5 s: engines none, unreachable, back
-                engines = ctx.hub.engines
-                up = {name: st.up for name, st in engines.items()}
-                for line in reach.check(up, {name: st.url for name, st in engines.items()}, time.monotonic() - started):
+                view = ctx.view
+                engines = [info for name in view.engine_names() if (info := view.engine(name)) is not None]
+                up = {e.name: e.up for e in engines}
+                for line in reach.check(up, {e.name: e.url for e in engines}, time.monotonic() - started):
                     log.warning("%s", line)
             t0 = time.monotonic()
             await asyncio.sleep(every)
-            ctx.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)
+            ctx.lateness.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)
             n += 1
             if n % 20 == 0:
                 for name, fix in ctx.recorder_missing().items():

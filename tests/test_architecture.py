@@ -51,7 +51,6 @@ ALLOWED = {
     ("storage", "snapshot.document"),
     # a stage reads its own settings class, which sits next to it and is mounted in Settings
     ("sources", "settings"),
-    ("ingest", "settings"),
     ("detectors", "settings"),
     ("recorder", "settings"),
     ("alerting", "settings"),

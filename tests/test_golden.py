@@ -18,11 +18,11 @@ from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
 from collector.model import HALF_STATS, Event, EventKind, GpuSample, MetricsScrape, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.freeze import freeze
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
+from tests.wiring import with_committer
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 T0 = 1_796_000_000.0
@@ -48,15 +48,14 @@ def _hub(tmp_path: Path) -> tuple[Hub, AppContext]:
     )
     repo = Repository(make_engine(settings.database), host="node-a")
     writer = BatchWriter(repo, interval=1.0)
-    hub = Hub(settings, rows=writer, clock=lambda: T0 + 10)
-    committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=1.0, window_s=30.0)
+    hub, committer = with_committer(settings, repo, rows=writer, clock=lambda: T0 + 10, spool_dir=tmp_path / "spool", settle_s=1.0, window_s=30.0)
     ctx = AppContext(
         settings=settings,
         hub=hub,
         repo=repo,
         writer=writer,
         committer=committer,
-        detectors=DetectorTask(hub, settings.detectors),
+        detectors=DetectorTask(hub.view, hub.emit, settings.detectors),
         loop=asyncio.new_event_loop(),
     )
     for i in range(4):
@@ -132,7 +131,7 @@ def test_a_snapshot_export_matches_its_golden_file(tmp_path: Path) -> None:
         uid="golden-xid",
     )
     hub.emit(xid)
-    doc = freeze(hub, "decode-0", xid, gpu_seconds=60)
+    doc = freeze(hub.view, "decode-0", xid, gpu_seconds=60)
     doc.created_at = T0 + 5
     export: dict[str, Any] = json.loads(json.dumps(doc.to_export(), default=str))
     _check("snapshot-export.json", json.dumps(export, indent=1, sort_keys=True) + "\n")

@@ -150,7 +150,7 @@ def test_a_database_down_at_start_is_migrated_when_it_comes_back(tmp_path: Path)
         (tmp_path / "blocker").unlink()
         (tmp_path / "blocker").mkdir()  # the database can now be created
         for _ in range(100):
-            if svc.ctx.snapshots.committed and svc.ctx.writer.db_up:
+            if svc.ctx.committer.committed and svc.ctx.writer.db_up:
                 break
             await asyncio.sleep(0.1)
         svc.request_stop()

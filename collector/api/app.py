@@ -1,4 +1,4 @@
-"""The FastAPI application. Everything it serves comes from the hub (live state) or the
+"""The FastAPI application. Everything it serves comes from ingest's view (live state) or the
 repository (stored snapshots, incidents, events). A handler's database work runs in a thread
 (``_stored``), so a slow query never stalls the event loop, and is waited for at most
 ``STORE_WAIT_S``: a hung database is a 503 within that time, not a request held until the
@@ -172,15 +172,15 @@ def create_app(ctx: AppContext) -> FastAPI:
     @app.get("/api/v1/gpus", response_model=list[schemas.GpuOut])
     async def gpus(_: None = Read) -> list[dict[str, Any]]:
         out = []
-        for gpu, s in sorted(ctx.hub.gpu_meta.items()):
-            out.append({"gpu": gpu, "host": ctx.hub.host, "index": s.index, "bus_id": s.bus_id, "name": s.name, "last_sample": s.to_dict()})
+        for gpu, s in sorted(ctx.view.gpus().items()):
+            out.append({"gpu": gpu, "host": ctx.view.host, "index": s.index, "bus_id": s.bus_id, "name": s.name, "last_sample": s.to_dict()})
         live = {g["gpu"] for g in out}
         try:
             stored_gpus = await _stored(ctx.repo.list_gpus, wait_s=STORED_WAIT_S)
         except StorageError:
             stored_gpus = []
         for row in stored_gpus:
-            if row["gpu"] not in live or row["host"] != ctx.hub.host:
+            if row["gpu"] not in live or row["host"] != ctx.view.host:
                 out.append({k: row.get(k) for k in ("gpu", "host", "index", "bus_id", "name")})
         return out
 
@@ -290,9 +290,9 @@ def create_app(ctx: AppContext) -> FastAPI:
         responses={202: {"description": "accepted, not committed yet (database down): ids follow"}},
     )
     async def manual_snapshot(body: schemas.ManualSnapshotIn, response: Response, _: None = Write) -> dict[str, Any]:
-        if body.engine is not None and body.engine not in ctx.hub.engines:
+        if body.engine is not None and ctx.view.engine(body.engine) is None:
             raise HTTPException(404, f"no engine named {body.engine!r}")
-        if body.engine is None and not ctx.hub.engines:
+        if body.engine is None and not ctx.view.engine_names():
             raise HTTPException(409, "no engines are watched")
         taken = await ctx.manual_snapshot(body.engine, body.reason)
         ids = [t["id"] for t in taken if t["id"] is not None]

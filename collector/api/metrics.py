@@ -1,4 +1,4 @@
-"""The sidecar's own /metrics: read from the hub at scrape time, so the per-step path pays
+"""The sidecar's own /metrics: read from ingest's view at scrape time, so the per-step path pays
 nothing for it. Names are the ones the shipped Prometheus rules and Grafana dashboard use;
 labels are collector/alerting/labels.py's scheme (dcgm-exporter's for GPUs, ``Hostname`` on
 every series), so an Xid counter and a GPU gauge of one GPU carry the same ``gpu``.
@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from collector import __version__
 from collector.alerting.labels import ENGINE, HOSTNAME, METRIC_GPU_LABELS, gpu_labels
+from collector.ingest.view import IngestView
 from collector.xid.catalog import lookup as xid_lookup
 
 COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -82,18 +83,18 @@ class SidecarCollector(Collector):
         self.commit_latency = commit_latency
 
     def collect(self) -> Iterable[Metric]:
-        hub = self.ctx.hub
-        host = str(hub.host)
+        view = self.ctx.view
+        host = str(view.host)
         info = GaugeMetricFamily("flightrec_build_info", "the running flight recorder's version", labels=["version"])
         info.add_metric([__version__], 1.0)
         yield info
-        yield from self._engines(hub, host)
-        yield self._engine_info(hub, host)
+        yield from self._engines(view, host)
+        yield self._engine_info(view, host)
         yield from self._ingest(host)
-        yield from self._gpus(hub, host)
-        yield from self._sidecar(hub, host)
+        yield from self._gpus(view, host)
+        yield from self._sidecar(host)
 
-    def _engines(self, hub: Any, host: str) -> Iterable[Metric]:
+    def _engines(self, view: IngestView, host: str) -> Iterable[Metric]:
         labels = [HOSTNAME, ENGINE]
 
         def g(name: str, doc: str) -> GaugeMetricFamily:
@@ -121,26 +122,28 @@ class SidecarCollector(Collector):
                 fam.add_metric(key, float(value))
 
         gone = self._discovery().get("gone", [])
-        for name, st in sorted(hub.engines.items()):
-            if name in gone:  # its pod is deleted: no longer scraped, its last state is stale
+        for name in sorted(view.engine_names()):
+            st = view.engine(name)
+            if st is None or name in gone:  # its pod is deleted: no longer scraped, its last state is stale
                 continue
             key = [host, name]
             up.add_metric(key, 1.0 if st.up else 0.0)
             steps.add_metric(key, st.steps_received)
-            rows.add_metric(key, getattr(st, "requests_received", 0))
-            last = st.ring.last()
+            rows.add_metric(key, st.requests_received)
+            last = view.last_step(name)
+            scrapes = view.scrapes(name)
             if last is not None:
                 source.add_metric([*key, "recorder"], 1.0)
                 put(step, key, last.step)
-                for fam, name in (
+                for fam, figure in (
                     (running, "running"),
                     (waiting, "waiting"),
                     (kv, "kv_cache_usage"),
                     (mirror, "mirror_rows"),
                 ):  # the last value a step carried
-                    rec = st.ring.last_known(name)
-                    put(fam, key, None if rec is None else getattr(rec, name))
-            last_scrape = next((sc for sc in reversed(getattr(st, "scrapes", ())) if sc.origin == "scrape"), None)
+                    rec = view.last_known(name, figure)
+                    put(fam, key, None if rec is None else getattr(rec, figure))
+            last_scrape = next((sc for sc in reversed(scrapes) if sc.origin == "scrape"), None)
             if last_scrape is not None:
                 r = last_scrape.rates
                 put(gen, key, r.get("generation_tokens_total"))
@@ -148,15 +151,15 @@ class SidecarCollector(Collector):
                 put(preempt, key, r.get("num_preemptions_total"))
                 put(ttft, key, _mean(r, "time_to_first_token_seconds"))
                 put(itl, key, _mean(r, "inter_token_latency_seconds"))
-            if last is None and getattr(st, "scrapes", None):  # an engine with /metrics only: its last scrape
+            if last is None and scrapes:  # an engine with /metrics only: its last scrape
                 source.add_metric([*key, "scrape"], 1.0)
-                v = st.scrapes[-1].values
+                v = scrapes[-1].values
                 put(running, key, v.get("num_requests_running"))
                 put(waiting, key, v.get("num_requests_waiting"))
                 put(kv, key, v.get("kv_cache_usage_perc"))
         yield from (up, running, waiting, kv, step, mirror, steps, rows, source, gen, prompt, preempt, ttft, itl)
 
-    def _engine_info(self, hub: Any, host: str) -> Metric:
+    def _engine_info(self, view: IngestView, host: str) -> Metric:
         """One series per engine naming where it runs, so that vLLM's own series (which carry
         ``namespace``/``pod`` through Kubernetes service discovery) and dcgm-exporter's (which
         carry them with its pod mapping) join the sidecar's ``engine`` without a relabelling:
@@ -169,8 +172,9 @@ class SidecarCollector(Collector):
         details = self._discovery()
         found = {str(e["name"]): e for e in details.get("engines", []) if e.get("followed")}
         gone = details.get("gone", [])
-        for name, st in sorted(hub.engines.items()):
-            if name in gone:
+        for name in sorted(view.engine_names()):
+            st = view.engine(name)
+            if st is None or name in gone:
                 continue
             e = found.get(name, {})
             info.add_metric([host, name, e.get("namespace") or "", e.get("pod") or "", e.get("role") or "", e.get("pair") or st.pair or ""], 1.0)
@@ -209,9 +213,10 @@ class SidecarCollector(Collector):
             backlog.add_metric([host], figures["snapshot_backlog"])
         yield from (lost, bad, lag, loop_lag, pending, backlog)
 
-    def _gpus(self, hub: Any, host: str) -> Iterable[Metric]:
+    def _gpus(self, view: IngestView, host: str) -> Iterable[Metric]:
         labels = [HOSTNAME, *METRIC_GPU_LABELS]
-        meta = list(hub.gpu_meta.values())
+        last_sample = view.gpus()
+        meta = list(last_sample.values())
         temp = GaugeMetricFamily("flightrec_gpu_temperature_celsius", "GPU temperature", labels=labels)
         power = GaugeMetricFamily("flightrec_gpu_power_watts", "GPU power draw", labels=labels)
         util = GaugeMetricFamily("flightrec_gpu_utilization_ratio", "GPU utilisation (0-1) over NVML's last sample period", labels=labels)
@@ -219,7 +224,7 @@ class SidecarCollector(Collector):
         reasons = GaugeMetricFamily("flightrec_gpu_clock_event_reasons", "clock-event (throttle) reason bit mask", labels=labels)
         ecc = CounterMetricFamily("flightrec_gpu_ecc_volatile_uncorrected", "volatile uncorrected ECC errors", labels=labels)
         remap = CounterMetricFamily("flightrec_gpu_remapped_rows", "remapped rows", labels=[*labels, "kind"])
-        for gpu, s in sorted(hub.gpu_meta.items()):
+        for gpu, s in sorted(last_sample.items()):
             key = [host, *gpu_labels(gpu, meta).values()]
             utilization = None if s.utilization is None else float(s.utilization) / 100.0
             for fam, value in (
@@ -240,12 +245,12 @@ class SidecarCollector(Collector):
 
         # severity is the Xid catalog's, so the shipped rule pages each Xid as the sidecar does
         xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (kernel log and NVML merged)", labels=[*labels, "xid", "severity"])
-        for (gpu, code), n in sorted(hub.xid_counts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        for (gpu, code), n in sorted(view.xid_counts().items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             key = [host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values()]
             xid.add_metric([*key, str(code), xid_lookup(code).severity.value], n)
         yield xid
 
-    def _sidecar(self, hub: Any, host: str) -> Iterable[Metric]:
+    def _sidecar(self, host: str) -> Iterable[Metric]:
         snaps = CounterMetricFamily("flightrec_snapshots", "crash snapshots committed", labels=[HOSTNAME, ENGINE, "trigger"])
         for (engine, trig), n in sorted(self.ctx.snapshot_counts.items()):
             snaps.add_metric([host, engine, trig], n)
@@ -274,8 +279,7 @@ class SidecarCollector(Collector):
         db.add_metric([host], 0.0 if db_up is False else 1.0)
         yield db
         dropped = CounterMetricFamily("flightrec_write_dropped_rows", "rows dropped while the database was down", labels=[HOSTNAME])
-        writer_dropped = getattr(self.ctx.writer, "dropped", None)
-        dropped.add_metric([host], writer_dropped if writer_dropped is not None else getattr(getattr(hub, "pending", None), "dropped", 0))
+        dropped.add_metric([host], self.ctx.writer.dropped)
         yield dropped
         alerts = CounterMetricFamily("flightrec_alerts", "alerts sent to Alertmanager, by outcome", labels=[HOSTNAME, "outcome"])
         for outcome, value in sorted(self.ctx.alert_stats().items()):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from collector.detectors.base import DetectorState, Transition
 from collector.detectors.config import DetectorThresholds
 from collector.detectors.runner import DetectorRunner
-from collector.ingest.hub import Hub
+from collector.ingest.view import IngestView
 from collector.model import Event, EventKind, Severity
 
 log = logging.getLogger(__name__)
@@ -26,19 +26,21 @@ HISTORY_STEPS = 512
 class DetectorTask:
     def __init__(
         self,
-        hub: Hub,
+        view: IngestView,
+        emit: Callable[[Event], None],
         thresholds: DetectorThresholds,
         *,
         interval: float = 1.0,
         consumers: Sequence[Callable[[Transition], None]] = (),
         behind: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.hub = hub
+        self.view = view
+        self.emit = emit  # ingest's front door: anomalies are events like any other
         # While the sidecar itself is late (its loop, its ring reads), the newest steps it holds
         # are old: an engine would look stalled because we are. Those ticks are skipped, counted.
         self.behind = behind
         self.skipped = 0
-        self.runner = DetectorRunner(thresholds, clock=hub.clock)
+        self.runner = DetectorRunner(thresholds, clock=view.now)
         self.interval = interval
         self.consumers = list(consumers)
         self.evaluations = 0
@@ -58,17 +60,17 @@ class DetectorTask:
         if self.behind():
             self.skipped += 1
             return []
-        hub = self.hub
+        view = self.view
         # an engine that is down (its /metrics gone, or dead) has no live series to judge
-        names = [n for n in hub.engine_names() if hub.engines[n].up is not False]
-        steps = {name: hub.recent_steps(name, HISTORY_STEPS) for name in names}
-        scrapes = {name: list(hub.engines[name].scrapes) for name in names}
-        samples = {gpu: ring.since(0.0) for gpu, ring in list(hub.gpus.items())}
+        names = [n for n in view.engine_names() if (info := view.engine(n)) is not None and info.up is not False]
+        steps = {name: view.recent_steps(name, HISTORY_STEPS) for name in names}
+        scrapes = {name: view.scrapes(name) for name in names}
+        samples = view.gpu_series()
         transitions = self.runner.evaluate(steps, samples, scrapes)
         self.evaluations += 1
         for tr in transitions:
             cur = tr.current
-            hub.emit(
+            self.emit(
                 Event(
                     kind=EventKind.ANOMALY,
                     ts=cur.ts,

@@ -7,10 +7,15 @@ half carried stays None. Per-request blocks are the recorder's own bytes
 (``collector.channel.blocks``) and are bounded by ``max_request_bytes`` as well: at 256
 running requests a step's block is ~5-16 KB, so the oldest steps give up their blocks (and
 keep their aggregates) first.
+
+Records are never changed once held: a merge files a new record for the step (the writer's
+queue is offered it), and a step that gives up its block is replaced by a copy without it, so
+a capture taken at a fault, or a row queued for the database, holds what it held.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
@@ -49,7 +54,7 @@ class EngineRing:
         return self._block_bytes
 
     def add(self, rec: StepRecord) -> StepRecord:
-        """Insert or merge; returns the record now held for that step."""
+        """Insert, or merge into a new record; returns the record now held for that step."""
         self.received += 1
         held = self._steps.get(rec.step)
         if held is None or held.run != rec.run:
@@ -69,24 +74,28 @@ class EngineRing:
                 self._last = rec
             else:
                 self._out_of_order = True
-            return rec
+            return self._steps.get(rec.step, rec)
+        merged = copy.copy(held)
         if rec.halves & HALF_STATS:
             for name in STAT_FIELDS:
-                setattr(held, name, getattr(rec, name))
-            held.ts = rec.ts
+                setattr(merged, name, getattr(rec, name))
+            merged.ts = rec.ts
         if rec.halves & HALF_REQUESTS and rec.request_block is not None:
-            had = held.request_block is not None
-            if had:
+            if held.request_block is not None:
                 self._block_bytes -= held.request_block.nbytes
-            held.request_block = rec.request_block
-            if not had:
-                self._track_block(held)
+            merged.request_block = rec.request_block
+            if not merged.halves & HALF_STATS:
+                merged.running = rec.running
+        merged.halves |= rec.halves
+        self._steps[rec.step] = merged
+        if self._last is held:
+            self._last = merged
+        if rec.halves & HALF_REQUESTS and rec.request_block is not None:
+            if held.request_block is None:
+                self._track_block(merged)
             else:
-                self._block_bytes += held.request_block.nbytes
-            if not held.halves & HALF_STATS:
-                held.running = rec.running
-        held.halves |= rec.halves
-        return held
+                self._block_bytes += merged.request_block.nbytes
+        return self._steps[rec.step]
 
     def set_max_request_bytes(self, n: int) -> None:
         """A new bound for the blocks (the node's budget shared by more engines): the oldest
@@ -105,14 +114,16 @@ class EngineRing:
             old = self._steps.get(step)
             if old is not None and old.run == run and old.request_block is not None:
                 self._block_bytes -= old.request_block.nbytes
-                old.request_block = None
+                self._steps[step] = bare = copy.copy(old)  # the held record is not changed
+                bare.request_block = None
+                if self._last is old:
+                    self._last = bare
                 self.blocks_evicted += 1
 
     def _drop(self, step: int) -> None:
         old = self._steps.pop(step, None)
         if old is not None and old.request_block is not None:
             self._block_bytes -= old.request_block.nbytes
-            old.request_block = None
 
     def steps(self) -> list[StepRecord]:
         """The held steps in step order (a copy), an earlier run's first. Arrival order is step

@@ -1,13 +1,15 @@
 """Freezing the rings into a crash snapshot, which events trigger one, and the triage
 checklist a snapshot answers.
 
-Pure functions over the hub's in-memory state and over stored documents: no I/O here. The
-hub decides when; this module decides what a snapshot holds and what it says.
+Pure functions over ingest's read-only view and over stored documents: no I/O here. The
+trigger policy (``collector.snapshot.policy``) decides when; this module decides what a
+snapshot holds and what it says.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from collector.channel.blocks import RequestBlock
-from collector.ingest.hub import Hub
+from collector.ingest.view import IngestView
 from collector.model import HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc
@@ -89,18 +91,29 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
     """The per-request rows of the steps: the recorder's blocks, decoded only when read. Steps
-    built by hand with row objects (tests, tools) are encoded into blocks first."""
+    built by hand with row objects (tests, tools) are encoded into blocks here (the records are
+    not changed)."""
     blocks: list[RequestBlock] = []
     for rec in steps:
-        if rec.request_block is None and rec.requests is not None:
-            rec.request_block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, blocks[-1] if blocks else None)
-        if rec.request_block is not None:
-            blocks.append(rec.request_block)
+        block = rec.request_block
+        if block is None and rec.requests is not None:
+            block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, blocks[-1] if blocks else None)
+        if block is not None:
+            blocks.append(block)
     return RequestTable.from_blocks(blocks)
 
 
-def request_rows(steps: Iterable[StepRecord]) -> list[dict[str, Any]]:
-    return list(request_table(steps))
+def _with_blocks(steps: Sequence[StepRecord]) -> Sequence[StepRecord]:
+    if not any(rec.request_block is None and rec.requests is not None for rec in steps):
+        return steps
+    out: list[StepRecord] = []
+    last: RequestBlock | None = None
+    for rec in steps:
+        if rec.request_block is None and rec.requests is not None:
+            rec = dataclasses.replace(rec, request_block=RequestBlock.from_rows(rec.step, rec.ts, rec.requests, last), requests=None)
+        last = rec.request_block if rec.request_block is not None else last
+        out.append(rec)
+    return out
 
 
 def _step_at(steps: Sequence[StepRecord], ts: float) -> int | None:
@@ -222,10 +235,9 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
 
 def own_copy(ev: Event) -> Event:
     """An event the build may read in its worker thread: ingest merges a later witness of the
-    same fault into the event it published (``XidMerger``: new keys in ``data``, lines, sources)
-    and the committer links it (``data["snapshot_id"]``), both on the loop. ``to_dict`` walks
-    ``data`` in Python, and a key added meanwhile ended the build with "dictionary changed size
-    during iteration" (``tests/snapshot/test_commit_race.py``)."""
+    same fault into the event it published (``XidMerger``: new keys in ``data``, lines, sources),
+    on the loop. ``to_dict`` walks ``data`` in Python, and a key added meanwhile ended the build
+    with "dictionary changed size during iteration" (``tests/snapshot/test_commit_race.py``)."""
     return replace(ev, data=copy.deepcopy(ev.data), frames=list(ev.frames), lines=list(ev.lines), sources=list(ev.sources))
 
 
@@ -233,7 +245,7 @@ def own_copy(ev: Event) -> Event:
 class Capture:
     """What a snapshot is made of, taken on the event loop: references, copied lists, nothing
     decoded or encoded (milliseconds at any load); the events are copies (``own_copy``), as the
-    loop changes them. ``build`` makes the document, off the loop."""
+    loop may merge a later witness into them. ``build`` makes the document, off the loop."""
 
     host: str
     engine: str
@@ -246,28 +258,13 @@ class Capture:
     extra: dict[str, Any]
     scrapes: list[MetricsScrape]
     workload: Any  # WorkloadLog export, made on the loop (bounded: at most its max_requests)
-    # each step's request block as the ring held it at the capture: the ring gives up its oldest
-    # blocks as steps arrive (on the loop, while this is built in a thread), and a snapshot
-    # holds what the rings held at the fault however late it is built
-    blocks: list[Any] | None = None
-
-    def _steps(self) -> list[StepRecord]:
-        if self.blocks is None:
-            return self.steps
-        out = []
-        for rec, block in zip(self.steps, self.blocks, strict=True):
-            if rec.request_block is not block:  # given up since: a copy with the block it had
-                rec = copy.copy(rec)
-                rec.request_block = block
-            out.append(rec)
-        return out
 
     def build(self) -> SnapshotDoc:
         doc = build_snapshot(
             host=self.host,
             engine=self.engine,
             trigger=self.trigger,
-            steps=self._steps(),
+            steps=self.steps,
             gpu_samples=self.gpu_samples,
             events=self.events,
             log_lines=self.log_lines,
@@ -283,50 +280,68 @@ SCRAPE_SECONDS = 300.0  # the scrapes a snapshot holds: the last five minutes be
 
 
 def capture(
-    hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float, scrape_seconds: float = SCRAPE_SECONDS, scrape_interval: float | None = None
+    view: IngestView,
+    engine: str,
+    trigger: Event,
+    *,
+    gpu_seconds: float,
+    scrape_seconds: float = SCRAPE_SECONDS,
+    scrape_interval: float | None = None,
 ) -> Capture:
-    st = hub.engines.get(engine) or hub.engine(engine)
-    steps = st.ring.steps()
-    samples = hub.gpu_samples(since=trigger.ts - gpu_seconds, gpus=hub.gpus_of(st) or None)
+    """The engine's rings at the trigger, by reference: the records held are never changed
+    (``collector.ingest.rings``), so a capture built later still holds what they held."""
+    info = view.engine(engine)
+    steps = view.steps(engine)
+    samples = view.gpu_samples(since=trigger.ts - gpu_seconds, gpus=set(info.gpus) if info is not None and info.gpus else None)
     horizon = (steps[0].ts if steps else trigger.ts) - 60.0
-    events = [e for e in st.events if e.ts >= horizon]
-    seen = {e.uid for e in events}
-    events += [e for e in hub.host_events if e.ts >= horizon and e.uid not in seen]
-    events.sort(key=lambda e: e.ts)
-    events = [own_copy(e) for e in events]
-    extra: dict[str, Any] = {"configured": st.configured, "scrape_interval_s": scrape_interval}
-    if st.scrapes:
-        extra["last_scrape"] = {"ts": st.scrapes[-1].ts, "values": dict(st.scrapes[-1].values)}
-    if st.pair:
-        extra["pair"] = st.pair
+    extra: dict[str, Any] = {"configured": bool(info and info.configured), "scrape_interval_s": scrape_interval}
+    last = view.last_scrape(engine)
+    if last is not None:
+        extra["last_scrape"] = {"ts": last.ts, "values": dict(last.values)}
+    if info is not None and info.pair:
+        extra["pair"] = info.pair
     if not steps:
         extra["no_recorder"] = (
             "no step records from an in-engine recorder for this engine: install the package in the "
             "engine's environment (and --scheduler-cls collector.vllm.RecordingScheduler for per-request "
             "rows); the scrape series is all there is"
         )
-    workload = st.workload.export(trigger.ts, crashed=trigger.kind in CRASH_KINDS) if len(st.workload) else None
     return Capture(
-        host=hub.host,
+        host=view.host,
         engine=engine,
         trigger=own_copy(trigger),
         steps=steps,
-        blocks=[s.request_block for s in steps],
         gpu_samples=samples,
-        events=events,
-        log_lines=st.lines.all(),
-        fingerprint=dict(st.fingerprint),
+        events=[own_copy(e) for e in view.events(engine, since=horizon)],
+        log_lines=view.log_lines(engine),
+        fingerprint=dict(info.fingerprint) if info is not None else {},
         extra=extra,
-        scrapes=[s for s in st.scrapes if s.ts >= trigger.ts - scrape_seconds],
-        workload=workload,
+        scrapes=view.scrapes(engine, since=trigger.ts - scrape_seconds),
+        workload=view.workload(engine, trigger.ts, crashed=trigger.kind in CRASH_KINDS),
     )
 
 
+def cut(cap: Capture, at: float) -> int:
+    """A capture taken after its trigger's time (a retake, a trigger read again at start) as it
+    was at ``at``: later steps and events left out. Returns how many steps were left out."""
+    kept = [s for s in cap.steps if s.ts <= at]
+    later = len(cap.steps) - len(kept)
+    cap.steps = kept
+    cap.events = sorted([e for e in cap.events if e.ts <= at and e.uid != cap.trigger.uid] + [cap.trigger], key=lambda e: e.ts)
+    return later
+
+
 def freeze(
-    hub: Hub, engine: str, trigger: Event, *, gpu_seconds: float = 600.0, scrape_seconds: float = SCRAPE_SECONDS, scrape_interval: float | None = None
+    view: IngestView,
+    engine: str,
+    trigger: Event,
+    *,
+    gpu_seconds: float = 600.0,
+    scrape_seconds: float = SCRAPE_SECONDS,
+    scrape_interval: float | None = None,
 ) -> SnapshotDoc:
     """``capture`` then ``build`` in one call (tests, tools)."""
-    return capture(hub, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds, scrape_interval=scrape_interval).build()
+    return capture(view, engine, trigger, gpu_seconds=gpu_seconds, scrape_seconds=scrape_seconds, scrape_interval=scrape_interval).build()
 
 
 @contextmanager
@@ -372,7 +387,8 @@ def _build(
     extra_summary: dict[str, Any] | None,
     created_at: float | None,
 ) -> SnapshotDoc:
-    requests = request_table(steps)  # first: steps given as row objects get their blocks here
+    steps = _with_blocks(steps)  # first: steps given as row objects (tests, tools) get blocks
+    requests = request_table(steps)
     summary = summarize(steps, events)
     if extra_summary:
         summary.update(extra_summary)

@@ -3,10 +3,11 @@ retries. Every ``interval`` it writes what is due in one transaction (SQLite: ~3
 batched vs ~10k one commit per row).
 
 Steps: a step arrives in up to two halves (the stat logger's and the scheduler's), hundreds of
-microseconds to a few milliseconds apart, and the ring merges them into one record. The queue
-holds a reference to that record and writes it once, ``hold_s`` after its first half came, so
-the stored row has both halves and a step is one row (the table's unique key on engine, run
-and step makes a re-read ring after a restart a no-op, not duplicates).
+microseconds to a few milliseconds apart, and the ring merges them into a new record, which
+ingest offers again and which replaces the one queued for that step. A step is written once,
+``hold_s`` after its first half came, so the stored row has both halves and a step is one row
+(the table's unique key on engine, run and step makes a re-read ring after a restart a no-op,
+not duplicates).
 
 A database that is down or hung costs memory only: the batch stays queued (bounded: the oldest
 rows are dropped and counted in ``dropped``) and is retried next round. A row the database
@@ -108,7 +109,7 @@ def event_row(ev: Event) -> dict[str, Any]:
         "process": ev.process,
         "message": redact_text(ev.message)[:8000],
         "data": redact(data),
-        "snapshot_id": ev.data.get("snapshot_id"),
+        "snapshot_id": None,  # linked by the snapshot commit (storage/events.py), never here
     }
 
 
@@ -152,7 +153,10 @@ class BatchWriter:
     def offer_step(self, rec: StepRecord) -> None:
         key = (rec.engine, rec.run, rec.step)
         steps = self._q.steps
-        if key not in steps:
+        queued = steps.get(key)
+        if queued is not None:
+            steps[key] = (queued[0], rec)  # the step's merged record: written when its first half is due
+        else:
             steps[key] = (self.clock(), rec)
             if len(steps) > self.max_pending:
                 steps.popitem(last=False)

@@ -21,8 +21,10 @@ from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.committer import SnapshotCommitter
+from collector.snapshot.ledger import SnapshotLedger
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
+from tests.wiring import with_committer
 
 XID_LINE = "NVRM: Xid (PCI:0000:00:06): 43, pid=415, name=python3, channel 0x0000000a"
 
@@ -40,23 +42,31 @@ class RecordingClient:
         return True
 
 
-def _wired(url: str, tmp_path: Path, **kw: Any) -> tuple[Hub, SnapshotCommitter, Alerter, RecordingClient, list[tuple[float, int]]]:
+def _wired(
+    url: str, tmp_path: Path, *, retaken_pages: bool = False, **kw: Any
+) -> tuple[Hub, SnapshotCommitter, Alerter, RecordingClient, list[tuple[float, int]]]:
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
-    hub = Hub(settings)
-    repo = Repository(make_engine(url), host=hub.host)
-    committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.1, window_s=30)
+    repo = Repository(make_engine(url), host="node-a")
+    ledger = SnapshotLedger()
     client = RecordingClient()
-    alerter = Alerter(
-        settings, host=hub.host, snapshots_for=committer.snapshots_for, engine_up=lambda n: None, port=lambda: 8787, client=client, **kw
-    )  # type: ignore[arg-type]
+    alerter = Alerter(settings, host="node-a", snapshots_for=ledger.snapshots_for, engine_up=lambda n: None, port=lambda: 8787, client=client, **kw)  # type: ignore[arg-type]
     committed: list[tuple[float, int]] = []
 
     def on_commit(doc: Any, trigger: Event) -> None:
         committed.append((time.time(), doc.id))
         alerter.snapshot_committed(doc, trigger)
 
-    committer.on_committed.append(on_commit)
-    hub.consumers += [committer.on_event, alerter.on_event]
+    hub, committer = with_committer(
+        settings,
+        repo,
+        ledger=ledger,
+        spool_dir=tmp_path / "spool",
+        settle_s=0.1,
+        window_s=30,
+        on_committed=[on_commit],
+        on_retaken=[lambda e: alerter.on_event(e, True)] if retaken_pages else [],  # as the service wires it
+        then=[alerter.on_event],
+    )
     return hub, committer, alerter, client, committed
 
 
@@ -130,10 +140,9 @@ def test_a_critical_stall_takes_its_snapshot_with_no_alertmanager(migrated_url: 
     t0 = 1_796_000_000.0
     now = [t0 + 40]
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")])
-    hub = Hub(settings, clock=lambda: now[0])
-    committer = SnapshotCommitter(hub, Repository(make_engine(migrated_url), host=hub.host), spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)
-    hub.consumers.append(committer.on_event)
-    task = DetectorTask(hub, settings.detectors)
+    repo = Repository(make_engine(migrated_url), host="node-a")
+    hub, committer = with_committer(settings, repo, clock=lambda: now[0], spool_dir=tmp_path / "s", settle_s=0.1, window_s=30)
+    task = DetectorTask(hub.view, hub.emit, settings.detectors)
     for i in range(400):  # 40 s of steps with requests waiting and no token computed
         hub.emit(
             StepRecord(
@@ -155,7 +164,7 @@ def test_a_critical_stall_takes_its_snapshot_with_no_alertmanager(migrated_url: 
         now[0] += 1.0
     stall = [s for s in task.states() if s.name == "engine_stall"]
     assert stall and stall[0].state.value == "critical", task.states()
-    assert committer.backlog == 1 and committer._open["decode-0"].trigger.kind is EventKind.ANOMALY
+    assert committer.backlog == 1 and committer.ledger.current("decode-0").trigger.kind  # type: ignore[union-attr] is EventKind.ANOMALY
 
 
 @pytest.fixture
@@ -220,8 +229,7 @@ def test_a_trigger_retaken_at_start_pages_with_its_retaken_snapshot(migrated_url
 
     ev = Event(kind=EventKind.XID, ts=time.time() - 5, source="kmsg", message=XID_LINE, xid=43, severity=Severity.CRITICAL, uid="ab" * 16)
     intent.write(tmp_path / "spool", "decode-0", ev, ev.ts)  # what the killed sidecar left
-    hub, committer, alerter, client, committed = _wired(migrated_url, tmp_path)
-    committer.on_retaken.append(lambda e: alerter.on_event(e, True))  # as the service wires it
+    hub, committer, alerter, client, committed = _wired(migrated_url, tmp_path, retaken_pages=True)
 
     async def scenario() -> None:
         task = asyncio.create_task(committer.run())

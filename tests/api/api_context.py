@@ -9,12 +9,11 @@ from typing import Any
 
 from collector.context import AppContext
 from collector.detectors.task import DetectorTask
-from collector.ingest.hub import Hub
 from collector.settings import EngineConfig, Settings
-from collector.snapshot.committer import SnapshotCommitter
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
+from tests.wiring import with_committer
 
 ApiContext = AppContext
 
@@ -24,18 +23,16 @@ def make_context(url: str, *, host_name: str = "node-a", spool_dir: Path | None 
     s = Settings(database=url, host_name=host_name, **settings)
     repo = Repository(make_engine(url), host=host_name)
     writer = BatchWriter(repo, interval=0.5)
-    hub = Hub(s, rows=writer)
     import tempfile
 
-    committer = SnapshotCommitter(hub, repo, spool_dir=spool_dir or Path(tempfile.mkdtemp()), settle_s=0.2, window_s=30.0)
-    hub.consumers.append(committer.on_event)
+    hub, committer = with_committer(s, repo, rows=writer, spool_dir=spool_dir or Path(tempfile.mkdtemp()), settle_s=0.2, window_s=30.0)
     return AppContext(
         settings=s,
         hub=hub,
         repo=repo,
         writer=writer,
         committer=committer,
-        detectors=DetectorTask(hub, s.detectors),
+        detectors=DetectorTask(hub.view, hub.emit, s.detectors),
         loop=asyncio.new_event_loop(),
         manual_wait_s=0.05,
     )

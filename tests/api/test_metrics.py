@@ -111,8 +111,8 @@ def test_engine_info_names_the_pod_of_a_discovered_engine(tmp_path) -> None:
     from collector.sources.supervisor import SupervisedSource
 
     ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
-    ctx.hub.engine("vllm-decode-0", url="http://10.244.3.18:8000", configured=True)
-    ctx.hub.engine("vllm-old-0", url="http://10.244.3.9:8000", configured=True).up = False  # its pod was deleted
+    ctx.hub.intake.engine("vllm-decode-0", url="http://10.244.3.18:8000", configured=True)
+    ctx.hub.intake.engine("vllm-old-0", url="http://10.244.3.9:8000", configured=True, up=False)  # its pod was deleted
 
     class Discovery:
         name = "discovery"

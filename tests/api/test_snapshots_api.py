@@ -245,7 +245,7 @@ def test_writes_need_the_token_compared_in_full(api_url: str) -> None:
     # the committer is not running here: the snapshot is captured, answered 202 as pending
     assert r.status_code == 202 and r.json()["engines"] == ["decode-0"], r.text
     assert [s["status"] for s in r.json()["snapshots"]] == ["pending"]
-    assert ctx.committer.backlog == 1 and ctx.committer._open["decode-0"].trigger.message == "drill"
+    assert ctx.committer.backlog == 1 and ctx.committer.ledger.current("decode-0").trigger.message  # type: ignore[union-attr] == "drill"
     assert c.get("/api/v1/snapshots").status_code == 200  # loopback: reads are open
 
 

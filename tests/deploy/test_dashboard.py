@@ -262,7 +262,6 @@ def sidecar_names(tmp_path: Path) -> set[str]:
     from collector.api.metrics import SidecarCollector
     from collector.context import AppContext
     from collector.detectors.task import DetectorTask
-    from collector.ingest.hub import Hub
     from collector.model import (
         HALF_STATS,
         Event,
@@ -275,7 +274,6 @@ def sidecar_names(tmp_path: Path) -> set[str]:
         StepRecord,
     )
     from collector.settings import EngineConfig, Settings
-    from collector.snapshot.committer import SnapshotCommitter
     from collector.storage.db import make_engine
     from collector.storage.repo import Repository
     from collector.storage.writer import BatchWriter
@@ -284,9 +282,9 @@ def sidecar_names(tmp_path: Path) -> set[str]:
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64, database=url, host_name="node-a")
     repo = Repository(make_engine(url), host="node-a")
     writer = BatchWriter(repo, interval=0.5)
-    hub = Hub(settings, rows=writer, clock=lambda: 1000.0)
-    committer = SnapshotCommitter(hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30.0)
-    hub.consumers.append(committer.on_event)
+    from tests.wiring import with_committer
+
+    hub, committer = with_committer(settings, repo, rows=writer, clock=lambda: 1000.0, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30.0)
     alerter = Alerter(settings, host="node-a", snapshots_for=committer.snapshots_for, engine_up=lambda name: True, port=lambda: 8080)
     loop = asyncio.new_event_loop()
     try:
@@ -296,7 +294,7 @@ def sidecar_names(tmp_path: Path) -> set[str]:
             repo=repo,
             writer=writer,
             committer=committer,
-            detectors=DetectorTask(hub, settings.detectors),
+            detectors=DetectorTask(hub.view, hub.emit, settings.detectors),
             loop=loop,
             alerter=alerter,
             unsupported=[SourceStatus(name="kmsg", up=True)],

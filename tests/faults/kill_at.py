@@ -38,7 +38,7 @@ from sqlalchemy.engine import Engine  # noqa: E402
 
 from collector import durable  # noqa: E402
 from collector.snapshot import intent, spool  # noqa: E402
-from collector.storage.repo import Repository  # noqa: E402
+from collector.storage.repo import Repository, SnapshotCommit  # noqa: E402
 
 POINTS = ("intent_tmp", "before_spool", "spool_tmp", "after_spool", "in_commit_tx", "after_commit", "in_amend")
 POINT = os.environ.get("FLIGHTREC_KILL_AT", "")
@@ -95,28 +95,21 @@ def install(point: str) -> None:
     patched_os.replace = replace
     setattr(durable, "os", patched_os)  # noqa: B010 - the durable writer's own os, not everyone's
 
-    original_store, original_amend = Repository.commit_snapshot, Repository.amend_snapshot
+    original_commit = Repository.commit_snapshots
 
-    def commit_snapshot(self: Repository, doc: Any, **kw: Any) -> tuple[int, int, bool]:
-        mine = _kind(doc.trigger) == TRIGGER
-        _local.kill_on_commit = mine and point == "in_commit_tx"
+    def commit_snapshots(self: Repository, items: Any, **kw: Any) -> list[tuple[int, bool]]:
+        mine = [i for i in items if _kind(i.doc.trigger) == TRIGGER]
+        firsts = [i for i in mine if isinstance(i, SnapshotCommit)]
+        _local.kill_on_commit = bool(firsts) and point == "in_commit_tx" or (bool(mine) and not firsts and point == "in_amend")
         try:
-            out = original_store(self, doc, **kw)
+            out = original_commit(self, items, **kw)
         finally:
             _local.kill_on_commit = False
-        if mine and point == "after_commit":
+        if firsts and point == "after_commit":
             die(point)
         return out
 
-    def amend_snapshot(self: Repository, snap_id: int, doc: Any, **kw: Any) -> None:
-        _local.kill_on_commit = _kind(doc.trigger) == TRIGGER and point == "in_amend"
-        try:
-            original_amend(self, snap_id, doc, **kw)
-        finally:
-            _local.kill_on_commit = False
-
-    Repository.commit_snapshot = commit_snapshot  # type: ignore[method-assign]
-    Repository.amend_snapshot = amend_snapshot  # type: ignore[method-assign]
+    Repository.commit_snapshots = commit_snapshots  # type: ignore[method-assign]
 
     def on_commit(conn: Any) -> None:  # before the COMMIT is sent: the transaction is open
         if getattr(_local, "kill_on_commit", False):

@@ -151,7 +151,7 @@ def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(
     from collector.snapshot import spool
 
     full = False
-    real_write, real_batch, real_store = spool.write, Repository.write_batch, Repository.commit_snapshot
+    real_write, real_batch, real_store = spool.write, Repository.write_batch, Repository.commit_snapshots
 
     def spool_write(*a: Any, **k: Any) -> Path:
         if full:
@@ -168,7 +168,7 @@ def test_an_injected_enospc_under_sqlite_and_the_spool_loses_nothing(
 
     monkeypatch.setattr(spool, "write", spool_write)
     monkeypatch.setattr(Repository, "write_batch", disk_full(real_batch))
-    monkeypatch.setattr(Repository, "commit_snapshot", disk_full(real_store))
+    monkeypatch.setattr(Repository, "commit_snapshots", disk_full(real_store))
 
     def fill() -> None:
         nonlocal full

@@ -35,11 +35,12 @@ def test_the_same_side_again_updates_its_facts_and_keeps_the_others() -> None:
 
 
 def test_the_hub_keeps_both_halves(tmp_path: object) -> None:
-    from collector.ingest.hub import Hub
+    from collector.ingest.hub import hub_for
     from collector.model import Fingerprint
     from collector.settings import EngineConfig, Settings
 
-    hub = Hub(Settings(engines=[EngineConfig(name="e", url="http://127.0.0.1:8000")]))
+    hub = hub_for(Settings(engines=[EngineConfig(name="e", url="http://127.0.0.1:8000")]))
     hub.emit(Fingerprint(engine="e", ts=1.0, facts=CORE))
     hub.emit(Fingerprint(engine="e", ts=2.0, facts=API))
-    assert hub.engine("e").fingerprint["scheduler_base"] == CORE["scheduler_base"]
+    info = hub.view.engine("e")
+    assert info is not None and info.fingerprint["scheduler_base"] == CORE["scheduler_base"]

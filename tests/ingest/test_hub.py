@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from collector.ingest.hub import Hub
+from collector.ingest.hub import Hub, hub_for
+from collector.ingest.intake import Intake
+from collector.ingest.live import LiveView
 from collector.model import (
     HALF_STATS,
     Event,
@@ -19,22 +22,27 @@ from collector.snapshot.freeze import freeze
 class Due:
     """The trigger policy's decisions, read off a committer that is never run."""
 
-    def __init__(self, hub: Hub, spool_dir: Path) -> None:
-        self.committer = SnapshotCommitter(hub, None, spool_dir=spool_dir, settle_s=5.0, window_s=60.0)  # type: ignore[arg-type]
-        hub.consumers.append(self.committer.on_event)
+    def __init__(self, view: LiveView, spool_dir: Path) -> None:
+        self.committer = SnapshotCommitter(view, None, spool_dir=spool_dir, settle_s=5.0, window_s=60.0)  # type: ignore[arg-type]
         self.seen: list[tuple[Event, bool]] = []
-        hub.consumers.append(lambda ev, is_new: self.seen.append((ev, is_new)))
+
+    def consumers(self) -> list[Any]:
+        return [self.committer.on_event, lambda ev, is_new: self.seen.append((ev, is_new))]
 
     @property
     def calls(self) -> list[tuple[str, Event]]:
-        c = self.committer
-        return [(o.engine, o.trigger) for o in c._recent]
+        return [(o.engine, o.trigger) for o in self.committer.ledger.recent()]
+
+
+def wired(settings: Settings, tmp_path: Path) -> tuple[Hub, Due]:
+    intake = Intake(settings, clock=lambda: 1000.0)
+    due = Due(LiveView(intake), tmp_path)
+    return Hub(intake, consumers=due.consumers()), due
 
 
 def hub(tmp_path: Path, **kw: object) -> tuple[Hub, Due]:
     engines = [EngineConfig(name="prefill-0", url="http://p", gpus=[0]), EngineConfig(name="decode-0", url="http://d", gpus=[1])]
-    h = Hub(Settings(engines=engines, ring_steps=64, **kw), clock=lambda: 1000.0)  # type: ignore[arg-type]
-    due = Due(h, tmp_path)
+    h, due = wired(Settings(engines=engines, ring_steps=64, **kw), tmp_path)  # type: ignore[arg-type]
     h.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0"))
     h.emit(GpuSample(gpu="GPU-b", index=1, ts=999.0, bus_id="0000:00:06.0"))
     return h, due
@@ -49,21 +57,20 @@ def test_one_xid_from_two_sources_is_one_trigger_for_the_engine_on_that_gpu(tmp_
     h.emit(xid("kmsg"))
     h.emit(xid("nvml"))
     assert [name for name, _ in due.calls] == ["decode-0"]
-    assert due.committer._queue.qsize() == 1 and list(due.committer._open) == ["decode-0"]
+    assert due.committer.backlog == 1 and [o.engine for o in due.committer.ledger.still_open()] == ["decode-0"]
     assert sorted(due.calls[0][1].sources) == ["kmsg", "nvml"]
-    assert h.xid_counts == {("0000:00:06.0", 43): 1}
+    assert h.view.xid_counts() == {("0000:00:06.0", 43): 1}
     # every event reaches the consumers, the merged second witness as not new; one uid
     assert [is_new for _, is_new in due.seen] == [True, False]
     assert due.seen[0][0].uid and due.seen[0][0].uid == due.seen[1][0].uid
-    assert h.engines_for(due.seen[0][0]) == ["decode-0"]
+    assert h.view.route(due.seen[0][0]).engines == ("decode-0",)
 
 
 def test_gpu_fault_with_no_mapping_goes_to_every_engine(tmp_path: Path) -> None:
-    h = Hub(Settings(engines=[EngineConfig(name="a", url="http://a"), EngineConfig(name="b", url="http://b")]))
-    due = Due(h, tmp_path)
+    h, due = wired(Settings(engines=[EngineConfig(name="a", url="http://a"), EngineConfig(name="b", url="http://b")]), tmp_path)
     h.emit(xid("kmsg"))
     assert sorted(n for n, _ in due.calls) == ["a", "b"]
-    assert due.committer._queue.qsize() == 2
+    assert due.committer.backlog == 2 and due.committer.queue._queue.qsize() == 1  # one batch: committed together
 
 
 def test_engine_events_trigger_only_their_engine_and_info_does_not(tmp_path: Path) -> None:
@@ -71,9 +78,9 @@ def test_engine_events_trigger_only_their_engine_and_info_does_not(tmp_path: Pat
     h.emit(Event(kind=EventKind.LOG, ts=1000.0, source="log", message="hello", engine="decode-0"))
     h.emit(Event(kind=EventKind.CUDA_ERROR, ts=1000.0, source="log", message="CUDA error", engine="prefill-0"))
     assert [n for n, _ in due.calls] == ["prefill-0"]
-    assert list(due.committer._open) == ["prefill-0"]
+    assert [o.engine for o in due.committer.ledger.still_open()] == ["prefill-0"]
     assert len(due.seen) == 2  # the LOG event still reaches every consumer
-    assert [e.message for e in h.engines["decode-0"].events] == ["hello"]
+    assert [e.message for e in h.intake.store.engines["decode-0"].events] == ["hello"]
 
 
 def test_freeze_takes_the_ring_the_gpu_of_the_engine_and_its_events(tmp_path: Path) -> None:
@@ -81,7 +88,7 @@ def test_freeze_takes_the_ring_the_gpu_of_the_engine_and_its_events(tmp_path: Pa
     for i in range(100):
         h.emit(StepRecord(engine="decode-0", ts=900.0 + i, step=i, running=2, halves=HALF_STATS))
     h.emit(xid("kmsg"))
-    doc = freeze(h, "decode-0", xid("kmsg"))
+    doc = freeze(h.view, "decode-0", xid("kmsg"))
     assert len(doc.steps) == 64 and doc.steps[-1]["step"] == 99
     assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-b"}
     assert [e["xid"] for e in doc.events] == [43]
@@ -98,15 +105,15 @@ def test_a_bad_record_never_escapes_emit(tmp_path: Path) -> None:
     h, _ = hub(tmp_path)
     h.emit(StepRecord(engine="decode-0", ts=1.0, step="x"))  # type: ignore[arg-type]
     h.emit(StepRecord(engine="decode-0", ts=2.0, step=1))
-    assert h.engines["decode-0"].ring.last() is not None
-    assert h.dropped == 1
+    assert h.intake.store.engines["decode-0"].ring.last() is not None
+    assert h.view.dropped == 1
 
 
 def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Path) -> None:
     h, _ = hub(tmp_path)
     finished = [{"request_id": f"r{i}", "finish_reason": "length", "e2e_latency": 1.5} for i in range(3)]
     h.emit(StepRecord(engine="decode-0", ts=999.5, step=1, running=4, finished=3, finished_requests=finished, halves=HALF_STATS))
-    [held] = h.steps("decode-0")
+    [held] = h.view.steps("decode-0")
     assert held.finished == 3 and held.finished_requests == []
 
 
@@ -114,17 +121,17 @@ def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_jo
     from collector.model import RequestRow  # noqa: PLC0415
 
     settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20, ring_request_bytes_total=3 << 19)
-    h = Hub(settings, clock=lambda: 1000.0)
-    assert h.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
+    h = hub_for(settings, clock=lambda: 1000.0)
+    assert h.intake.store.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
     rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
     for n in range(1, 2001):
         h.emit(StepRecord(engine="e0", ts=float(n), step=n, requests=rows))
-    before = h.engines["e0"].ring.request_bytes
+    before = h.intake.store.engines["e0"].ring.request_bytes
     assert (1 << 20) - 4096 < before <= 1 << 20
     h.emit(StepRecord(engine="e1", ts=1.0, step=1, requests=rows))  # a second engine joins
-    for st in h.engines.values():
+    for st in h.intake.store.engines.values():
         assert st.ring.max_request_bytes == 3 << 18  # half the node's budget each
-    ring = h.engines["e0"].ring
+    ring = h.intake.store.engines["e0"].ring
     assert ring.request_bytes <= 3 << 18 < before  # e0 gave up its oldest blocks at once
     kept = ring.steps()
     assert len(kept) == 2000 and kept[-1].request_block is not None and kept[0].request_block is None
@@ -134,10 +141,10 @@ def test_scrapes_are_kept_as_long_as_their_readers_need_and_no_longer() -> None:
     from collector.model import MetricsScrape  # noqa: PLC0415
 
     settings = Settings(engines=[EngineConfig(name="e0", url="http://a")])
-    kept = Hub(settings, clock=lambda: 1000.0, scrape_seconds=60.0)
-    unbounded = Hub(settings, clock=lambda: 1000.0)
+    kept = hub_for(settings, clock=lambda: 1000.0, scrape_seconds=60.0)
+    unbounded = hub_for(settings, clock=lambda: 1000.0)
     for i in range(200):
         for h in (kept, unbounded):
             h.emit(MetricsScrape(engine="e0", ts=1000.0 + i, values={"num_requests_running": 1.0}))
-    assert [s.ts for s in kept.engines["e0"].scrapes] == [1000.0 + i for i in range(139, 200)]  # the last 60 s
-    assert len(unbounded.engines["e0"].scrapes) == 200  # told nothing: only the count bound (900)
+    assert [s.ts for s in kept.intake.store.engines["e0"].scrapes] == [1000.0 + i for i in range(139, 200)]  # the last 60 s
+    assert len(unbounded.intake.store.engines["e0"].scrapes) == 200  # told nothing: only the count bound (900)

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collector.ingest.hub import Hub
+from collector.ingest.hub import hub_for
 from collector.ingest.pidmap import PidMap, owner
 from collector.model import Event, EventKind, Fingerprint, GpuSample, Severity
 from collector.procfs import parent_pid
 from collector.settings import EngineConfig, Settings
-from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.freeze import freeze
 from collector.storage.writer import BatchWriter
+from tests.wiring import with_committer
 
 
 def fake_proc(root: Path, tree: dict[int, int]) -> Path:
@@ -40,28 +40,27 @@ def test_a_worker_belongs_to_the_engine_up_its_process_tree(tmp_path: Path) -> N
 
 def test_an_xid_goes_to_the_engine_of_its_pid_and_gpus_are_learnt(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path, TREE)
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d"), EngineConfig(name="prefill-0", url="http://p")]), proc_root=proc)
-    committer = SnapshotCommitter(hub, None, spool_dir=tmp_path / "spool", settle_s=5.0, window_s=60.0)  # type: ignore[arg-type]
-    hub.consumers.append(committer.on_event)
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d"), EngineConfig(name="prefill-0", url="http://p")])
+    hub, committer = with_committer(settings, None, proc_root=proc, spool_dir=tmp_path / "spool", settle_s=5.0, window_s=60.0)
     hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
     hub.emit(Fingerprint(engine="prefill-0", ts=0.0, facts={"pid": 200}))
     hub.emit(GpuSample(gpu="GPU-0", index=0, ts=1.0, bus_id="0000:00:05.0", processes=[{"pid": 400, "used_memory": 1}]))
     hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, bus_id="0000:00:06.0", processes=[{"pid": 300, "used_memory": 1}]))
-    assert hub.engines["decode-0"].learned_gpus == {1} and hub.engines["prefill-0"].learned_gpus == {0}
+    assert hub.view.engine("decode-0").gpus == {1} and hub.view.engine("prefill-0").gpus == {0}
     # named by its pid
     hub.emit(Event(kind=EventKind.XID, ts=2.0, source="kmsg", message="Xid 43", xid=43, gpu="0000:00:06.0", pid=301, severity=Severity.WARNING))
     # no pid (NVML's report of another fault): routed by the learnt GPU
     hub.emit(Event(kind=EventKind.XID, ts=9.0, source="nvml", message="Xid 31", xid=31, gpu="0000:00:05.0", severity=Severity.WARNING))
-    assert [o.engine for o in committer._recent] == ["decode-0", "prefill-0"]
-    assert sorted(committer._open) == ["decode-0", "prefill-0"] and committer._queue.qsize() == 2
-    doc = freeze(hub, "decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
+    assert [o.engine for o in committer.ledger.recent()] == ["decode-0", "prefill-0"]
+    assert sorted(o.engine for o in committer.ledger.still_open()) == ["decode-0", "prefill-0"] and committer.backlog == 2
+    doc = freeze(hub.view, "decode-0", Event(kind=EventKind.MANUAL, ts=2.0, source="api", message="m"))
     assert {s["gpu"] for s in doc.gpu_samples} == {"GPU-1"}
 
 
 def test_malformed_process_lists_are_ignored_not_fatal(tmp_path: Path) -> None:
     writer = BatchWriter(None, interval=1.0)  # type: ignore[arg-type]  # never run: its queue only
-    hub = Hub(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]), rows=writer, proc_root=fake_proc(tmp_path, TREE))
+    hub = hub_for(Settings(engines=[EngineConfig(name="decode-0", url="http://d")]), rows=writer, proc_root=fake_proc(tmp_path, TREE))
     hub.emit(Fingerprint(engine="decode-0", ts=0.0, facts={"pid": 100}))
     hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, processes=[{"pid": "x"}, {"used_memory": 3}, "junk"]))  # type: ignore[list-item]
-    assert writer.pending_rows == 1 and hub.engines["decode-0"].learned_gpus == set()
-    assert hub.dropped == 0  # the sample itself was filed
+    assert writer.pending_rows == 1 and hub.view.engine("decode-0").gpus == set()
+    assert hub.view.dropped == 0  # the sample itself was filed

@@ -46,7 +46,7 @@ def test_a_scrape_only_engine_is_stored_served_and_snapshotted(migrated_url: str
         assert api["last_scrape"] is not None
 
     trigger = Event(kind=EventKind.ENGINE_DOWN, ts=t0 + 400, source="scrape", message="gone", engine="decode-0")
-    doc = freeze(ctx.hub, "decode-0", trigger, scrape_interval=1.0)
+    doc = freeze(ctx.view, "decode-0", trigger, scrape_interval=1.0)
     assert doc.steps == [] and "the scrape series is all there is" in doc.summary["no_recorder"]
     ts = [s["ts"] for s in doc.scrapes]
     assert len(ts) == 300 and min(ts) >= trigger.ts - 300.0  # the last five minutes, one a second

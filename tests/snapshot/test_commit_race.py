@@ -107,7 +107,7 @@ def test_a_first_version_that_fails_is_still_committed_by_its_amendment(
     """Whatever else fails the first version before its amendment is scheduled (a build that
     fails every time, a spool write that raises what no one expected), the fault is committed
     within the settle time by the amendment's capture, not at the stop."""
-    from collector.snapshot import committer as committer_module
+    from collector.snapshot import commit as committer_module
 
     hub, repo, c, committed = setup(migrated_url, tmp_path, settle=0.3)
     real_build, real_write, calls = committer_module._build, committer_module.spool.write, [0]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from collector.ingest.hub import Hub
-from collector.model import HALF_STATS, Event, EventKind, LogLine, RequestRow, Severity, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, Fingerprint, LogLine, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot import intent, spool
 from collector.snapshot.committer import SnapshotCommitter
@@ -17,25 +17,37 @@ from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter
 from collector.storage.writer import BatchWriter
+from tests.wiring import with_committer
 
 
-def setup(url: str, tmp_path: Path, settle: float = 0.2, **kw: Any) -> tuple[Hub, Repository, SnapshotCommitter, list[int]]:
-    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d")], ring_steps=32, host_name="node-a")
+def setup(
+    url: str, tmp_path: Path, settle: float = 0.2, *, late: list[StepRecord] | None = None, engines: int = 1, **kw: Any
+) -> tuple[Hub, Repository, SnapshotCommitter, list[int]]:
+    """``late``: steps the recorder published and the sidecar has not polled yet (read before a
+    capture); ``engines`` configured without GPUs (decode-0, decode-1, ...)."""
+    names = ["decode-0", *[f"decode-{i}" for i in range(1, engines)]]
+    settings = Settings(engines=[EngineConfig(name=n, url=f"http://{n}") for n in names], ring_steps=32, host_name="node-a")
     repo = Repository(make_engine(url), host="node-a")
     writer = BatchWriter(repo, interval=0.05, hold_s=0.0)
-    hub = Hub(settings, rows=writer)
     committed: list[int] = []
-    c = SnapshotCommitter(
-        hub,
+
+    def read_now() -> None:
+        for s in late or []:
+            if not hub.view.has_step(s.engine, s.step):
+                hub.intake.file(s)
+
+    hub, c = with_committer(
+        settings,
         repo,
+        rows=writer,
         spool_dir=tmp_path / "spool",
         settle_s=settle,
         window_s=30,
         on_committed=[lambda doc, ev: committed.append(doc.id)],
         retry_every=0.1,
+        read_now=read_now,
         **kw,
     )
-    hub.consumers.append(c.on_event)
     c.writer = writer  # type: ignore[attr-defined]
     return hub, repo, c, committed
 
@@ -166,9 +178,13 @@ def test_nul_bytes_in_a_trigger_and_its_evidence_neither_wedge_nor_block_later_s
     async def body() -> None:
         hub.emit(step(1))
         hub.emit(LogLine("decode-0", time.time(), "ERROR bad\x00line"))
-        hub.engines["decode-0"].fingerprint.update({"model": "m\x00", "env\x00": {"K": "v\x00"}})
+        hub.emit(Fingerprint("decode-0", time.time(), {"model": "m\x00", "env\x00": {"K": "v\x00"}}))
         for reason in ("nul\x00reason", "after it"):
             ids.append(await manual(hub, c, reason, wait_s=10))
+        for _ in range(200):  # and their amendments (settle_s after each capture) are committed too
+            if c.backlog == 0 and not spool.pending(tmp_path / "spool"):
+                break
+            await asyncio.sleep(0.05)
 
     asyncio.run(_run(c, body))
     rows, _ = repo.list_snapshots(SnapshotFilter())
@@ -213,10 +229,10 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     hub, repo, c, _ = setup(migrated_url, tmp_path)
     rows = [RequestRow(request_id=f"r{i}", prompt_len=100, computed_tokens=10 + i) for i in range(3)]
     hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=7, requests=rows))
-    cap = c._capture("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
-    from collector.snapshot.committer import _build
+    cap = c.policy.capture_one("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
+    from collector.snapshot.commit import _build_all
 
-    doc, blobs = _build(cap)
+    [(doc, blobs)] = _build_all([cap])
     spool_dir = tmp_path / "spool"
     spool.write(
         spool_dir,
@@ -233,7 +249,7 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     (spool_dir / "snapshot-2.000000-decode-0-trunc.spool").write_bytes(spool.MAGIC + b'{"header"')  # a torn write
     (spool_dir / "snapshot-3.000000-decode-0-junk.spool").write_bytes(b"\x00" * 100)
 
-    _, repo2, c2, _ = setup(migrated_url, tmp_path)  # a new sidecar over the same spool
+    hub2, repo2, c2, _ = setup(migrated_url, tmp_path)  # a new sidecar over the same spool
 
     async def body() -> None:
         await asyncio.sleep(0.3)
@@ -245,7 +261,6 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     assert [r["request_id"] for r in back.requests] == ["r0", "r1", "r2"]
     assert sorted(p.name for p in spool_dir.iterdir()) == ["snapshot-2.000000-decode-0-trunc.spool.bad", "snapshot-3.000000-decode-0-junk.spool.bad"]
     # and the snapshot task is alive: a new trigger still makes a snapshot
-    hub2 = c2.hub
     hub2.emit(step(100))
 
     async def again() -> None:
@@ -257,9 +272,7 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
 
 
 def test_the_capture_reads_what_the_recorder_published_last(migrated_url: str, tmp_path: Path) -> None:
-    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=5.0)
-    late = [step(i) for i in range(3)]
-    c.before_capture = lambda: [hub.emit(s) for s in late if not hub.engines["decode-0"].ring.get(s.step)]
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=5.0, late=[step(i) for i in range(3)])
 
     async def body() -> None:
         hub.emit(fault(EventKind.CUDA_ERROR, "log", "boom"))
@@ -327,10 +340,9 @@ def test_an_intent_left_by_a_kill_is_retaken_from_the_rings_with_its_fault_time(
     _left_by_a_kill(tmp_path, ev, accepted_at=t0 + 10.001)
     (tmp_path / "spool" / "trigger-9.000000-decode-0-torn.intent").write_bytes(intent.MAGIC + b'{"engine"')
 
-    hub, repo, c, committed = setup(migrated_url, tmp_path)
     # the new sidecar reads the ring again: steps before the fault, and after it (the engine went on)
     ring = [StepRecord(engine="decode-0", ts=t0 + i * 0.5, step=i, running=3, halves=HALF_STATS) for i in range(30)]
-    c.before_capture = lambda: [hub.emit(s) for s in ring if not hub.engines["decode-0"].ring.get(s.step)]
+    hub, repo, c, committed = setup(migrated_url, tmp_path, late=ring)
 
     async def body() -> None:
         for _ in range(50):
@@ -467,3 +479,28 @@ def test_the_same_trigger_reported_again_after_a_restart_keeps_its_first_snapsho
     assert len(rows) == 1
     doc = repo.get_snapshot(rows[0]["id"])
     assert any("unspecified launch failure" in line["line"] for line in doc.log_lines)
+
+
+# -- one fault, several snapshots ----------------------------------------------------------------
+
+
+def test_a_node_wide_xid_makes_every_engines_snapshot_durable_together(migrated_url: str, tmp_path: Path) -> None:
+    """An Xid that matches no engine goes to all 8: when the first of its snapshots is durable,
+    all are (one transaction), where a serial commit had the 8th durable 1.27 s after it."""
+    hub, repo, c, committed = setup(migrated_url, tmp_path, engines=8)
+    stored_at_first: list[int] = []
+    c.queue.on_committed = (*c.queue.on_committed, lambda doc, ev: stored_at_first.append(repo.snapshot_count()))
+
+    async def body() -> None:
+        for e in range(8):
+            hub.emit(dataclasses.replace(step(1), engine=f"decode-{e}" if e else "decode-0"))
+        hub.emit(Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 79", xid=79, gpu="0000:99:00.0", severity=Severity.CRITICAL))
+        for _ in range(100):
+            if len(committed) == 8:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(_run(c, body))
+    assert len(committed) == 8 and len({r["engine"] for r in repo.list_snapshots(SnapshotFilter())[0]}) == 8
+    assert stored_at_first[0] == 8  # the first commit made all 8 durable
+    assert len({r["incident_id"] for r in repo.list_snapshots(SnapshotFilter())[0]}) == 1

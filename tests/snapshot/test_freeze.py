@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.channel.blocks import RequestBlock
-from collector.ingest.hub import Hub
+from collector.ingest.hub import Hub, hub_for
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
@@ -48,6 +48,7 @@ from collector.snapshot.freeze import (
 )
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
+from tests.wiring import with_committer
 
 
 def steps(n: int, reqs: int, *, t0: float = 1000.0) -> list[StepRecord]:
@@ -204,31 +205,29 @@ def test_export_splices_stored_parts_and_reencodes_foreign_ones() -> None:
     assert deflate_segment(b"").length == 0
 
 
-def _manager(url: str, tmp_path: Path, hub: Hub) -> tuple[Repository, SnapshotCommitter, list[int]]:
-    repo = Repository(make_engine(url), host=hub.host)
+def _manager(url: str, tmp_path: Path, settings: Settings) -> tuple[Hub, Repository, SnapshotCommitter, list[int]]:
+    repo = Repository(make_engine(url), host="node-a")
     done: list[int] = []
-    mgr = SnapshotCommitter(
-        hub, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30, on_committed=[lambda doc, _: done.append(doc.id or 0)]
+    hub, mgr = with_committer(
+        settings, repo, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30, on_committed=[lambda doc, _: done.append(doc.id or 0)]
     )
-    hub.consumers.append(mgr.on_event)
-    return repo, mgr, done
+    return hub, repo, mgr, done
 
 
 def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url: str, tmp_path: Path) -> None:
     """An Xid on the GPU shared by two engines (kmsg and NVML), the CUDA error in each engine's
     log and /health failing on both: two snapshots (one per engine) in one incident."""
-    hub = Hub(
-        Settings(
-            engines=[
-                EngineConfig(name="decode-0", url="http://d", gpus=[1], pair="pd-0"),
-                EngineConfig(name="decode-1", url="http://e", gpus=[1], pair="pd-1"),
-                EngineConfig(name="prefill-0", url="http://p", gpus=[0], pair="pd-0"),
-            ],
-            ring_steps=64,
-        )
+    settings = Settings(
+        engines=[
+            EngineConfig(name="decode-0", url="http://d", gpus=[1], pair="pd-0"),
+            EngineConfig(name="decode-1", url="http://e", gpus=[1], pair="pd-1"),
+            EngineConfig(name="prefill-0", url="http://p", gpus=[0], pair="pd-0"),
+        ],
+        ring_steps=64,
+        host_name="node-a",
     )
-    repo, mgr, done = _manager(migrated_url, tmp_path, hub)
-    for eng in hub.settings.engines:  # as the service does at start
+    hub, repo, mgr, done = _manager(migrated_url, tmp_path, settings)
+    for eng in settings.engines:  # as the service does at start
         repo.register_engine(eng.name, url=eng.url, pair=eng.pair)
 
     async def scenario() -> None:
@@ -284,17 +283,18 @@ def test_a_capture_built_after_the_ring_gave_up_its_oldest_blocks_still_holds_th
     rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(32)]
     size = RequestBlock.from_rows(1, 1.0, rows).nbytes
     settings = Settings(engines=[EngineConfig(name="d0", url="http://d")], ring_request_bytes=1 << 16, ring_request_bytes_total=1 << 16)
-    hub = Hub(settings, clock=lambda: 1000.0)
+    hub = hub_for(settings, clock=lambda: 1000.0)
     for n in range(1, 201):
         hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
-    held = [s.step for s in hub.steps("d0") if s.request_block is not None]
+    held = [s.step for s in hub.view.steps("d0") if s.request_block is not None]
     assert 0 < len(held) <= (1 << 16) // size < 200
     trigger = Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 79", severity=Severity.CRITICAL, engine="d0", xid=79)
-    cap = capture(hub, "d0", trigger, gpu_seconds=60.0)
+    cap = capture(hub.view, "d0", trigger, gpu_seconds=60.0)
     for n in range(201, 401):  # the engine steps on while the snapshot waits to be built
         hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
-    assert all(s.request_block is None for s in cap.steps if s.step in held)  # the ring gave them up
+    assert all(s.request_block is None for s in hub.view.steps("d0") if s.step in held)  # the ring gave them up
+    assert all(s.request_block is not None for s in cap.steps if s.step in held)  # its records were not changed
     doc = cap.build()
     assert sorted(set(doc.requests.columns["step"])) == held
     assert [s["step"] for s in doc.steps if s["has_requests"]] == held
-    assert all(s.request_block is None for s in hub.steps("d0") if s.step in held)  # the ring is not changed back
+    assert all(s.request_block is None for s in hub.view.steps("d0") if s.step in held)  # nor the ring's by the build

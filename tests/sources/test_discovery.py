@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from collector.ingest.hub import Hub
+from collector.ingest.hub import Hub, hub_for
 from collector.parsers.kube_pods import PodEngine
 from collector.settings import EngineConfig, load_settings
 from collector.sources.discovery import KubernetesDiscovery
@@ -64,8 +64,7 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def scrapes(hub: Hub, name: str) -> int:
-    st = hub.engines.get(name)
-    return len(st.scrapes) if st is not None else 0
+    return len(hub.view.scrapes(name))
 
 
 def discovery(api: RecordedApi, token: Path, join: EngineJoin, logs: list[tuple[str, bool]]) -> KubernetesDiscovery:
@@ -122,7 +121,7 @@ def test_engines_found_followed_and_forgotten(tmp_path: Path) -> None:
             ],
         )
         await api.start()
-        hub = Hub(load_settings())
+        hub = hub_for(load_settings())
         join = EngineJoin([])
         logs: list[tuple[str, bool]] = []
         d = discovery(api, token, join, logs)
@@ -130,9 +129,10 @@ def test_engines_found_followed_and_forgotten(tmp_path: Path) -> None:
         try:
             await until(lambda: scrapes(hub, "vllm-prefill-0") > 2 and scrapes(hub, "vllm-decode-0") > 0)
             # the pending pod (no IP) is not followed; the two running ones are, by pod name
-            assert hub.engines["vllm-prefill-0"].url == f"http://127.0.0.1:{p1}" and hub.engines["vllm-prefill-0"].pair == "pd-0"
-            assert hub.engines["vllm-prefill-0"].configured
-            assert "vllm-decode-1" not in hub.engines
+            prefill = hub.view.engine("vllm-prefill-0")
+            assert prefill is not None and prefill.url == f"http://127.0.0.1:{p1}" and prefill.pair == "pd-0"
+            assert prefill.configured
+            assert hub.view.engine("vllm-decode-1") is None
             # the one added while running, from its log's start; the first ones from the end
             await until(lambda: scrapes(hub, "qwen-small-7c9f8d-xk2lp") > 0)
             assert logs[:2] == [("vllm-decode-0", False), ("vllm-prefill-0", False)] and logs[2] == ("qwen-small-7c9f8d-xk2lp", True)
@@ -144,7 +144,7 @@ def test_engines_found_followed_and_forgotten(tmp_path: Path) -> None:
             assert "vllm-decode-0" not in join.names and {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"} <= join.names
             assert d.status()[0].details["gone"] == ["vllm-decode-0"]  # /metrics leaves its stale state out
             # not up: the detectors do not take the end of its scrapes for a target gone
-            assert hub.engines["vllm-decode-0"].up is False
+            assert hub.view.engine("vllm-decode-0").up is False  # type: ignore[union-attr]
             await until(lambda: {e.name for e in d.engines()} == {"vllm-prefill-0", "qwen-small-7c9f8d-xk2lp"})
             status = d.status()
             assert status[0].name == "discovery" and status[0].up and status[0].details["relists_410"] == 1
@@ -179,7 +179,7 @@ def test_a_failing_api_server_leaves_the_engines_followed(tmp_path: Path) -> Non
         prefill = on_loopback(PODS["items"][0], port, "5")
         api = RecordedApi(lists=[{**PODS, "metadata": {"resourceVersion": "9"}, "items": [prefill]}], watches=[[0.2], [0.2]])
         await api.start()
-        hub = Hub(load_settings())
+        hub = hub_for(load_settings())
         d = discovery(api, token, EngineJoin([]), [])
         task = asyncio.create_task(d.run(hub))
         try:
@@ -251,7 +251,7 @@ def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
     from collector.sources.discovery import _Followed
     from collector.sources.registry import SOURCES
 
-    hub = Hub(load_settings())
+    hub = hub_for(load_settings())
     gpu_pods = {2: ("inference", "vllm-prefill-0"), 3: ("inference", "vllm-prefill-0"), 5: ("other", "x")}
     d = KubernetesDiscovery(
         KubeApi("http://127.0.0.1:9"), node="gpu-node-a", label_selector="", metrics_factory=lambda e: None, gpu_pods=lambda: gpu_pods
@@ -260,7 +260,7 @@ def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
     engine = engine_of_pod(PODS["items"][0])
     d.followed[engine.uid] = _Followed(engine)
     d.map_gpus()
-    assert hub.engines["vllm-prefill-0"].gpus == [2, 3]  # a GPU's Xid now goes to this engine alone
+    assert hub.view.engine("vllm-prefill-0").gpus == {2, 3}  # type: ignore[union-attr]  # a GPU's Xid now goes to this engine alone
     assert d.status()[0].details["engines"][0]["gpu_indices"] == [2, 3]
     # the settings wire the one dcgm-exporter source to discovery
     settings = load_settings(discovery={"mode": "kubernetes", "node_name": "n"}, gpu_metrics="dcgm", recorder="off")

@@ -11,7 +11,7 @@ import pytest
 from collector.channel.codec import encode, encode_requests, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
-from collector.ingest.hub import Hub
+from collector.ingest.hub import hub_for
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
@@ -186,10 +186,10 @@ def test_a_ring_named_by_its_pid_joins_the_engine_listening_on_its_port(tmp_path
     w.append(step(1, 999.0))
     clock = Clock()
     src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock), join_wait=30.0)
-    hub = Hub(Settings(engines=ENGINES))
+    hub = hub_for(Settings(engines=ENGINES))
     assert src.poll(hub) == 1
-    assert hub.engines["decode-0"].ring.last() is not None and hub.engines["decode-0"].configured
-    assert "vllm-4242" not in hub.engines
+    assert hub.view.last_step("decode-0") is not None and hub.view.engine("decode-0").configured
+    assert hub.view.engine("vllm-4242") is None
     assert src.joined_engines() == {"decode-0"}
     assert src.figures()["engines"] == ["decode-0"] and src.figures()["unconfigured"] == []
 
@@ -200,20 +200,20 @@ def test_an_unmatched_ring_waits_then_is_kept_under_its_own_name_unconfigured(tm
     proc = proc_with_listener(tmp_path / "proc", 4242, 8000, 90001)
     clock = Clock()
     src = RecorderSource(rings, clock=clock, alive=lambda pid: True, join=EngineJoin(ENGINES, proc=proc, clock=clock), join_wait=30.0)
-    hub = Hub(Settings(engines=ENGINES))
+    hub = hub_for(Settings(engines=ENGINES))
     w = writer(rings, "vllm-777", "stats", 777)
     w.append(step(1, 999.0))
     assert src.poll(hub) == 0  # held: a configured engine (both, here) has no recorder yet
-    assert "vllm-777" not in hub.engines
+    assert hub.view.engine("vllm-777") is None
     clock.now += 10.0
     w.append(step(2, 1009.0))
     assert src.poll(hub) == 0
     clock.now += 25.0  # past join_wait
     assert src.poll(hub) == 2  # nothing held back is lost
-    st = hub.engines["vllm-777"]
-    assert [s.step for s in st.ring.steps()] == [1, 2] and st.configured is False
+    st = hub.view.engine("vllm-777")
+    assert [s.step for s in hub.view.steps("vllm-777")] == [1, 2] and st is not None and st.configured is False
     assert src.figures()["unconfigured"] == ["vllm-777"] and src.joined_engines() == set()
-    assert hub.engines["decode-0"].ring.last() is None
+    assert hub.view.last_step("decode-0") is None
 
 
 def test_a_restarted_sidecar_reports_the_same_death_with_the_same_id(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from collector.ingest.hub import Hub
+from collector.ingest.hub import Hub, hub_for
 from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, RequestRow, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.storage.db import make_engine
@@ -30,7 +30,7 @@ def _setup(url: str, **kw: object) -> tuple[Hub, Repository, BatchWriter, Clock]
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d")], host_name="node-a")
     repo = Repository(make_engine(url), host="node-a")
     writer = BatchWriter(repo, interval=0.05, clock=clock, **kw)  # type: ignore[arg-type]
-    return Hub(settings, rows=writer), repo, writer, clock
+    return hub_for(settings, rows=writer), repo, writer, clock
 
 
 def _count(repo: Repository) -> int:

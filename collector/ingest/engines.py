@@ -1,0 +1,139 @@
+"""The engine registry: which engines this node has, and what ingest knows of each.
+
+One record per engine, created when configured or when a record first names it. It is the one
+place an engine's up/down state, its counters, its fingerprint and its GPUs (configured, or
+learnt from NVML's process lists through the process tree) are kept. Only ingest changes it;
+every other stage reads it through the view (``collector.ingest.view``) as frozen
+``EngineInfo`` copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from collector.ingest.fingerprints import merge_fingerprint
+from collector.ingest.pidmap import PidMap
+from collector.ingest.view import EngineInfo
+
+
+@dataclass
+class _Engine:
+    name: str
+    url: str | None = None
+    pair: str | None = None
+    gpus: list[int] | None = None
+    configured: bool = False
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    up: bool | None = None  # the one place engine up/down is kept
+    ever_up: bool = False
+    last_seen: float | None = None  # newest record from the recorder
+    last_scrape_ok: float | None = None
+    steps_received: int = 0
+    requests_received: int = 0  # request rows, counted per block (no per-row work)
+    learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
+
+
+class EngineRegistry:
+    def __init__(self, *, proc_root: Path = Path("/proc")) -> None:
+        self._engines: dict[str, _Engine] = {}
+        self.pids = PidMap(proc_root)
+
+    def ensure(self, name: str, *, url: str | None = None, pair: str | None = None, gpus: list[int] | None = None, configured: bool = False) -> bool:
+        """The engine's record exists (True when this call made it); given facts are kept."""
+        st = self._engines.get(name)
+        made = st is None
+        if st is None:
+            st = self._engines[name] = _Engine(name)
+        if url is not None:
+            st.url = url
+        if pair is not None:
+            st.pair = pair
+        if gpus is not None:
+            st.gpus = list(gpus)
+        if configured:
+            st.configured = True
+        return made
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._engines
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    def names(self) -> list[str]:
+        return list(self._engines)
+
+    # -- what ingest learns ---------------------------------------------------------------------
+    def saw_step(self, name: str, ts: float, request_rows: int) -> None:
+        st = self._engines[name]
+        st.steps_received += 1
+        st.requests_received += request_rows
+        st.last_seen = ts
+        st.up = st.ever_up = True
+
+    def saw_scrape(self, name: str, ts: float) -> None:
+        st = self._engines[name]
+        st.up = st.ever_up = True
+        st.last_scrape_ok = ts
+
+    def went_down(self, name: str) -> None:
+        self._engines[name].up = False
+
+    def set_fingerprint(self, name: str, facts: dict[str, Any]) -> None:
+        """Both recorders' facts are kept (the API server's and the engine core's)."""
+        st = self._engines[name]
+        st.fingerprint = merge_fingerprint(st.fingerprint, facts)
+
+    def fingerprint(self, name: str) -> dict[str, Any]:
+        st = self._engines.get(name)
+        return dict(st.fingerprint) if st is not None else {}
+
+    def learn_gpus(self, index: int, processes: list[Any]) -> None:
+        """NVML lists the processes on GPU ``index``: the engines they belong to run on it."""
+        known = self.engine_pids()
+        for proc in processes:
+            name = self.pids.engine_of(proc.get("pid") if isinstance(proc, dict) else None, known)
+            if name is not None:
+                self._engines[name].learned_gpus.add(index)
+
+    # -- what routing asks ------------------------------------------------------------------------
+    def gpus_of(self, name: str) -> set[int]:
+        st = self._engines[name]
+        return set(st.gpus) if st.gpus is not None else set(st.learned_gpus)
+
+    def owner_of(self, pid: int | None) -> str | None:
+        """The engine whose process tree holds ``pid`` (a GPU fault's worker), or None."""
+        return self.pids.engine_of(pid, self.engine_pids())
+
+    def engine_pids(self) -> dict[int, str]:
+        """Known engine processes: the recorder's fingerprint carries the API server's pid."""
+        out = {}
+        for name, st in self._engines.items():
+            for key in ("server_pid", "pid"):
+                pid = st.fingerprint.get(key)
+                if isinstance(pid, int) and pid > 1:
+                    out[pid] = name
+        return out
+
+    def info(self, name: str) -> EngineInfo | None:
+        st = self._engines.get(name)
+        if st is None:
+            return None
+        return EngineInfo(
+            name=st.name,
+            url=st.url,
+            pair=st.pair,
+            configured=st.configured,
+            up=st.up,
+            ever_up=st.ever_up,
+            last_seen=st.last_seen,
+            last_scrape_ok=st.last_scrape_ok,
+            steps_received=st.steps_received,
+            requests_received=st.requests_received,
+            gpus=frozenset(self.gpus_of(name)),
+            gpus_configured=st.gpus is not None,
+            fingerprint=MappingProxyType(dict(st.fingerprint)),
+        )

@@ -1,0 +1,170 @@
+"""Filing: each observation that is data (steps, GPU samples, scrapes, log lines, fingerprints,
+workload records) goes into the engine registry and the rings and to the writer's queue; each
+event is queued for routing (``collector.ingest.routing``). Synchronous, never blocking, on the
+event loop. Records are immutable once filed: what needs normalising (a record from another
+process with a wrong type, row objects to encode) becomes a new record first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from collector.channel.blocks import RequestBlock
+from collector.ingest.config import IngestConfig
+from collector.ingest.engines import EngineRegistry
+from collector.ingest.store import RingStore
+from collector.model import (
+    HALF_REQUESTS,
+    Event,
+    Fingerprint,
+    GpuSample,
+    LogLine,
+    MetricsScrape,
+    Observation,
+    StepRecord,
+    WorkloadRecord,
+)
+from collector.xid.merge import XidMerger
+
+log = logging.getLogger(__name__)
+
+
+class RowSink(Protocol):
+    """The writer's queue (``collector.storage.writer.BatchWriter``)."""
+
+    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_gpu(self, s: GpuSample) -> None: ...
+    def offer_scrape(self, s: MetricsScrape) -> None: ...
+    def offer_event(self, ev: Event) -> None: ...
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
+
+
+class _NoRows:
+    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_gpu(self, s: GpuSample) -> None: ...
+    def offer_scrape(self, s: MetricsScrape) -> None: ...
+    def offer_event(self, ev: Event) -> None: ...
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
+
+
+class Intake:
+    def __init__(
+        self,
+        config: IngestConfig,
+        *,
+        rows: RowSink | None = None,
+        clock: Callable[[], float] = time.time,
+        proc_root: Path = Path("/proc"),
+        scrape_seconds: float | None = None,
+    ) -> None:
+        self.clock = clock
+        self.host = config.host_name or socket.gethostname()
+        self.rows: RowSink = rows or _NoRows()
+        self.engines = EngineRegistry(proc_root=proc_root)
+        self.store = RingStore(config, scrape_seconds=scrape_seconds)
+        self.xid = XidMerger(window_s=2.0, clock=clock)
+        self.xid_counts: dict[tuple[str, int], int] = {}
+        self.events: deque[Event] = deque()  # filed, waiting for the router
+        self.dropped = 0  # observations that raised while being filed (counted, logged once each kind)
+        self._drop_logged: set[str] = set()
+        for eng in config.engines:
+            self.engine(eng.name, url=eng.url, pair=eng.pair, gpus=eng.gpus, configured=True)
+
+    def engine(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        pair: str | None = None,
+        gpus: list[int] | None = None,
+        configured: bool = False,
+        up: bool | None = None,
+    ) -> None:
+        """The engine is known, with its rings, and the facts given are kept (also what engine
+        discovery learns of a pod before its first record: its URL, pair, GPUs, or that it is
+        gone, ``up=False``)."""
+        self.engines.ensure(name, url=url, pair=pair, gpus=gpus, configured=configured)
+        self.store.of(name)
+        if up is False:
+            self.engines.went_down(name)
+
+    def file(self, item: Observation) -> None:
+        try:
+            if isinstance(item, StepRecord):
+                self._step(item)
+            elif isinstance(item, GpuSample):
+                self.store.add_gpu(item)
+                self.rows.offer_gpu(item)
+                self.engines.learn_gpus(item.index, item.processes)
+            elif isinstance(item, Event):
+                self.events.append(item)
+            elif isinstance(item, MetricsScrape):
+                self._scrape(item)
+            elif isinstance(item, LogLine):
+                self.engine(item.engine)
+                self.store.of(item.engine).lines.add(item)
+            elif isinstance(item, Fingerprint):
+                self.engine(item.engine)
+                self.engines.set_fingerprint(item.engine, item.facts)
+                self.rows.offer_fingerprint(item.engine, self.engines.fingerprint(item.engine))
+            elif isinstance(item, WorkloadRecord):
+                self.engine(item.engine)
+                self.store.of(item.engine).workload.add(item)
+        except Exception:  # a bad record must never stop the sources feeding us
+            self.set_aside(item)
+
+    def emit(self, item: Observation) -> None:
+        """Filing as a source's sink (the trigger policy reads the recorder this way before a
+        capture): data is filed at once, an event waits for the router's next turn."""
+        self.file(item)
+
+    def set_aside(self, item: Observation) -> None:
+        self.dropped += 1
+        kind = type(item).__name__
+        if kind not in self._drop_logged:
+            self._drop_logged.add(kind)
+            log.exception("ingest set aside a %s (further ones are counted, not logged)", kind)
+
+    def _step(self, rec: StepRecord) -> None:
+        # Records come from other processes: a wrong type must not poison the ring's order.
+        if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or not isinstance(rec.ts, float):
+            rec = dataclasses.replace(rec, step=int(rec.step), ts=float(rec.ts))
+            if not 0 <= rec.step < 1 << 62:
+                raise ValueError(f"step {rec.step} out of range")
+        self.engine(rec.engine)
+        rings = self.store.of(rec.engine)
+        if rec.finished_requests:
+            # vLLM's per-request finish figures ride on every step that ended a request: a dict
+            # of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that nothing reads
+            # (the snapshot's steps carry the ``finished`` count; each request's end is in the
+            # workload log, from its own record). Not held.
+            rec = dataclasses.replace(rec, finished_requests=[])
+        if rec.requests is not None and rec.request_block is None:
+            block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, rings.last_block)
+            running = rec.running if rec.running is not None else block.running
+            rec = dataclasses.replace(rec, request_block=block, requests=None, halves=rec.halves | HALF_REQUESTS, running=running)
+        block = rec.request_block
+        rows = 0
+        if block is not None:
+            last = rings.last_block
+            if last is not None and last.ids == block.ids:
+                block.ids = last.ids  # one copy of a stable running set's ids (the same values)
+            rings.last_block = block
+            rows = block.n
+        held = rings.ring.add(rec)
+        self.engines.saw_step(rec.engine, rec.ts, rows)
+        self.rows.offer_step(held)
+
+    def _scrape(self, s: MetricsScrape) -> None:
+        self.engine(s.engine)
+        self.store.add_scrape(s)
+        if s.origin == "scrape":  # a replayed log line proves nothing live
+            self.engines.saw_scrape(s.engine, s.ts)
+            self.rows.offer_scrape(s)

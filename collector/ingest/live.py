@@ -1,0 +1,102 @@
+"""The view over ingest's live state (``collector.ingest.view.IngestView``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.ingest.intake import Intake
+from collector.ingest.routing import route
+from collector.ingest.view import EngineInfo, Route
+from collector.model import Event, GpuSample, LogLine, MetricsScrape, StepRecord
+
+
+class LiveView:
+    def __init__(self, intake: Intake) -> None:
+        self._in = intake
+        self._engines = intake.engines
+        self._store = intake.store
+
+    @property
+    def host(self) -> str:
+        return self._in.host
+
+    @property
+    def dropped(self) -> int:
+        return self._in.dropped
+
+    def now(self) -> float:
+        return self._in.clock()
+
+    def engine_names(self) -> list[str]:
+        return self._engines.names()
+
+    def engine(self, name: str) -> EngineInfo | None:
+        return self._engines.info(name)
+
+    def route(self, ev: Event) -> Route:
+        return route(ev, self._engines, self._store)
+
+    def steps(self, engine: str) -> list[StepRecord]:
+        rings = self._store.engines.get(engine)
+        return rings.ring.steps() if rings is not None else []
+
+    def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
+        rings = self._store.engines.get(engine)
+        return rings.ring.recent(n) if rings is not None else []
+
+    def last_step(self, engine: str) -> StepRecord | None:
+        rings = self._store.engines.get(engine)
+        return rings.ring.last() if rings is not None else None
+
+    def last_known(self, engine: str, name: str) -> StepRecord | None:
+        rings = self._store.engines.get(engine)
+        return rings.ring.last_known(name) if rings is not None else None
+
+    def has_step(self, engine: str, step: int) -> bool:
+        rings = self._store.engines.get(engine)
+        return rings is not None and rings.ring.get(step) is not None
+
+    def steps_held(self, engine: str) -> int:
+        rings = self._store.engines.get(engine)
+        return len(rings.ring) if rings is not None else 0
+
+    def scrapes(self, engine: str, *, since: float | None = None) -> list[MetricsScrape]:
+        rings = self._store.engines.get(engine)
+        if rings is None:
+            return []
+        return list(rings.scrapes) if since is None else [s for s in rings.scrapes if s.ts >= since]
+
+    def last_scrape(self, engine: str) -> MetricsScrape | None:
+        rings = self._store.engines.get(engine)
+        return rings.scrapes[-1] if rings is not None and rings.scrapes else None
+
+    def log_lines(self, engine: str) -> list[LogLine]:
+        rings = self._store.engines.get(engine)
+        return rings.lines.all() if rings is not None else []
+
+    def events(self, engine: str, *, since: float) -> list[Event]:
+        """The engine's events and the GPU-level ones no engine claimed, oldest first."""
+        rings = self._store.engines.get(engine)
+        out = [e for e in rings.events if e.ts >= since] if rings is not None else []
+        seen = {e.uid for e in out}
+        out += [e for e in self._store.host_events if e.ts >= since and e.uid not in seen]
+        out.sort(key=lambda e: e.ts)
+        return out
+
+    def workload(self, engine: str, ts: float, *, crashed: bool) -> Any:
+        rings = self._store.engines.get(engine)
+        if rings is None or not len(rings.workload):
+            return None
+        return rings.workload.export(ts, crashed=crashed)
+
+    def gpus(self) -> dict[str, GpuSample]:
+        return dict(self._store.gpu_last)
+
+    def gpu_series(self) -> dict[str, list[GpuSample]]:
+        return {gpu: ring.since(0.0) for gpu, ring in list(self._store.gpus.items())}
+
+    def gpu_samples(self, *, since: float, gpus: set[int] | None = None) -> list[GpuSample]:
+        return self._store.gpu_samples(since=since, gpus=gpus)
+
+    def xid_counts(self) -> dict[tuple[str, int], int]:
+        return dict(self._in.xid_counts)

@@ -1,0 +1,103 @@
+"""The rings: what the node held in memory over the last minutes, per engine and per GPU.
+
+Per engine: its steps (``EngineRing``), log lines, events, scrapes and workload log; per GPU:
+its samples and its last one; and the GPU-level events no engine claimed. Bounded by the
+limits ingest is configured with; each engine's request blocks by its share of the node's
+budget. Only ingest files into it (``collector.ingest.intake``, ``collector.ingest.routing``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from collector.channel.blocks import RequestBlock
+from collector.ingest.config import IngestConfig
+from collector.ingest.rings import EngineRing, LineRing, TimeRing
+from collector.ingest.workload import WorkloadLog
+from collector.model import Event, GpuSample, MetricsScrape
+
+EVENTS_KEPT = 500
+SCRAPES_KEPT = 900
+
+
+@dataclass
+class EngineRings:
+    ring: EngineRing
+    lines: LineRing
+    workload: WorkloadLog
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=SCRAPES_KEPT))
+    last_block: RequestBlock | None = None
+
+
+class RingStore:
+    def __init__(self, config: IngestConfig, *, scrape_seconds: float | None = None) -> None:
+        self.config = config
+        # scrapes are kept this long per engine (and at most 900): what their readers need (the
+        # snapshot's five minutes, the detectors' longest window), told by whoever wires them.
+        # At 8 engines each scrape held is ~3.5 kB: 15 minutes of them was 25 MB.
+        self.scrape_seconds = scrape_seconds
+        self.engines: dict[str, EngineRings] = {}
+        self.gpus: dict[str, TimeRing] = {}
+        self.gpu_last: dict[str, GpuSample] = {}
+        self.host_events: deque[Event] = deque(maxlen=EVENTS_KEPT)  # GPU-level events (Xid, lost)
+
+    def of(self, engine: str) -> EngineRings:
+        rings = self.engines.get(engine)
+        if rings is None:
+            cfg = self.config
+            rings = self.engines[engine] = EngineRings(
+                ring=EngineRing(cfg.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
+                lines=LineRing(cfg.log_ring_lines),
+                workload=WorkloadLog(max_requests=cfg.workload_requests, max_age_s=cfg.workload_seconds),
+            )
+            share = rings.ring.max_request_bytes
+            for other in self.engines.values():
+                if other.ring.max_request_bytes > share:
+                    other.ring.set_max_request_bytes(share)
+        return rings
+
+    def _request_bytes(self, engines: int) -> int:
+        """Each engine's bound on its request blocks: its own setting, or its share of the
+        node's (``ring_request_bytes_total``) when that is smaller."""
+        return min(self.config.ring_request_bytes, self.config.ring_request_bytes_total // max(engines, 1))
+
+    def add_scrape(self, s: MetricsScrape) -> None:
+        scrapes = self.of(s.engine).scrapes
+        scrapes.append(s)
+        if self.scrape_seconds is not None:
+            horizon = s.ts - self.scrape_seconds
+            while scrapes[0].ts < horizon:
+                scrapes.popleft()
+
+    def add_gpu(self, s: GpuSample) -> None:
+        ring = self.gpus.get(s.gpu)
+        if ring is None:
+            ring = self.gpus[s.gpu] = TimeRing(self.config.gpu_ring_seconds)
+        ring.add(s)
+        self.gpu_last[s.gpu] = s
+
+    def add_event(self, ev: Event, engines: tuple[str, ...]) -> None:
+        if ev.engine is None:
+            self.host_events.append(ev)
+        for name in engines:
+            self.of(name).events.append(ev)
+
+    def gpu_index(self, gpu: str | None) -> int | None:
+        """The index of the GPU an event names (its NVML id or PCI bus id), when sampled."""
+        if gpu is None:
+            return None
+        for s in self.gpu_last.values():
+            if gpu in (s.gpu, s.bus_id):
+                return s.index
+        return None
+
+    def gpu_samples(self, *, since: float, gpus: set[int] | None = None) -> list[GpuSample]:
+        out: list[GpuSample] = []
+        for gpu, ring in list(self.gpus.items()):
+            meta = self.gpu_last.get(gpu)
+            if not gpus or (meta is not None and meta.index in gpus):
+                out.extend(ring.since(since))
+        out.sort(key=lambda s: s.ts)
+        return out

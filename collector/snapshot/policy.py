@@ -1,0 +1,199 @@
+"""The trigger policy: which events open a snapshot of which engines, on the event loop.
+
+A trigger (``freeze.is_trigger``) opens a snapshot of each engine it is routed to
+(``IngestView.route``). Before anything else the trigger is made durable: its intent (a small
+fsynced file in the spool folder) is written, one per engine, before any capture, spool or
+database write and before a manual request is answered. Then the recorder is read once
+(``read_now``: what the engines published and the sidecar has not polled yet) and every
+engine's rings are captured at once (``freeze.capture``: references only, milliseconds), so
+what a snapshot holds is what the rings held at the fault, however late the commit. The
+snapshots one trigger opens go to the commit queue as one batch: they become durable together,
+in one transaction (a node-wide Xid that matches no engine opens one per engine).
+
+One fault seen by several witnesses is one snapshot per engine: a trigger that comes while the
+engine's snapshot is open (``window_s``) joins it as late evidence. A later *distinct* fault
+opens a snapshot of its own, filed in the same incident (its rings end at the second fault, and
+the incident groups the two; its alert links the snapshot that holds it):
+- after the open snapshot was amended: a GPU fault with an Xid code it does not hold yet, or a
+  critical anomaly of an engine that is not dead.
+A manual snapshot is always its own; a manual request names one engine or, with none, every
+engine.
+
+A trigger read again at start (``data["replayed"]``: the kernel log resumes after its mark,
+``collector.sources.kmsg_mark``) is captured like a retake, cut at its time plus ``settle_s``,
+and not amended (what came later is not its evidence); one whose intent is on disk is left to
+its retake (``recovery``).
+
+Each snapshot is amended once, ``settle_s`` after its capture, with the evidence that arrived
+late (the workers' own tracebacks, vLLM's crash dump, the last steps): the snapshots a trigger
+opened are captured again at once and committed as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from collector.ingest.view import IngestView, Route
+from collector.model import Event, EventKind, Severity
+from collector.snapshot import intent
+from collector.snapshot.commit import CommitQueue, Job
+from collector.snapshot.freeze import CRASH_KINDS, Capture, capture, cut, is_trigger
+from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
+
+log = logging.getLogger(__name__)
+
+DISTINCT_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.ANOMALY})
+
+
+class TriggerPolicy:
+    def __init__(
+        self,
+        view: IngestView,
+        ledger: SnapshotLedger,
+        queue: CommitQueue,
+        *,
+        settle_s: float,
+        window_s: float,
+        gpu_seconds: float = 300.0,
+        scrape_interval: float | None = None,
+        read_now: Callable[[], object] | None = None,
+    ) -> None:
+        self.view = view
+        self.ledger = ledger
+        self.queue = queue
+        self.spool_dir = queue.spool_dir
+        self.settle_s = settle_s
+        self.window_s = window_s
+        self.gpu_seconds = gpu_seconds
+        self.scrape_interval = scrape_interval
+        # Reads what the in-engine recorder published but the sidecar has not polled yet, so a
+        # capture already ends at the engine's last step (the service passes the recorders' poll).
+        self.read_now = read_now
+        self._timers: list[asyncio.TimerHandle] = []  # amendments due (cancelled at close)
+        self._closing = False
+
+    # -- deciding (a consumer of ingest's events) ------------------------------------------------
+    def on_event(self, ev: Event, is_new: bool) -> None:
+        if not is_trigger(ev) or not is_new:
+            return  # not new: a second witness of a merged Xid, the first already decided
+        if ev.kind is EventKind.MANUAL and ev.engine is None:
+            route = Route(tuple(sorted(self.view.engine_names())), "all")
+        else:
+            route = self.view.route(ev)
+        targets = list(route.engines)
+        if ev.kind is EventKind.ENGINE_DOWN:
+            # An engine never seen up has no last steps to freeze: the event (and its alert)
+            # says it is down; a snapshot would be empty.
+            targets = [n for n in targets if (info := self.view.engine(n)) is not None and info.ever_up]
+        replayed = bool(ev.data.get("replayed"))
+        if replayed:  # a trigger whose intent the killed run left is retaken from it, not opened twice
+            targets = [n for n in targets if not intent.pending_for(self.spool_dir, n, ev.uid)]
+        opened: list[OpenSnapshot] = []
+        now = self.view.now()
+        for name in targets:
+            cur = self.ledger.current(name)
+            if cur is not None and now < cur.until and ev.kind is not EventKind.MANUAL and not self._distinct(cur, ev):
+                cur.late.append(ev)  # same fault, another witness: no second snapshot
+                if cur.snapshot_id is not None:
+                    self.queue.link_later(ev, cur.snapshot_id)
+                continue
+            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed)
+            self._write_intent(o)  # first: durable before anything else (and before a POST answers)
+            with contextlib.suppress(RuntimeError):
+                o.committed = asyncio.get_running_loop().create_future()
+            # a manual snapshot does not take the place of the fault's open one
+            self.ledger.open(o, current=cur is None or cur.trigger.kind is not EventKind.MANUAL or ev.kind is EventKind.MANUAL)
+            opened.append(o)
+        if opened:
+            captures = self.capture_all(opened)
+            if replayed:
+                for cap in captures:
+                    later = cut(cap, ev.ts + self.settle_s)
+                    cap.extra["replayed"] = {
+                        "steps_after_fault_left_out": later,
+                        "note": "read again at start after the kernel log's mark: the sidecar had not made it durable, or was stopped"
+                        + ("" if cap.steps else "; the rings no longer hold the steps before the fault"),
+                    }
+            self.queue.put(Job(opened, captures, amend=False))
+            self._schedule_amend(opened)
+
+    def _distinct(self, cur: OpenSnapshot, ev: Event) -> bool:
+        if not cur.amended or ev.kind not in DISTINCT_KINDS:
+            return False
+        if ev.kind is EventKind.ANOMALY:
+            # a dead engine's series look stalled: an anomaly after its death is a consequence
+            dead = cur.trigger.kind in CRASH_KINDS or cur.trigger.kind is EventKind.ENGINE_DOWN
+            return ev.severity is Severity.CRITICAL and not dead
+        return ev.xid is None or ev.xid not in cur.xids()
+
+    def _write_intent(self, o: OpenSnapshot) -> None:
+        """One small fsynced file, on the loop: a trigger is rare and its durability is the point
+        (milliseconds; ``BENCHMARKS.md``). A failure is logged and the snapshot goes on."""
+        if not o.trigger.uid:
+            o.trigger.uid = uuid.uuid4().hex  # a trigger that did not come through ingest (tools)
+        try:
+            o.intent_path = intent.write(self.spool_dir, o.engine, o.trigger, time.time())
+        except OSError as exc:
+            o.error = f"trigger not durable: {exc}"
+            log.error(
+                "cannot write the intent of the %s trigger of %s (%s): a kill before its snapshot is spooled loses it",
+                o.trigger.kind.value,
+                o.engine,
+                exc,
+            )
+
+    # -- capturing ------------------------------------------------------------------------------
+    def catch_up(self) -> None:
+        """Read the recorder now, so the rings end at the engines' last published step."""
+        if self.read_now is None:
+            return
+        try:
+            self.read_now()
+        except Exception:  # a late read must never cost the snapshot
+            log.exception("reading the recorder before a capture failed")
+
+    def capture_all(self, opens: list[OpenSnapshot]) -> list[Capture]:
+        """Every engine's rings at once, after one read of the recorder."""
+        self.catch_up()
+        return [self._capture(o.engine, o.trigger) for o in opens]
+
+    def _capture(self, engine: str, trigger: Event) -> Capture:
+        return capture(self.view, engine, trigger, gpu_seconds=self.gpu_seconds, scrape_interval=self.scrape_interval)
+
+    def capture_one(self, engine: str, trigger: Event) -> Capture:
+        self.catch_up()
+        return self._capture(engine, trigger)
+
+    # -- amending -------------------------------------------------------------------------------
+    def _schedule_amend(self, opens: list[OpenSnapshot]) -> None:
+        def due() -> None:
+            if not self._closing:
+                self._amend([o for o in opens if not o.amended and o.retake is None])
+
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            self._timers = [t for t in self._timers if not t.cancelled() and t.when() > loop.time()]
+            self._timers.append(loop.call_later(self.settle_s, due))
+
+    def _amend(self, opens: list[OpenSnapshot]) -> None:
+        if not opens:
+            return
+        for o in opens:
+            o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
+        self.queue.put(Job(opens, self.capture_all(opens), amend=True))
+
+    def amend_now(self) -> None:
+        """At shutdown: the amendments not due yet are queued now, and no timer fires after."""
+        self.stop_timers()
+        self._amend([o for o in self.ledger.still_open() if not o.amended and o.retake is None])
+
+    def stop_timers(self) -> None:
+        self._closing = True
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()

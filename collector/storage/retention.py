@@ -1,0 +1,22 @@
+"""Retention: rows older than their kind's horizon go; events a snapshot holds stay with it."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select
+
+from collector.storage.database import Database
+from collector.storage.models import EngineScrapeRow, EngineStepRow, EventRow, GpuSampleRow, SnapshotPartRow, SnapshotRow
+
+
+def prune(d: Database, *, steps_before: float, gpu_before: float, events_before: float, snapshots_before: float | None) -> dict[str, int]:
+    counts = {}
+    with d.tx() as conn:
+        counts["engine_steps"] = conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < steps_before)).rowcount
+        counts["engine_scrapes"] = conn.execute(delete(EngineScrapeRow).where(EngineScrapeRow.ts < steps_before)).rowcount
+        counts["gpu_samples"] = conn.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < gpu_before)).rowcount
+        counts["events"] = conn.execute(delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))).rowcount
+        if snapshots_before is not None:
+            old = select(SnapshotRow.id).where(SnapshotRow.created_at < snapshots_before)
+            conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id.in_(old)))
+            counts["snapshots"] = conn.execute(delete(SnapshotRow).where(SnapshotRow.created_at < snapshots_before)).rowcount
+    return counts
