@@ -98,5 +98,11 @@ class LiveView:
     def gpu_samples(self, *, since: float, gpus: set[int] | None = None) -> list[GpuSample]:
         return self._store.gpu_samples(since=since, gpus=gpus)
 
+    def gpu_key(self, gpu: str) -> str:
+        """One name per GPU, however an event names it (NVML's id or the PCI bus id): its index
+        when sampled, else the name given."""
+        index = self._store.gpu_index(gpu)
+        return f"index:{index}" if index is not None else gpu
+
     def xid_counts(self) -> dict[tuple[str, int], int]:
         return dict(self._in.xid_counts)

@@ -32,6 +32,7 @@ class OpenSnapshot:
     intent_path: Path | None = None  # the trigger's intent, until the snapshot is committed
     retake: intent.Intent | None = None  # set on a snapshot retaken at start from its intent
     duplicate: bool = False  # its trigger's snapshot was stored before (a restart read it again)
+    gpus: set[str] = field(default_factory=set)  # the GPUs whose faults it holds (``IngestView.gpu_key``)
 
     def holds(self, ev: Event) -> bool:
         return ev is self.trigger or any(ev is e for e in self.late) or (bool(ev.uid) and ev.uid in self.uids())
@@ -64,6 +65,13 @@ class SnapshotLedger:
     def remember(self, o: OpenSnapshot) -> None:
         self._recent.append(o)
         del self._recent[:-RECENT_KEPT]
+
+    def holding_gpu(self, engine: str, gpu: str, now: float) -> OpenSnapshot | None:
+        """The engine's newest snapshot still open that holds a fault of ``gpu``."""
+        for o in reversed(self._recent):
+            if o.engine == engine and now < o.until and gpu in o.gpus:
+                return o
+        return None
 
     def still_open(self) -> list[OpenSnapshot]:
         return list(self._open.values())

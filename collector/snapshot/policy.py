@@ -14,6 +14,10 @@ One fault seen by several witnesses is one snapshot per engine: a trigger that c
 engine's snapshot is open (``window_s``) joins it as late evidence. A later *distinct* fault
 opens a snapshot of its own, filed in the same incident (its rings end at the second fault, and
 the incident groups the two; its alert links the snapshot that holds it):
+- a GPU fault on another GPU than the ones the open snapshot holds, when routed to the engine
+  by its pid or its GPU (a second GPU's fault is a new fact, not late evidence of the first);
+  one routed to every engine because it matches none joins as late evidence (which engine it
+  hit is unknown, and a snapshot of every engine per GPU would multiply one node-wide fault);
 - after the open snapshot was amended: a GPU fault with an Xid code it does not hold yet, or a
   critical anomaly of an engine that is not dead.
 A manual snapshot is always its own; a manual request names one engine or, with none, every
@@ -48,6 +52,7 @@ from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
 log = logging.getLogger(__name__)
 
 DISTINCT_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.ANOMALY})
+GPU_FAULTS = frozenset({EventKind.XID, EventKind.GPU_LOST})
 
 
 class TriggerPolicy:
@@ -95,14 +100,21 @@ class TriggerPolicy:
             targets = [n for n in targets if not intent.pending_for(self.spool_dir, n, ev.uid)]
         opened: list[OpenSnapshot] = []
         now = self.view.now()
+        gpu = self.view.gpu_key(ev.gpu) if ev.kind in GPU_FAULTS and ev.gpu is not None else None
         for name in targets:
             cur = self.ledger.current(name)
-            if cur is not None and now < cur.until and ev.kind is not EventKind.MANUAL and not self._distinct(cur, ev):
+            if gpu is not None and route.by in ("pid", "gpu"):
+                # the open snapshot that holds this GPU's fault, if any: a second GPU's fault
+                # took the engine's current place, and the first GPU's next report joins its own
+                cur = self.ledger.holding_gpu(name, gpu, now) or cur
+            if cur is not None and now < cur.until and ev.kind is not EventKind.MANUAL and not self._distinct(cur, ev, gpu, route):
                 cur.late.append(ev)  # same fault, another witness: no second snapshot
+                if gpu is not None:
+                    cur.gpus.add(gpu)
                 if cur.snapshot_id is not None:
                     self.queue.link_later(ev, cur.snapshot_id)
                 continue
-            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed)
+            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed, gpus={gpu} if gpu is not None else set())
             self._write_intent(o)  # first: durable before anything else (and before a POST answers)
             with contextlib.suppress(RuntimeError):
                 o.committed = asyncio.get_running_loop().create_future()
@@ -122,7 +134,9 @@ class TriggerPolicy:
             self.queue.put(Job(opened, captures, amend=False))
             self._schedule_amend(opened)
 
-    def _distinct(self, cur: OpenSnapshot, ev: Event) -> bool:
+    def _distinct(self, cur: OpenSnapshot, ev: Event, gpu: str | None, route: Route) -> bool:
+        if gpu is not None and route.by in ("pid", "gpu") and cur.gpus and gpu not in cur.gpus:
+            return True  # another GPU's fault: its own snapshot
         if not cur.amended or ev.kind not in DISTINCT_KINDS:
             return False
         if ev.kind is EventKind.ANOMALY:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,22 @@ def test_gpu_fault_with_no_mapping_goes_to_every_engine(tmp_path: Path) -> None:
     h.emit(xid("kmsg"))
     assert sorted(n for n, _ in due.calls) == ["a", "b"]
     assert due.committer.backlog == 2 and due.committer.queue._queue.qsize() == 1  # one batch: committed together
+    # another GPU's fault that matches no engine either: late evidence of the open snapshots (which
+    # engine it hit is unknown), not a second snapshot of every engine
+    h.emit(dataclasses.replace(xid("kmsg"), gpu="0000:00:07.0", uid=""))
+    assert len(due.calls) == 2 and due.committer.backlog == 2
+
+
+def test_a_second_gpus_fault_routed_to_its_engine_opens_its_own_snapshot(tmp_path: Path) -> None:
+    h, due = wired(Settings(engines=[EngineConfig(name="tp2", url="http://t", gpus=[0, 1])]), tmp_path)
+    h.emit(GpuSample(gpu="GPU-a", index=0, ts=999.0, bus_id="0000:00:05.0"))
+    h.emit(GpuSample(gpu="GPU-b", index=1, ts=999.0, bus_id="0000:00:06.0"))
+    h.emit(dataclasses.replace(xid("kmsg"), gpu="0000:00:05.0"))
+    h.emit(xid("kmsg"))  # GPU 1, same code, within the window
+    h.emit(dataclasses.replace(xid("nvml"), gpu="GPU-a", xid=31))  # GPU 0 again (named by NVML's id): joins its own
+    assert [e.gpu for _, e in due.calls] == ["0000:00:05.0", "0000:00:06.0"]
+    first, second = due.committer.ledger.recent()
+    assert [e.gpu for e in first.late] == ["GPU-a"] and not second.late
 
 
 def test_engine_events_trigger_only_their_engine_and_info_does_not(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from collector.ingest.hub import Hub
-from collector.model import HALF_STATS, Event, EventKind, Fingerprint, LogLine, RequestRow, Severity, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, Fingerprint, GpuSample, LogLine, RequestRow, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot import intent, spool
 from collector.snapshot.committer import SnapshotCommitter
@@ -182,9 +182,10 @@ def test_nul_bytes_in_a_trigger_and_its_evidence_neither_wedge_nor_block_later_s
         for reason in ("nul\x00reason", "after it"):
             ids.append(await manual(hub, c, reason, wait_s=10))
         for _ in range(200):  # and their amendments (settle_s after each capture) are committed too
-            if c.backlog == 0 and not spool.pending(tmp_path / "spool"):
+            if all(o.amended for o in c.ledger.recent()):
                 break
             await asyncio.sleep(0.05)
+        await c.queue.join(10)
 
     asyncio.run(_run(c, body))
     rows, _ = repo.list_snapshots(SnapshotFilter())
@@ -252,7 +253,10 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     hub2, repo2, c2, _ = setup(migrated_url, tmp_path)  # a new sidecar over the same spool
 
     async def body() -> None:
-        await asyncio.sleep(0.3)
+        for _ in range(200):  # the recovery at start commits it and sets the garbage aside
+            if not spool.pending(spool_dir):
+                break
+            await asyncio.sleep(0.05)
 
     asyncio.run(_run(c2, body))
     stored, _ = repo2.list_snapshots(SnapshotFilter())
@@ -264,8 +268,11 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     hub2.emit(step(100))
 
     async def again() -> None:
-        hub2.emit(fault(EventKind.CUDA_ERROR, "log", "after the garbage"))
-        await asyncio.sleep(0.3)
+        ev = fault(EventKind.CUDA_ERROR, "log", "after the garbage")
+        hub2.emit(ev)
+        [o] = c2.opens_for(ev)
+        assert o.committed is not None
+        await asyncio.wait_for(o.committed, 10)
 
     asyncio.run(_run(c2, again))
     assert len(repo2.list_snapshots(SnapshotFilter())[0]) == 2
@@ -504,3 +511,38 @@ def test_a_node_wide_xid_makes_every_engines_snapshot_durable_together(migrated_
     assert len(committed) == 8 and len({r["engine"] for r in repo.list_snapshots(SnapshotFilter())[0]}) == 8
     assert stored_at_first[0] == 8  # the first commit made all 8 durable
     assert len({r["incident_id"] for r in repo.list_snapshots(SnapshotFilter())[0]}) == 1
+
+
+def test_a_second_gpus_fault_is_its_own_snapshot_and_the_same_gpu_again_is_late_evidence(migrated_url: str, tmp_path: Path) -> None:
+    """A TP engine on GPUs 0 and 1: Xid 43 on GPU 0, then Xid 43 on GPU 1 within the window
+    freezes the rings again (its own snapshot, same incident); Xid 43 on GPU 0 again joins."""
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=5.0)
+    buses = {0: "0000:05:00.0", 1: "0000:06:00.0"}
+
+    def xid(gpu: int, msg: str) -> Event:
+        return Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message=msg, xid=43, gpu=buses[gpu], severity=Severity.CRITICAL)
+
+    async def body() -> None:
+        for i, bus in buses.items():
+            hub.emit(GpuSample(gpu=f"GPU-{i}", index=i, ts=time.time(), bus_id=bus, processes=[]))
+        hub.intake.engines.ensure("decode-0", gpus=[0, 1])
+        for i in range(5):
+            hub.emit(step(i))
+        hub.emit(xid(0, "Xid 43 on GPU 0"))
+        for i in range(5, 8):
+            hub.emit(step(i))
+        hub.emit(xid(1, "Xid 43 on GPU 1"))
+        hub.emit(xid(0, "Xid 43 on GPU 0 again"))
+        for _ in range(100):
+            if len(committed) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+
+    asyncio.run(_run(c, body))
+    rows = sorted(repo.list_snapshots(SnapshotFilter())[0], key=lambda r: r["id"])
+    assert [r["trigger_message"] for r in rows] == ["Xid 43 on GPU 0", "Xid 43 on GPU 1"]
+    assert rows[0]["last_step"] == 4 and rows[1]["last_step"] == 7  # each froze the rings at its fault
+    assert rows[0]["incident_id"] == rows[1]["incident_id"]
+    again = next(e for e in repo.list_events() if e["message"] == "Xid 43 on GPU 0 again")
+    assert again["snapshot_id"] in {rows[0]["id"], rows[1]["id"]}  # late evidence, no third snapshot
