@@ -231,9 +231,9 @@ def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_a
     rows = [RequestRow(request_id=f"r{i}", prompt_len=100, computed_tokens=10 + i) for i in range(3)]
     hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=7, requests=rows))
     cap = c.policy.capture_one("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
-    from collector.snapshot.commit import _build_all
+    from collector.snapshot.commit import _build
 
-    [(doc, blobs)] = _build_all([cap])
+    doc, blobs = _build(cap)
     spool_dir = tmp_path / "spool"
     spool.write(
         spool_dir,
