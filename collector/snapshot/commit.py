@@ -67,7 +67,7 @@ class CommitQueue:
         self._queue: asyncio.PriorityQueue[tuple[int, int, Job]] = asyncio.PriorityQueue()
         self._seq = 0
         self._queued = 0  # snapshots in the queue (a batch holds several)
-        self.waiting: list[Job] = []  # spooled, not committed yet (database down)
+        self.waiting: list[Job] = []  # spooled, not committed yet (database down): one snapshot a job
         self.closing = False
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)

@@ -118,7 +118,7 @@ class TriggerPolicy:
             self._write_intent(o)  # first: durable before anything else (and before a POST answers)
             with contextlib.suppress(RuntimeError):
                 o.committed = asyncio.get_running_loop().create_future()
-            # a manual snapshot does not take the place of the fault's open one
+            # the newest is the one later witnesses join, unless it is a fault's and the open one manual
             self.ledger.open(o, current=cur is None or cur.trigger.kind is not EventKind.MANUAL or ev.kind is EventKind.MANUAL)
             opened.append(o)
         if opened:
