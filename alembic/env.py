@@ -7,6 +7,7 @@ from alembic import context
 
 from collector.storage.db import is_sqlite, make_engine
 from collector.storage.models import Base
+from collector.storage.partitions import is_partition_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -20,9 +21,14 @@ def _url() -> str:
     return url
 
 
+def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+    """Time partitions (Postgres) are made by the sidecar, not described by the models."""
+    return not (type_ == "table" and reflected and name is not None and is_partition_name(name))
+
+
 def run_migrations_offline() -> None:
     url = _url()
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=is_sqlite(url))
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=is_sqlite(url), include_object=include_object)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -40,7 +46,7 @@ def run_migrations_online() -> None:
 
 
 def _run(connection, url: str) -> None:  # type: ignore[no-untyped-def]
-    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=is_sqlite(url))
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=is_sqlite(url), include_object=include_object)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 from collector.alerting.config import AlertingSettings
 from collector.detectors.config import DetectorThresholds
 from collector.errors import FlightrecError
+from collector.fleet.placement import unfold as unfold_database
 from collector.sources.dcgm_settings import DcgmSettings
 from collector.sources.discovery_settings import DiscoverySettings
 from collector.sources.engine_log_settings import EngineLogSettings
@@ -95,7 +96,12 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     scrape_interval: float = Field(default=1.0, gt=0, le=3600)
     scrape_timeout: float = Field(default=2.0, gt=0)
     health_fail_threshold: int = Field(default=3, ge=1)
+    # one store, or a mapping {local, shared}: collector/fleet/placement.py says what goes where
     database: str = "sqlite:///flightrec.db"
+    database_local: str | None = Field(default=None, description="set by database's mapping form: the node-local store")
+    database_split: bool = Field(default=False, description="set by database's mapping form: database is the shared store")
+    fleet_series_interval_s: float = Field(default=10.0, ge=1.0, le=3600, description="a coarse series row per engine and GPU this often")
+    fleet_partition_hours: float = Field(default=24.0, ge=1.0, le=24 * 31, description="the shared store's time partitions span this")
     alertmanager: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ring_steps: int = Field(default=4096, ge=16, le=1_000_000)
     gpu_ring_seconds: float = Field(default=600.0, gt=0)
@@ -133,9 +139,16 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     detectors: DetectorThresholds = Field(default_factory=DetectorThresholds)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
-    @field_validator("database")
+    @model_validator(mode="before")
     @classmethod
-    def _db_url(cls, v: str) -> str:
+    def _database_mapping(cls, values: Any) -> Any:
+        return unfold_database(values)
+
+    @field_validator("database", "database_local")
+    @classmethod
+    def _db_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.startswith(("sqlite", "postgresql")):
             raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
         if v.startswith("postgresql://"):

@@ -31,6 +31,7 @@ RANK = {
     "sources": 4,
     "ingest": 5,
     "storage": 6,
+    "fleet": 6,  # the fleet's placement, coarse series, outbox, signature and reads: beside storage
     "detectors": 7,  # read ingest's view, emit anomaly events
     "snapshot": 8,  # reads ingest's view, commits through storage
     "alerting": 9,  # consumes events, detector states and commits

@@ -36,7 +36,7 @@ class EventStore:
             if not linked:
                 conn.execute(insert(EventRow).values(**row))
             return linked or 1
-        conn.execute(self.d.insert_ignore(EventRow, ["host", "uid"]).values(**row))
+        conn.execute(self.d.insert_ignore(EventRow, ["host", "uid", "ts"]).values(**row))
         return int(
             conn.execute(
                 update(EventRow)

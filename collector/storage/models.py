@@ -150,6 +150,12 @@ class SnapshotRow(Base):
         # one snapshot per trigger and engine: a trigger retaken after a restart (its intent
         # survived a kill after the commit) finds the snapshot it already has
         Index("uq_snapshots_trigger_uid", "host", "engine", "trigger_uid", unique=True),
+        # the fleet view's groups and filters (collector/fleet/queries.py)
+        Index("ix_snapshots_signature", "signature", "fault_ts"),
+        Index("ix_snapshots_host_fault", "host", "fault_ts"),
+        Index("ix_snapshots_xid", "xid"),
+        Index("ix_snapshots_model", "model"),
+        Index("ix_snapshots_vllm_version", "vllm_version"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -168,6 +174,14 @@ class SnapshotRow(Base):
     last_step: Mapped[int | None] = mapped_column(BigInteger)
     summary: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    # The crash signature (collector/fleet/signature.py) and the facts the fleet view filters
+    # on, as columns (NULL: unknown, or a snapshot stored before 0004).
+    signature: Mapped[str | None] = mapped_column(String(32))
+    fault_class: Mapped[str | None] = mapped_column(String(16))  # hardware | software | unknown
+    gpu: Mapped[str | None] = mapped_column(String(128))
+    xid: Mapped[int | None] = mapped_column(Integer)
+    model: Mapped[str | None] = mapped_column(String(255))
+    vllm_version: Mapped[str | None] = mapped_column(String(64))
 
 
 class SnapshotPartRow(Base):
@@ -187,7 +201,9 @@ class EventRow(Base):
         Index("ix_events_engine_ts", "engine", "ts"),
         Index("ix_events_uid", "uid"),
         # an event is one row: the writer's insert and a retaken trigger's insert never both land
-        Index("uq_events_host_uid", "host", "uid", unique=True),
+        # (with ts: on Postgres events are partitioned by ts, and a unique key must hold it)
+        Index("uq_events_host_uid", "host", "uid", "ts", unique=True),
+        Index("ix_events_host_ts", "host", "ts"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -205,3 +221,60 @@ class EventRow(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("snapshots.id", ondelete="SET NULL"), nullable=True)
+
+
+class EngineSeriesRow(Base):
+    """The coarse engine series the shared store keeps: one row per engine per interval
+    (``fleet_series_interval_s``, 10 s), made on the node from its steps (collector/fleet/coarse.py).
+    Keyed by names, not ids, so a node writes it without a lookup; on Postgres partitioned by ts."""
+
+    __tablename__ = "engine_series"
+
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    engine: Mapped[str] = mapped_column(String(128), primary_key=True)
+    ts: Mapped[float] = mapped_column(Double, primary_key=True)  # the interval's start
+    span_s: Mapped[float] = mapped_column(Double)
+    steps: Mapped[int] = mapped_column(Integer)
+    running_avg: Mapped[float | None] = mapped_column(Double)
+    running_max: Mapped[int | None] = mapped_column(Integer)
+    waiting_max: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage_avg: Mapped[float | None] = mapped_column(Double)
+    kv_cache_usage_max: Mapped[float | None] = mapped_column(Double)
+    preemptions: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    generation_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    mirror_rows_max: Mapped[int | None] = mapped_column(Integer)
+
+
+class GpuSeriesRow(Base):
+    """The coarse GPU series of the shared store: one row per GPU per interval."""
+
+    __tablename__ = "gpu_series"
+
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu: Mapped[str] = mapped_column(String(128), primary_key=True)
+    ts: Mapped[float] = mapped_column(Double, primary_key=True)
+    span_s: Mapped[float] = mapped_column(Double)
+    samples: Mapped[int] = mapped_column(Integer)
+    utilization_avg: Mapped[float | None] = mapped_column(Double)
+    memory_used_max: Mapped[int | None] = mapped_column(BigInteger)
+    temperature_max: Mapped[float | None] = mapped_column(Double)
+    power_w_avg: Mapped[float | None] = mapped_column(Double)
+    sm_clock_mhz_min: Mapped[float | None] = mapped_column(Double)
+    clock_event_reasons: Mapped[int | None] = mapped_column(BigInteger)  # OR of the interval's
+    ecc_volatile_uncorrected_max: Mapped[int | None] = mapped_column(BigInteger)
+    remapped_rows_uncorrectable_max: Mapped[int | None] = mapped_column(Integer)
+    pcie_replay_max: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class OutboxRow(Base):
+    """The node's rows bound for the shared store, kept in the node-local store until the shared
+    store has them (collector/fleet/outbox.py): a shared store that is down or slow costs disk
+    on the node, never a row. Only the node-local store uses it."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Double)
+    payload: Mapped[str] = mapped_column(Text)  # JSON

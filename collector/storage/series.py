@@ -79,7 +79,7 @@ class SeriesStore:
                 conn.execute(insert(GpuSampleRow), rows)
             if events:
                 # insert-or-ignore on (host, uid): a snapshot's commit may have stored the row first
-                conn.execute(self.d.insert_ignore(EventRow, ["host", "uid"]), [nul_free(dict(e, host=self.d.host)) for e in events])
+                conn.execute(self.d.insert_ignore(EventRow, ["host", "uid", "ts"]), [nul_free(dict(e, host=self.d.host)) for e in events])
             for name, ts in (seen or {}).items():
                 eid = engine_id(conn, name)
                 conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))
