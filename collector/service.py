@@ -22,6 +22,9 @@ from collector.alerting.router import Alerter
 from collector.context import AppContext, Lateness
 from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
+from collector.fleet.forwarder import FleetRows
+from collector.fleet.placement import placement
+from collector.fleet.stores import Stores, open_stores, prune, row_sink
 from collector.ingest.hub import Hub
 from collector.ingest.intake import Intake
 from collector.ingest.live import LiveView
@@ -38,9 +41,7 @@ from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
-from collector.storage.db import StorageError, make_engine
-from collector.storage.migrate import upgrade
-from collector.storage.repo import Repository
+from collector.storage.db import StorageError
 from collector.storage.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class Service:
         self.started = asyncio.Event()
         self.on_snapshot: list[Any] = []
         self._migrate_every = 5.0  # callables(doc, trigger), e.g. the demo's printer
+        self.stores: Stores | None = None
+        self.rows: BatchWriter | FleetRows | None = None
         self.lost_snapshots: list[str] = []  # snapshots lost at stop (neither spooled nor committed)
 
     def request_stop(self) -> None:
@@ -83,10 +86,11 @@ class Service:
         # cuts it (storage/watchdog.py): room for those beside the writer, the spool and the builds.
         loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="flightrec"))
         self.stop_event = asyncio.Event()
-        db = make_engine(settings.database)
+        host = settings.host_name or socket.gethostname()
+        stores = self.stores = open_stores(placement(settings), host=host)  # collector/fleet/placement.py: what goes where
         migrated = True
         try:
-            await asyncio.to_thread(upgrade, settings.database)
+            await asyncio.to_thread(stores.upgrade)
         except StorageError as exc:
             migrated = False
             log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
@@ -96,11 +100,11 @@ class Service:
         # ingest -> writer -> store; ingest's view -> detector task -> anomaly events back
         # through ingest's front door; ingest events, detector transitions, commits -> alerts.
         # docs/architecture.md draws it.
-        host = settings.host_name or socket.gethostname()
-        repo = Repository(db, host=host)
-        writer = BatchWriter(repo, interval=settings.write_batch_interval)
+        repo = stores.primary
+        writer = BatchWriter(stores.series, interval=settings.write_batch_interval)
         # the migration just reached it, or not: /healthz says so, as /metrics does, before any write
         writer.db_up = migrated
+        rows = self.rows = row_sink(stores, writer, host=host, interval_s=settings.fleet_series_interval_s)
 
         sources: list[Any] = []
         unsupported: list[SourceStatus] = []
@@ -118,7 +122,7 @@ class Service:
             k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
         lateness = Lateness(recorders)
 
-        intake = Intake(settings, rows=writer, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
+        intake = Intake(settings, rows=rows, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         view = LiveView(intake)
         ledger = SnapshotLedger()
         alerter = (
@@ -187,7 +191,9 @@ class Service:
         tasks.append(start("writer", writer.run))
         tasks.append(start("snapshots", committer.run))
         tasks.append(start("detectors", detectors.run))
-        tasks.append(start("retention", lambda: self._retention(repo)))
+        tasks.append(start("retention", lambda: self._retention(stores)))
+        if isinstance(rows, FleetRows):
+            tasks.append(start("fleet", rows.run))
         tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
         for k in kernel_logs:  # after the sources: cancelled after the writer's last flush, it saves the last mark
             tasks.append(start("kmsg-mark", functools.partial(keep_mark, k, writer)))
@@ -216,6 +222,8 @@ class Service:
         # what neither takes is logged as lost, and the process exits non-zero (collector.cli.serve)
         self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
         await writer.flush(everything=True)
+        if isinstance(rows, FleetRows):
+            await rows.flush(everything=True)  # into the outbox at least; shipped if the shared store answers
         if writer.pending_rows or committer.backlog:  # the database is down or full: say what it did not take
             log.error(
                 "stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
@@ -232,7 +240,7 @@ class Service:
         self.server.should_exit = True
         await server_task
         await asyncio.gather(*tasks, return_exceptions=True)
-        db.dispose()
+        stores.dispose()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
@@ -287,27 +295,24 @@ class Service:
         while True:
             await asyncio.sleep(self._migrate_every)
             try:
-                await asyncio.to_thread(upgrade, self.settings.database)
+                if self.stores is not None:
+                    await asyncio.to_thread(self.stores.upgrade)
             except StorageError:
                 continue
             log.warning("database is reachable: migrated to head")
             return
 
-    async def _retention(self, repo: Repository) -> None:
+    async def _retention(self, stores: Stores) -> None:
         r = self.settings.retention
+        first = True
         while True:
-            await asyncio.sleep(r.interval_s)
-            now = time.time()
+            # a Postgres store makes its time partitions ahead at start, then every interval
+            await asyncio.sleep(min(r.interval_s, 5.0) if first else r.interval_s)
+            first = False
             try:
-                counts = await asyncio.to_thread(
-                    repo.prune,
-                    steps_before=now - r.steps_hours * 3600,
-                    gpu_before=now - r.gpu_samples_hours * 3600,
-                    events_before=now - r.events_days * 86400,
-                    snapshots_before=None if r.snapshots_days is None else now - r.snapshots_days * 86400,
-                )
+                counts = await asyncio.to_thread(prune, stores, r, partition_hours=self.settings.fleet_partition_hours)
                 if any(counts.values()):
-                    log.info("retention pruned %s", counts)
+                    log.info("retention: %s", counts)
             except StorageError as exc:
                 log.warning("retention skipped: %s", exc)
 

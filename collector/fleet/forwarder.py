@@ -1,0 +1,236 @@
+"""A node's rows in the split placement (``fleet/placement.py``): the ingest hub's row sink.
+
+Per-step series (steps, GPU samples, scrapes) go to the node-local writer as before, when there
+is a node-local store. What the shared store takes (events, engines' facts and last-seen times,
+GPUs, the coarse series made here from the same steps and samples) goes through the outbox
+(``fleet/outbox.py``): every ``interval`` the forwarder puts what came in as a few outbox rows
+(one local transaction), then ships the outbox in order to the shared store, one transaction
+per batch, and deletes each batch once the shared store committed it.
+
+The hub's calls are on the event loop and cost an append (per step, no per-row object); the
+grouping into intervals, the JSON and both stores' I/O run in a thread. A shared store that is
+down or slow never reaches the loop or the node-local writer: the outbox grows and is shipped
+when the store answers again, oldest first, ``ship_batches`` batches a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from collector.fleet.coarse import Coarsener
+from collector.fleet.outbox import Batch, Outbox
+from collector.model import Event, GpuSample, MetricsScrape, StepRecord
+from collector.redact import redact
+from collector.storage.db import StorageError, translate
+from collector.storage.models import EngineSeriesRow, GpuRow, GpuSeriesRow
+from collector.storage.repo import Repository
+from collector.storage.writer import BatchWriter, event_row, step_tuples
+
+log = logging.getLogger(__name__)
+
+HOLD_S = 1.0  # a step's second half comes within this: the coarse series reads it after
+SHIP_BATCHES = 64  # outbox rows shipped a round (a round after an outage catches up this many)
+
+
+class FleetRows:
+    def __init__(
+        self,
+        *,
+        shared: Repository,
+        outbox: Outbox,
+        local: BatchWriter | None,
+        host: str,
+        interval_s: float = 10.0,
+        flush_every: float = 1.0,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.outbox = outbox
+        self.local = local
+        self.flush_every = flush_every
+        self.clock = clock
+        self.coarse = Coarsener(host=host, interval_s=interval_s)
+        self._steps: list[tuple[float, StepRecord]] = []
+        self._gpu: list[GpuSample] = []
+        self._events: list[Event] = []
+        self._facts: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, float] = {}
+        self._gpus_told: set[str] = set()
+        self._new_gpus: list[GpuSample] = []
+        self._unput: list[tuple[str, list[dict[str, Any]]]] = []  # batches the outbox refused (local disk)
+        # figures (/healthz, the benchmark)
+        self.shared_up: bool | None = None
+        self.last_error = ""
+        self.batches_shipped = 0
+        self.rows_shipped = 0
+        self.rejected = 0
+        self.ship_seconds: list[float] = []  # each shipped batch's commit time (the last 4096)
+        self.backlog = 0
+
+    # -- the row sink (on the loop) -------------------------------------------------------------
+    def offer_step(self, rec: StepRecord) -> None:
+        if self.local is not None:
+            self.local.offer_step(rec)
+        self._steps.append((self.clock(), rec))
+        self._seen[rec.engine] = rec.ts
+
+    def offer_gpu(self, s: GpuSample) -> None:
+        if self.local is not None:
+            self.local.offer_gpu(s)
+        self._gpu.append(s)
+        if s.gpu not in self._gpus_told:
+            self._gpus_told.add(s.gpu)
+            self._new_gpus.append(s)
+
+    def offer_scrape(self, s: MetricsScrape) -> None:
+        if self.local is not None:
+            self.local.offer_scrape(s)
+
+    def offer_event(self, ev: Event) -> None:
+        self._events.append(ev)
+
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
+        self._facts[engine] = facts
+
+    # -- the rounds ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_every)
+            await self.flush()
+
+    async def flush(self, *, everything: bool = False) -> None:
+        """One round: what came in goes to the outbox, then the outbox to the shared store."""
+        cutoff = self.clock() - HOLD_S
+        steps = self._steps
+        n = len(steps) if everything else next((i for i, (t, _) in enumerate(steps) if t > cutoff), len(steps))
+        due_steps, self._steps = [rec for _, rec in steps[:n]], steps[n:]
+        gpu, self._gpu = self._gpu, []
+        events, self._events = self._events, []
+        facts, self._facts = self._facts, {}
+        seen, self._seen = self._seen, {}
+        new_gpus, self._new_gpus = self._new_gpus, []
+        await asyncio.to_thread(self._round, due_steps, gpu, events, facts, seen, new_gpus, everything)
+
+    def _round(
+        self,
+        steps: list[StepRecord],
+        gpu: list[GpuSample],
+        events: list[Event],
+        facts: dict[str, dict[str, Any]],
+        seen: dict[str, float],
+        new_gpus: list[GpuSample],
+        everything: bool,
+    ) -> None:
+        self.coarse.add_steps(step_tuples(steps))
+        self.coarse.add_gpu(gpu)
+        e_rows, g_rows = self.coarse.closed(time.time(), everything=everything)
+        engines = [
+            {"name": n, "last_seen": seen.get(n), "fingerprint": redact(facts[n]) if n in facts else None} for n in sorted(set(seen) | set(facts))
+        ]
+        batches = [
+            *self._unput,
+            ("events", [event_row(e) for e in events]),
+            ("engines", engines),
+            ("gpus", [{"gpu": s.gpu, "index": s.index, "bus_id": s.bus_id, "name": s.name} for s in new_gpus]),
+            ("engine_series", e_rows),
+            ("gpu_series", g_rows),
+        ]
+        batches = [(k, rows) for k, rows in batches if rows]
+        try:
+            self.outbox.put(batches)
+            self._unput = []
+        except StorageError as exc:
+            self._unput = batches  # the local disk refused: held here, put again next round
+            log.error("outbox: the node-local store refused %d batch(es), held in memory: %s", len(batches), exc)
+        self._ship()
+
+    def _ship(self) -> None:
+        try:
+            todo = self.outbox.take(SHIP_BATCHES)
+        except StorageError as exc:
+            log.error("outbox unreadable: %s", exc)
+            return
+        for batch in todo:
+            t0 = time.perf_counter()
+            try:
+                self._write(batch)
+            except StorageError as exc:
+                if exc.permanent:  # the shared store refuses these rows for their content: set aside
+                    self.rejected += len(batch[2])
+                    log.error("shared store refused an outbox batch of %d %s row(s): %s", len(batch[2]), batch[1], exc)
+                else:
+                    if self.shared_up is not False:
+                        log.error("shared store unreachable, rows wait in the outbox: %s", exc)
+                    self.shared_up, self.last_error = False, str(exc)
+                    break
+            else:
+                self.ship_seconds.append(time.perf_counter() - t0)
+                del self.ship_seconds[:-4096]
+                self.batches_shipped += 1
+                self.rows_shipped += len(batch[2])
+                if self.shared_up is False:
+                    log.warning("shared store is back: shipping the outbox")
+                self.shared_up, self.last_error = True, ""
+            try:
+                self.outbox.done([batch[0]])
+            except StorageError as exc:  # shipped again next round: idempotent on the shared side
+                log.error("outbox: could not remove a shipped batch: %s", exc)
+                break
+        try:
+            self.backlog = self.outbox.depth()
+        except StorageError:
+            pass
+
+    def _write(self, batch: Batch) -> None:
+        _, kind, rows = batch
+        repo = self.shared
+        if kind == "events":
+            repo.write_batch([], [], rows, None)
+        elif kind == "engines":
+            for r in rows:
+                values: dict[str, Any] = {}
+                if r.get("last_seen") is not None:
+                    values["last_seen"] = r["last_seen"]
+                if r.get("fingerprint") is not None:
+                    values["fingerprint"] = r["fingerprint"]
+                    values["vllm_version"] = str(r["fingerprint"].get("vllm_version") or "")[:64] or None
+                repo.update_engine(r["name"], **values)
+        elif kind in ("gpus", "engine_series", "gpu_series"):
+            self._insert_ignore(kind, rows)
+        else:
+            raise StorageError(f"outbox batch of unknown kind {kind!r}", permanent=True)
+
+    def _insert_ignore(self, kind: str, rows: list[dict[str, Any]]) -> None:
+        now = time.time()
+        if kind == "gpus":
+            table: Any = GpuRow
+            keys = ["host", "gpu"]
+            rows = [dict(r, host=self.shared.host, first_seen=now, last_seen=now) for r in rows]
+        else:
+            table = EngineSeriesRow if kind == "engine_series" else GpuSeriesRow
+            keys = ["host", "engine" if kind == "engine_series" else "gpu", "ts"]
+        if self.shared.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert  # type: ignore[assignment]
+        try:
+            with self.shared.db.begin() as conn:
+                conn.execute(dialect_insert(table).on_conflict_do_nothing(index_elements=keys), rows)
+        except SQLAlchemyError as exc:
+            raise translate(exc) from exc
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "shared_up": self.shared_up,
+            "shared_error": self.last_error or None,
+            "outbox_batches": self.backlog,
+            "outbox_dropped": self.outbox.dropped,
+            "batches_shipped": self.batches_shipped,
+            "rows_shipped": self.rows_shipped,
+            "rows_rejected": self.rejected,
+        }
