@@ -7,14 +7,18 @@ Postgres (docs/fleet.md). What a fleet dashboard asks of it: load (running, wait
 KV pressure (average and peak usage, preemptions), the GPUs' heat, power, clocks and errors.
 
 An interval's row is made once it has closed (its end plus ``grace_s`` has passed on the wall
-clock); a step that comes later for it makes a second row for the same key, which the shared
-store ignores (its key is (host, engine, ts)): a coarse row is written once, never added to.
-Unknown stays unknown: a figure no step carried is NULL, not 0.
+clock). A step that comes later for it (a sidecar restarted within the interval, a ring read
+late) makes a second row of the same interval, told apart by ``part``, a number no other row of
+this node has (a random run id and a counter): the figures are sums, counts and maxima, so a
+reader adds an interval's rows up, and a row shipped twice (the outbox after a kill) is stored
+once. Unknown stays unknown: a figure no step carried is NULL, not 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +85,7 @@ class Coarsener:
         self.grace_s = grace_s
         self._engines: dict[tuple[str, float], _EngineAcc] = {}
         self._gpus: dict[tuple[str, float], _GpuAcc] = {}
+        self._parts = itertools.count((secrets.randbits(31) << 32) + 1)
 
     def _start(self, ts: float) -> float:
         return math.floor(ts / self.interval_s) * self.interval_s
@@ -151,12 +156,15 @@ class Coarsener:
                     "host": self.host,
                     "engine": key[0],
                     "ts": key[1],
+                    "part": next(self._parts),
                     "span_s": span,
                     "steps": a.steps,
-                    "running_avg": a.running_sum / a.running_n if a.running_n else None,
+                    "running_sum": a.running_sum if a.running_n else None,
+                    "running_samples": a.running_n,
                     "running_max": a.running_max,
                     "waiting_max": a.waiting_max,
-                    "kv_cache_usage_avg": a.kv_sum / a.kv_n if a.kv_n else None,
+                    "kv_cache_usage_sum": a.kv_sum if a.kv_n else None,
+                    "kv_cache_usage_samples": a.kv_n,
                     "kv_cache_usage_max": a.kv_max,
                     "preemptions": a.preemptions,
                     "prompt_tokens": a.prompt_tokens,
@@ -172,12 +180,15 @@ class Coarsener:
                     "host": self.host,
                     "gpu": key[0],
                     "ts": key[1],
+                    "part": next(self._parts),
                     "span_s": span,
                     "samples": g.samples,
-                    "utilization_avg": g.util_sum / g.util_n if g.util_n else None,
+                    "utilization_sum": g.util_sum if g.util_n else None,
+                    "utilization_samples": g.util_n,
                     "memory_used_max": g.memory_max,
                     "temperature_max": g.temperature_max,
-                    "power_w_avg": g.power_sum / g.power_n if g.power_n else None,
+                    "power_w_sum": g.power_sum if g.power_n else None,
+                    "power_w_samples": g.power_n,
                     "sm_clock_mhz_min": g.sm_clock_min,
                     "clock_event_reasons": g.reasons,
                     "ecc_volatile_uncorrected_max": g.ecc_max,

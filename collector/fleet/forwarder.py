@@ -213,7 +213,7 @@ class FleetRows:
             rows = [dict(r, host=self.shared.host, first_seen=now, last_seen=now) for r in rows]
         else:
             table = EngineSeriesRow if kind == "engine_series" else GpuSeriesRow
-            keys = ["host", "engine" if kind == "engine_series" else "gpu", "ts"]
+            keys = ["host", "engine" if kind == "engine_series" else "gpu", "ts", "part"]
         if self.shared.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as dialect_insert
         else:

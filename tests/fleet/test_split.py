@@ -74,7 +74,7 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
     assert count(local, "SELECT COUNT(*) FROM events") == 0
     # 300 steps over 3 s in 1-s intervals: every step counted once, the averages as sent
     assert count(database_url, "SELECT SUM(steps) FROM engine_series") == 300
-    assert count(database_url, "SELECT COUNT(*) FROM engine_series WHERE running_avg = 4 AND kv_cache_usage_max = 0.25") >= 3
+    assert count(database_url, "SELECT COUNT(*) FROM engine_series WHERE running_sum = 4 * running_samples AND kv_cache_usage_max = 0.25") >= 3
     assert count(database_url, "SELECT SUM(generation_tokens) FROM engine_series") == 1200
     assert count(database_url, "SELECT COUNT(*) FROM engines WHERE host = 'node-a' AND vllm_version = '0.11.0'") == 1
     assert count(local, "SELECT COUNT(*) FROM outbox") == 0  # all shipped
