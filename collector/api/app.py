@@ -365,4 +365,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     from collector.api.pages import add_pages
 
     add_pages(app, ctx)
+    from collector.api.fleet import add_fleet
+
+    add_fleet(app, ctx)  # the fleet view: crashes grouped by signature across hosts and GPUs
     return app

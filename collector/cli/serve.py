@@ -37,6 +37,12 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     add_settings_options(serve)
     serve.add_argument("--host", help="bind address; anything but loopback needs api_token (default: settings, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
+    serve.add_argument(
+        "--fleet",
+        action="store_true",
+        help="the fleet role: serve the API and pages (/fleet) over the shared store (database.shared, or database), "
+        "watching no engine, GPU or kernel log of its own",
+    )
     serve.set_defaults(func=run_serve)
 
     demo = sub.add_parser(
@@ -56,6 +62,14 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--workdir", default=None, help="folder for the simulated logs and rings, kept after exit (default: a temporary folder, removed at exit)"
     )
     demo.set_defaults(func=run_demo)
+
+
+def fleet_role(settings: Settings) -> Settings:
+    """The settings of ``serve --fleet``: the shared store as the only store (its partitions
+    kept by this process too), no engine, no GPU, no kernel log, no recorder."""
+    return settings.model_copy(
+        update={"engines": [], "nvml": "off", "kmsg": "off", "recorder": "off", "database_split": False, "database_local": None, "alertmanager": []}
+    )
 
 
 def check_bind(settings: Settings) -> None:
@@ -107,6 +121,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from collector.service import Service
 
     settings = settings_from(args, host=args.host, port=args.port)
+    if getattr(args, "fleet", False):
+        settings = fleet_role(settings)
     _preflight(settings)
     malloc.tune()  # before the rings and the threads allocate
     svc = Service(settings)

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 
+from collector.fleet.signature import for_snapshot as crash_signature
 from collector.redact import redact
 from collector.snapshot.document import ENCODING, PARTS, SnapshotDoc, pack, unpack
 from collector.storage.cursor import SUMMARY_COLUMNS, SnapshotFilter, decode_cursor, encode_cursor
@@ -104,6 +105,7 @@ class SnapshotStore:
         incident_id = self.incidents.file(conn, doc, window, item.incident_key)
         summary = dict(doc.summary)
         summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
+        sig_columns, summary["signature"] = crash_signature(doc)  # the fleet view's grouping
         snap_id = conn.execute(
             insert(SnapshotRow)
             .values(
@@ -119,6 +121,7 @@ class SnapshotStore:
                 **(item.counts or doc.counts()),
                 summary=nul_free(summary),
                 fingerprint=nul_free(doc.fingerprint),
+                **nul_free(sig_columns),
             )
             .returning(SnapshotRow.id)
         ).scalar_one()
@@ -141,10 +144,11 @@ class SnapshotStore:
         if old.get("replays"):  # linked by a replay since the first commit
             summary["replays"] = old["replays"]
         summary["amended_at"] = time.time()
+        sig_columns, summary["signature"] = crash_signature(doc)  # the late evidence (tracebacks) is in now
         conn.execute(
             update(SnapshotRow)
             .where(SnapshotRow.id == snap_id)
-            .values(summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(item.counts or doc.counts()))
+            .values(summary=nul_free(summary), fingerprint=nul_free(doc.fingerprint), **(item.counts or doc.counts()), **nul_free(sig_columns))
         )
         # delete + insert, not update: a part added since the first commit (peers) has no row
         conn.execute(delete(SnapshotPartRow).where(SnapshotPartRow.snapshot_id == snap_id))
