@@ -16,6 +16,7 @@ when the store answers again, oldest first, ``ship_batches`` batches a round.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -60,6 +61,8 @@ class FleetRows:
         self._events: list[Event] = []
         self._facts: dict[str, dict[str, Any]] = {}
         self._seen: dict[str, float] = {}
+        self._seen_held: dict[str, float] = {}  # last-seen times not sent yet (the thread's)
+        self._seen_sent = 0.0
         self._gpus_told: set[str] = set()
         self._new_gpus: list[GpuSample] = []
         self._unput: list[tuple[str, list[dict[str, Any]]]] = []  # batches the outbox refused (local disk)
@@ -115,6 +118,8 @@ class FleetRows:
         seen, self._seen = self._seen, {}
         new_gpus, self._new_gpus = self._new_gpus, []
         await asyncio.to_thread(self._round, due_steps, gpu, events, facts, seen, new_gpus, everything)
+        if everything:  # at stop: what this run shipped, for the log (bench/bench_fleet.py reads it)
+            log.info("fleet forwarder: %s", json.dumps(self.figures(), sort_keys=True))
 
     def _round(
         self,
@@ -129,6 +134,14 @@ class FleetRows:
         self.coarse.add_steps(step_tuples(steps))
         self.coarse.add_gpu(gpu)
         e_rows, g_rows = self.coarse.closed(time.time(), everything=everything)
+        # last-seen times go out once an interval (an UPDATE a second per node is 1,000/s at
+        # 1,000 nodes), a changed fingerprint at once
+        self._seen_held.update(seen)
+        now = time.monotonic()
+        if facts or everything or now - self._seen_sent >= self.coarse.interval_s:
+            seen, self._seen_held, self._seen_sent = self._seen_held, {}, now
+        else:
+            seen = {}
         engines = [
             {"name": n, "last_seen": seen.get(n), "fingerprint": redact(facts[n]) if n in facts else None} for n in sorted(set(seen) | set(facts))
         ]
@@ -225,7 +238,15 @@ class FleetRows:
             raise translate(exc) from exc
 
     def figures(self) -> dict[str, Any]:
+        times = sorted(self.ship_seconds)
+
+        def pct(q: float) -> float | None:  # None: nothing shipped yet (unknown, not 0)
+            return round(times[min(len(times) - 1, int(q * len(times)))], 6) if times else None
+
         return {
+            "ship_p50_s": pct(0.50),
+            "ship_p99_s": pct(0.99),
+            "ship_max_s": round(times[-1], 6) if times else None,
             "shared_up": self.shared_up,
             "shared_error": self.last_error or None,
             "outbox_batches": self.backlog,
