@@ -6,7 +6,10 @@ each node's kernel-log file as the kernel writes it.
 
 Scaled down per node so that a 2-core machine shared with others carries 32 of them: one engine
 per node (a GPU node runs 8), ``--steps-per-second`` 10 (100) and ``--running`` 8 (256), no NVML
-(no GPU series). What the shared store receives from a node does not depend on the step rate
+(no GPU series), and the sidecars share ``--procs`` Python processes (each node a whole
+``Service`` of its own: its own stores, connection pools, outbox, spool, committer and HTTP
+server; only the interpreter is shared), since 32 interpreters importing the service at once
+did not start within 3 minutes on this machine at a load of 30-40. What the shared store receives from a node does not depend on the step rate
 (per-step rows stay on the node): it is one coarse row per engine (and GPU) per 10 s, the
 events, and the snapshots, whose size follows the ring (``--ring-steps``) and the running
 requests. docs/fleet.md scales these figures to a real node and to 1,000 and 10,000 nodes.
@@ -138,7 +141,7 @@ class Node:
             )
 
     def started(self) -> bool:
-        return "serving on http://" in self.log.read_text(errors="replace")
+        return (self.dir / "serving").exists() or (self.log.exists() and "serving on http://" in self.log.read_text(errors="replace"))
 
     def fault(self) -> None:
         self.xid_at = time.time()
@@ -147,10 +150,62 @@ class Node:
             f.write(XIDS[self.i % 2].format(seq=1000 + self.i, us=us) + "\n")
 
     def forwarder(self) -> dict[str, Any] | None:
+        done = self.dir / "forwarder.json"  # a node run in a shared worker process
+        if not self.log.exists() and not done.exists():
+            return None
+        if done.exists():
+            return json.loads(done.read_text())  # type: ignore[no-any-return]
         for line in self.log.read_text(errors="replace").splitlines():
             if "fleet forwarder: " in line:
                 return json.loads(line.split("fleet forwarder: ", 1)[1])  # type: ignore[no-any-return]
         return None
+
+
+def worker(configs: list[str]) -> int:
+    """Several nodes' sidecars in one process: a ``Service`` each, on one loop, until SIGTERM."""
+    import asyncio
+    import logging
+
+    from collector.service import Service
+    from collector.settings import load_settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def all_nodes() -> None:
+        services = [Service(load_settings(c)) for c in configs]
+        tasks = []
+        for svc, c in zip(services, configs, strict=True):  # one at a time: Alembic's context is process-wide
+            tasks.append(asyncio.create_task(svc.run()))
+            started = asyncio.create_task(svc.started.wait())
+            await asyncio.wait([tasks[-1], started], return_when=asyncio.FIRST_COMPLETED)
+            if tasks[-1].done():
+                raise SystemExit(f"{c}: the sidecar stopped at start: {tasks[-1].exception()!r}")
+            (Path(c).parent / "serving").write_text("")
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        for svc in services:
+            svc.request_stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for svc, c in zip(services, configs, strict=True):
+            rows = svc.rows
+            if rows is not None and hasattr(rows, "figures"):
+                (Path(c).parent / "forwarder.json").write_text(json.dumps(rows.figures()))
+
+    asyncio.run(all_nodes())
+    return 0
+
+
+def start_workers(nodes: list[Node], procs: int, work: Path) -> list[subprocess.Popen[bytes]]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}, "PYTHONPATH": str(ROOT)}
+    out = []
+    for k in range(procs):
+        mine = [str(n.config) for n in nodes[k::procs]]
+        with open(work / f"worker-{k}.log", "wb") as f:
+            out.append(subprocess.Popen([sys.executable, __file__, "--worker", *mine], env=env, stdout=f, stderr=subprocess.STDOUT))
+        for n in nodes[k::procs]:
+            n.proc = out[-1]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of steady load measured before the storm")
     p.add_argument("--storm-s", type=float, default=10.0, help="the storm's faults fall within this many seconds")
     p.add_argument("--wait", type=float, default=180.0, help="seconds to wait for every snapshot")
+    p.add_argument("--procs", type=int, default=4, help="processes the sidecars share (0: one process per sidecar)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
 
     load0 = outage.loadavg()
     work = Path(tempfile.mkdtemp(prefix="flightrec-fleet-"))
@@ -187,23 +246,28 @@ def main(argv: list[str] | None = None) -> int:
         driver = threading.Thread(target=run, args=(engines, pacing, stop), kwargs={"progress_every": 0}, daemon=True)
         driver.start()
         t_start = time.monotonic()
-        for n in nodes:
-            n.start()
-            time.sleep(0.2)
-        deadline = time.monotonic() + 180
+        if args.procs > 0:
+            workers = start_workers(nodes, args.procs, work)
+        else:
+            for n in nodes:
+                n.start()
+                time.sleep(0.2)
+            workers = [n.proc for n in nodes if n.proc is not None]
+        deadline = time.monotonic() + 240
         while not all(n.started() for n in nodes):
             dead = [n.host for n in nodes if n.proc is not None and n.proc.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise SystemExit(f"sidecars did not start: {dead or 'timeout'}; see {work}")
+                tails = "".join(f.read_text(errors="replace")[-2000:] for f in sorted(work.glob("worker-*.log")))
+                raise SystemExit(f"sidecars did not start: {dead or 'timeout'}\n{tails}")
             time.sleep(0.5)
         started_s = time.monotonic() - t_start
         print(f"{args.nodes} sidecars serving after {started_s:.0f} s; steady load for {args.duration:.0f} s", flush=True)
         time.sleep(15)  # the first coarse intervals close, the first outbox rounds ship
         a = pg_figures(cluster)
-        side_a = proc_cpu_s([n.proc.pid for n in nodes if n.proc])
+        side_a = proc_cpu_s([w.pid for w in workers])
         time.sleep(args.duration)
         b = pg_figures(cluster)
-        side_b = proc_cpu_s([n.proc.pid for n in nodes if n.proc])
+        side_b = proc_cpu_s([w.pid for w in workers])
         steady = rate(a, b, args.nodes)
         print(f"steady: {json.dumps(steady)}", flush=True)
 
@@ -243,17 +307,17 @@ def main(argv: list[str] | None = None) -> int:
             r[0] for r in cluster.query("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'r' ORDER BY 1")
         ]
         stop.set()
-        for n in nodes:
-            if n.proc is not None and n.proc.poll() is None:
-                n.proc.send_signal(signal.SIGTERM)
-        for n in nodes:
-            if n.proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    n.proc.wait(90)
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.wait(120)
         fw = [f for f in (n.forwarder() for n in nodes) if f]
         ship_p99 = [f["ship_p99_s"] for f in fw if f.get("ship_p99_s") is not None]
         figures = {
             "nodes": args.nodes,
+            "procs": args.procs,
             "per_node": {"engines": 1, "running": args.running, "steps_per_second": args.steps_per_second, "ring_steps": args.ring_steps, "gpus": 0},
             "started_s": round(started_s, 1),
             "steady": steady,
