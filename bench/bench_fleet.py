@@ -274,17 +274,27 @@ def main(argv: list[str] | None = None) -> int:
         # the storm: one Xid per node, at random moments within storm_s
         rng = random.Random(7)
         offsets = sorted(((rng.uniform(0, args.storm_s), n) for n in nodes), key=lambda x: x[0])
-        t0 = time.monotonic()
         seen: dict[str, float] = {}
+        polling = threading.Event()
+
+        def poll() -> None:  # from before the first fault: each snapshot's first sighting
+            while not polling.is_set():
+                for (host,) in cluster.query(f"SELECT DISTINCT host FROM snapshots WHERE trigger_kind IN {FAULT_KINDS}"):
+                    seen.setdefault(host, time.time())
+                time.sleep(0.2)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        t0 = time.monotonic()
         for off, n in offsets:
             while time.monotonic() - t0 < off:
                 time.sleep(0.01)
             n.fault()
         stored_wait = time.monotonic() + args.wait
         while len(seen) < len(nodes) and time.monotonic() < stored_wait:
-            for (host,) in cluster.query(f"SELECT DISTINCT host FROM snapshots WHERE trigger_kind IN {FAULT_KINDS}"):
-                seen.setdefault(host, time.time())
             time.sleep(0.2)
+        polling.set()
+        poller.join(10)
         time.sleep(3.0)  # each snapshot's amendment (snapshot_settle_s after its capture) lands too
         c = pg_figures(cluster)
         storm = {
@@ -303,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         kinds = dict(cluster.query("SELECT trigger_kind, COUNT(*) FROM snapshots GROUP BY 1"))
         dup = cluster.query("SELECT COUNT(*) - COUNT(DISTINCT (host, engine, trigger_uid)) FROM snapshots")[0][0]
         series = cluster.query("SELECT COUNT(*), COALESCE(SUM(steps), 0) FROM engine_series")[0]
+        # each table's bytes (its partitions' too), and the engine_series bytes per row
+        sizes = dict(
+            cluster.query(
+                "SELECT t, SUM(pg_total_relation_size(c.oid)) FROM (VALUES ('engine_series'), ('events'), ('engines'), ('snapshots'), "
+                "('snapshot_parts'), ('incidents')) v(t) JOIN pg_class c ON c.relname = v.t OR c.oid IN "
+                "(SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(v.t)) GROUP BY t"
+            )
+        )
         partitions = [
             r[0] for r in cluster.query("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'r' ORDER BY 1")
         ]
@@ -346,7 +364,12 @@ def main(argv: list[str] | None = None) -> int:
                 "left_in_outbox": sum(f["outbox_batches"] for f in fw),
                 "rejected": sum(f["rows_rejected"] for f in fw),
             },
-            "engine_series": {"rows": int(series[0]), "steps_counted": int(series[1])},
+            "engine_series": {
+                "rows": int(series[0]),
+                "steps_counted": int(series[1]),
+                "bytes_per_row": round(int(sizes.get("engine_series", 0)) / max(int(series[0]), 1)),
+            },
+            "table_bytes": {k: int(v) for k, v in sizes.items()},
             "partitions": partitions,
             "load_start": load0,
             "load_end": outage.loadavg(),

@@ -73,12 +73,14 @@ def _print_current(url: str) -> None:
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
+    from collector.fleet.placement import placement
     from collector.storage.migrate import upgrade
 
-    url = settings_from(args).database
-    require_writable_database(url)
-    _migrate("upgrade", upgrade, url, args.revision)
-    _print_current(url)
+    place = placement(settings_from(args))
+    for url in [u for u in (place.local, place.shared) if u is not None]:  # a fleet's node: both stores
+        require_writable_database(url)
+        _migrate("upgrade", upgrade, url, args.revision)
+        _print_current(url)
     return 0
 
 

@@ -78,3 +78,14 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
     assert count(database_url, "SELECT SUM(generation_tokens) FROM engine_series") == 1200
     assert count(database_url, "SELECT COUNT(*) FROM engines WHERE host = 'node-a' AND vllm_version = '0.11.0'") == 1
     assert count(local, "SELECT COUNT(*) FROM outbox") == 0  # all shipped
+
+
+def test_db_upgrade_migrates_both_stores_of_a_node(tmp_path: Path) -> None:
+    from collector.cli import main
+    from collector.storage.migrate import current
+
+    local, shared = f"sqlite:///{tmp_path / 'node.db'}", f"sqlite:///{tmp_path / 'shared.db'}"
+    cfg = tmp_path / "flightrec.yaml"
+    cfg.write_text(f"database:\n  local: {local}\n  shared: {shared}\n")
+    assert main(["db", "upgrade", "--config", str(cfg)]) == 0
+    assert current(local) == current(shared) is not None
