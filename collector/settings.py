@@ -82,6 +82,7 @@ class RetentionConfig(BaseModel):
     steps_hours: float = Field(default=24.0, gt=0, description="continuous per-step series")
     gpu_samples_hours: float = Field(default=24.0, gt=0)
     events_days: float = Field(default=30.0, gt=0)
+    coarse_days: float = Field(default=7.0, gt=0, description="the shared store's coarse series (Postgres: whole partitions)")
     snapshots_days: float | None = Field(default=None, description="None keeps snapshots forever")
     interval_s: float = Field(default=300.0, gt=0)
 

@@ -71,7 +71,7 @@ def row_sink(stores: Stores, writer: BatchWriter, *, host: str, interval_s: floa
 def prune(stores: Stores, retention: Any, *, partition_hours: float, now: float | None = None) -> dict[str, Any]:
     """One retention pass. The per-step series store is pruned by DELETE (SQLite, a node's
     hours of steps); a Postgres store has its time partitions created ahead and the old ones
-    dropped (events after ``events_days``, the coarse series after the same), and its events are
+    dropped (events after ``events_days``, the coarse series after ``coarse_days``), and its events are
     not DELETEd row by row. Raises StorageError."""
     now = time.time() if now is None else now
     out: dict[str, Any] = {}
@@ -86,7 +86,7 @@ def prune(stores: Stores, retention: Any, *, partition_hours: float, now: float 
         )
         out.update({k: v for k, v in counts.items() if v})
         if pg:
-            keep = {t: keep_events for t in partitions.PARTITIONED}
+            keep = {t: keep_events if t == "events" else retention.coarse_days * 86400 for t in partitions.PARTITIONED}
             made = partitions.maintain(repo.db, span_s=partition_hours * 3600, keep_s=keep, now=now)
             out["partitions"] = {t: v for t, v in made.items() if v["created"] or v["dropped"]}
     return out
