@@ -110,7 +110,8 @@ def test_the_fleet_page_groups_every_nodes_crashes_and_opens_another_nodes_snaps
 
     page.navigate(f"{url}/fleet?host=node-d")
     page.wait_js(f"!!document.querySelector('#groups a[href=\"/snapshots/{demo_id}\"]')", timeout=30)
-    page.evaluate(f"document.querySelector('#groups a[href=\"/snapshots/{demo_id}\"]').click()")
+    href = page.evaluate(f"document.querySelector('#groups a[href=\"/snapshots/{demo_id}\"]').getAttribute('href')")
+    page.navigate(f"{url}{href}")  # as the link does (a click's navigation races the next evaluate)
     page.wait_js("document.body.dataset.ready === '1' || !!document.querySelector('.error')", timeout=60)
     assert page.evaluate("location.pathname") == f"/snapshots/{demo_id}"
     assert page.evaluate("document.querySelectorAll('canvas[data-plot]').length") > 0  # its steps, plotted
