@@ -15,6 +15,7 @@ from typing import Any
 from collector import __version__
 from collector.alerting.router import Alerter
 from collector.detectors.task import DetectorTask
+from collector.fleet.forwarder import FleetRows
 from collector.ingest.hub import Hub
 from collector.ingest.view import EngineInfo, IngestView
 from collector.model import Event, EventKind, Severity, SourceStatus
@@ -176,8 +177,10 @@ class AppContext:
         held_in_memory = bool(self.committer.spool_error) and self.committer.backlog > 0
         db_up, wait = self.database_up(), self.database_wait_s()
         hung = wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000
+        shared = self.hub.rows.figures() if isinstance(self.hub.rows, FleetRows) else None  # the split placement
         degraded = (
             db_up is False
+            or (shared is not None and shared["shared_up"] is False)
             or behind
             or bool(missing)
             or bool(self.tasks.failing())
@@ -203,6 +206,7 @@ class AppContext:
             "ingest": figures,
             "behind": behind,
             "recorder_missing": missing,
+            "shared_store": shared,
         }
 
     def engines_live(self) -> list[dict[str, Any]]:

@@ -23,6 +23,11 @@ class Health(BaseModel):
     ingest: dict[str, Any] = Field(default_factory=dict, description="records received, written, lost, lag")
     behind: bool = Field(False, description="the sidecar itself is late (its loop or its ring reads)")
     recorder_missing: dict[str, str] = Field(default_factory=dict, description="engine -> how to add its recorder")
+    shared_store: dict[str, Any] | None = Field(
+        None,
+        description="with a node-local and a shared store (docs/fleet.md): shared_up, shared_error, outbox_batches waiting, "
+        "batches and rows shipped, ship p50/p99; null with one store",
+    )
 
 
 class EngineOut(BaseModel):

@@ -92,6 +92,7 @@ def test_shared_store_down_hung_and_a_restart_lose_and_duplicate_nothing(tmp_pat
         await load.run(svc, 3.0)
         figures["local_grew_while_down"] = scalar(local, "SELECT COUNT(*) FROM engine_steps") - before
         figures["outbox_while_down"] = scalar(local, "SELECT COUNT(*) FROM outbox")
+        figures["health_down"] = svc.ctx.health()
         cluster.start()
         await load.run(svc, 2.0)
         stopped = cluster.hang()  # hung: statements wait, connections time out
@@ -125,6 +126,9 @@ def test_shared_store_down_hung_and_a_restart_lose_and_duplicate_nothing(tmp_pat
         assert figures["local_grew_while_down"] > RATE  # the node-local store kept writing
         assert figures["local_grew_while_hung"] > 3 * RATE
         assert figures["outbox_while_down"] > 0 and figures["outbox_at_stop"] > 0  # held on the node's disk
+        down = figures["health_down"]  # /healthz says so while the node-local store is fine
+        assert down["status"] == "degraded" and down["shared_store"]["shared_up"] is False and down["shared_store"]["outbox_batches"] > 0
+        assert down["shared_store"]["shared_error"]
         assert scalar(local, "SELECT COUNT(*) FROM outbox") == 0  # then all shipped
         assert scalar(local, "SELECT COUNT(*) FROM engine_steps") == load.sent  # no step lost on the node
         # every step counted once in the shared store's coarse series: none lost, none twice
