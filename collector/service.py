@@ -196,7 +196,7 @@ class Service:
             tasks.append(start("fleet", rows.run))
         tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
         for k in kernel_logs:  # after the sources: cancelled after the writer's last flush, it saves the last mark
-            tasks.append(start("kmsg-mark", functools.partial(keep_mark, k, writer)))
+            tasks.append(start("kmsg-mark", functools.partial(keep_mark, k, rows)))  # the sink events go to
         if not migrated:
             tasks.append(start("migrate", self._migrate_when_back, once=True))
         if ctx.alerter is not None:

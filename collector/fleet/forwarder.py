@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from collector.fleet.coarse import Coarsener
-from collector.fleet.outbox import Batch, Outbox
+from collector.fleet.outbox import Batch, MemoryOutbox, Outbox
 from collector.model import Event, GpuSample, MetricsScrape, StepRecord
 from collector.redact import redact
 from collector.storage.db import StorageError, translate
@@ -74,6 +74,8 @@ class FleetRows:
         self.rejected = 0
         self.ship_seconds: list[float] = []  # each shipped batch's commit time (the last 4096)
         self.backlog = 0
+        self.events_offered = 0
+        self.events_written_through = 0
 
     # -- the row sink (on the loop) -------------------------------------------------------------
     def offer_step(self, rec: StepRecord) -> None:
@@ -96,6 +98,16 @@ class FleetRows:
 
     def offer_event(self, ev: Event) -> None:
         self._events.append(ev)
+        self.events_offered += 1
+
+    # -- the barrier the kernel log's resume mark waits for (``sources/kmsg_mark.py``) ------------
+    def ticket(self) -> int:
+        """The events offered so far: ``passed(ticket)`` once every one of them is durable (in the
+        node-local outbox; without one, shipped to the shared store)."""
+        return self.events_offered
+
+    def passed(self, ticket: int) -> bool:
+        return self.events_written_through >= ticket
 
     def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
         self._facts[engine] = facts
@@ -117,7 +129,10 @@ class FleetRows:
         facts, self._facts = self._facts, {}
         seen, self._seen = self._seen, {}
         new_gpus, self._new_gpus = self._new_gpus, []
-        await asyncio.to_thread(self._round, due_steps, gpu, events, facts, seen, new_gpus, everything)
+        through = self.events_offered  # every event offered so far is in this round or an earlier one
+        durable = await asyncio.to_thread(self._round, due_steps, gpu, events, facts, seen, new_gpus, everything)
+        if durable:
+            self.events_written_through = max(self.events_written_through, through)
         if everything:  # at stop: what this run shipped, for the log (bench/bench_fleet.py reads it)
             log.info("fleet forwarder: %s", json.dumps(self.figures(), sort_keys=True))
 
@@ -130,7 +145,8 @@ class FleetRows:
         seen: dict[str, float],
         new_gpus: list[GpuSample],
         everything: bool,
-    ) -> None:
+    ) -> bool:
+        """One round in the thread; True when everything it was given is durable."""
         self.coarse.add_steps(step_tuples(steps))
         self.coarse.add_gpu(gpu)
         e_rows, g_rows = self.coarse.closed(time.time(), everything=everything)
@@ -161,6 +177,10 @@ class FleetRows:
             self._unput = batches  # the local disk refused: held here, put again next round
             log.error("outbox: the node-local store refused %d batch(es), held in memory: %s", len(batches), exc)
         self._ship()
+        if self._unput:
+            return False
+        # on the node's disk once put; in memory only (no node-local store) until shipped
+        return not isinstance(self.outbox, MemoryOutbox) or self.backlog == 0
 
     def _ship(self) -> None:
         try:
