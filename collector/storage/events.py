@@ -17,6 +17,18 @@ from collector.storage.database import Database, nul_free
 from collector.storage.models import EventRow
 
 
+def stored_event_times(conn: Connection, host: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose event id is stored already take the stored row's time, so the insert-or-ignore
+    on (host, uid, ts) finds it: events' unique key holds ts (Postgres partitions them by it), and
+    a kernel record read again after a restart is the same event (its id from its place) with
+    another reading time."""
+    uids = [r["uid"] for r in rows if r.get("uid")]
+    if not uids:
+        return rows
+    have = dict(conn.execute(select(EventRow.uid, EventRow.ts).where(EventRow.host == host, EventRow.uid.in_(uids))).all())
+    return [dict(r, ts=have[r["uid"]]) if r.get("uid") in have else r for r in rows]
+
+
 class EventStore:
     def __init__(self, database: Database) -> None:
         self.d = database
@@ -36,6 +48,7 @@ class EventStore:
             if not linked:
                 conn.execute(insert(EventRow).values(**row))
             return linked or 1
+        row = stored_event_times(conn, self.d.host, [row])[0]
         conn.execute(self.d.insert_ignore(EventRow, ["host", "uid", "ts"]).values(**row))
         return int(
             conn.execute(

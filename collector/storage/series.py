@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from collector.storage.database import Database, nul_free
 from collector.storage.engines import EngineStore
+from collector.storage.events import stored_event_times
 from collector.storage.models import EngineRow, EngineScrapeRow, EngineStepRow, EventRow, GpuSampleRow
 
 # A step row in the writer's tuple form: the engine's name, then the columns (``write_batch``).
@@ -79,7 +80,8 @@ class SeriesStore:
                 conn.execute(insert(GpuSampleRow), rows)
             if events:
                 # insert-or-ignore on (host, uid): a snapshot's commit may have stored the row first
-                conn.execute(self.d.insert_ignore(EventRow, ["host", "uid", "ts"]), [nul_free(dict(e, host=self.d.host)) for e in events])
+                rows = stored_event_times(conn, self.d.host, [nul_free(dict(e, host=self.d.host)) for e in events])
+                conn.execute(self.d.insert_ignore(EventRow, ["host", "uid", "ts"]), rows)
             for name, ts in (seen or {}).items():
                 eid = engine_id(conn, name)
                 conn.execute(update(EngineRow).where(EngineRow.id == eid).values(last_seen=ts))

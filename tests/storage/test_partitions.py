@@ -106,3 +106,17 @@ def test_sqlite_has_no_partitions(sqlite_url: str) -> None:
     db = make_engine(sqlite_url)
     assert partitions.maintain(db, span_s=DAY, keep_s={"events": DAY}) == {}
     db.dispose()
+
+
+def test_an_event_read_again_at_another_time_is_one_row(migrated_url: str) -> None:
+    """Events' unique key holds ts (the partition key on Postgres); a kernel record read again
+    after a restart keeps its id but not its reading time, and is still one row, linked."""
+    from collector.storage.repo import Repository
+
+    repo = Repository(make_engine(migrated_url), host="node-a")
+    ev = {"uid": "k1", "ts": time.time(), "kind": "xid", "source": "kmsg", "severity": "critical", "message": "Xid 43", "data": {}}
+    repo.write_batch([], [], [ev], None)
+    repo.write_batch([], [], [dict(ev, ts=ev["ts"] + 5.0)], None)
+    with repo.db.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM events WHERE uid = 'k1'")).scalar_one() == 1
+    repo.db.dispose()
