@@ -75,6 +75,7 @@ class AppContext:
     alerter: Alerter | None = None
     port: Callable[[], int] | None = None  # the port served on (a bind to port 0 learns it late)
     lateness: Lateness = field(default_factory=Lateness)
+    fleet: FleetRows | None = None  # the split placement's forwarder to the shared store (docs/fleet.md)
     snapshot_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     manual_wait_s: float = 5.0  # a manual POST waits this long for its commits before answering 202
@@ -177,7 +178,7 @@ class AppContext:
         held_in_memory = bool(self.committer.spool_error) and self.committer.backlog > 0
         db_up, wait = self.database_up(), self.database_wait_s()
         hung = wait is not None and wait > STATEMENT_TIMEOUT_MS / 1000
-        shared = self.hub.rows.figures() if isinstance(self.hub.rows, FleetRows) else None  # the split placement
+        shared = self.fleet.figures() if self.fleet is not None else None  # the split placement
         degraded = (
             db_up is False
             or (shared is not None and shared["shared_up"] is False)

@@ -171,6 +171,7 @@ class Service:
             alerter=alerter,
             port=lambda: self.port,
             lateness=lateness,
+            fleet=rows if isinstance(rows, FleetRows) else None,
         )
         for eng in settings.engines:
             with contextlib.suppress(StorageError):

@@ -48,8 +48,8 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
         await asyncio.wait_for(svc.started.wait(), 30)
         assert svc.ctx is not None
         hub = svc.ctx.hub
-        hub.engine("decode-0").fingerprint = {"vllm_version": "0.11.0", "model": "m"}
-        hub.rows.offer_fingerprint("decode-0", {"vllm_version": "0.11.0", "model": "m"})
+        assert svc.rows is not None
+        svc.rows.offer_fingerprint("decode-0", {"vllm_version": "0.11.0", "model": "m"})  # as ingest offers it
         for i in range(300):
             hub.emit(StepRecord(engine="decode-0", ts=t0 + i * 0.01, step=i, running=4, kv_cache_usage=0.25, generation_tokens=4))
         hub.emit(
@@ -57,7 +57,7 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
         )
         for _ in range(150):
             if (
-                svc.ctx.snapshots.committed
+                svc.ctx.committer.committed
                 and count(database_url, "SELECT COUNT(*) FROM engine_series")
                 and count(local, "SELECT COUNT(*) FROM engine_steps") == 300
             ):
