@@ -1,11 +1,14 @@
 """Source: vLLM's Prometheus ``/metrics`` and ``/health`` of every engine the sidecar watches.
 
-One asyncio task per configured engine (a vLLM server), so a slow or dead server never delays
-the others. Each task scrapes on a fixed grid of ``interval`` seconds; a scrape never overlaps
-the previous one of the same engine: a tick that comes while a scrape is still running (it can
-take up to ``timeout``) is skipped and counted, not queued.
+One asyncio task per configured engine (a vLLM server) paces its scrapes, and the scrape itself
+runs in a thread of the source's pool, one per engine at most, so a slow or dead server never
+delays the others. Each task scrapes on a fixed grid of ``interval`` seconds; a scrape never
+overlaps the previous one of the same engine: a tick that comes while a scrape is still running
+(it can take up to ``timeout`` per request) is skipped and counted, not queued.
 
-One scrape = ``GET {url}/metrics`` and ``GET {url}/health`` together. The page is parsed by
+One scrape = ``GET {url}/metrics`` then ``GET {url}/health`` on the engine's one kept-alive
+connection (``collector.sources.http_get``: the standard library's client, 5x cheaper per scrape
+than httpx's on the loop, by ``bench/bench_scrape.py``). The page is parsed by
 ``collector.parsers.prom_text`` keeping only ``KEPT_SAMPLES`` and ``KEPT_PREFIXES``, and becomes
 one ``MetricsScrape`` per vLLM ``engine`` label (DP engines of one server):
 
@@ -36,7 +39,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +55,7 @@ from collector.parsers.prom_text import (
     parse,
 )
 from collector.sources.base import Sink, SourceError
+from collector.sources.http_get import HttpGetError, KeepAliveGet
 
 __all__ = [
     "KEPT_PREFIXES",
@@ -226,19 +231,21 @@ class _EngineState:
 
 
 ClientFactory = Callable[[], httpx.AsyncClient]
-
-
-def _default_client() -> httpx.AsyncClient:
-    # trust_env=False: engines are addressed directly; proxy variables must not reroute them.
-    return httpx.AsyncClient(trust_env=False)
+# What one scrape's two GETs gave: the page's records and counter keys, or why not; /health's
+# failure, or None.
+Fetched = tuple[tuple[list[MetricsScrape], set[str]] | BaseException, BaseException | None]
+MAX_SCRAPE_THREADS = 32
 
 
 class VllmMetricsSource:
     """Scrapes ``/metrics`` and ``/health`` of every engine; see the module docstring.
 
-    ``client_factory`` builds the one ``httpx.AsyncClient`` used by ``run`` (tests pass one
-    around an ``httpx.MockTransport``); ``clock`` stamps records (unix seconds); ``monotonic``
-    paces ticks and measures durations and rate intervals.
+    By default each engine's two GETs go over its own kept-alive HTTP/1.1 connection
+    (``collector.sources.http_get``, the standard library's client) in a thread of the source's
+    own pool, where the page is parsed too: the loop only paces the ticks and files the
+    records. ``client_factory`` instead builds one ``httpx.AsyncClient`` used on the loop (tests
+    pass one around an ``httpx.MockTransport``); ``clock`` stamps records (unix seconds);
+    ``monotonic`` paces ticks and measures durations and rate intervals.
     """
 
     name = "vllm_metrics"
@@ -264,29 +271,41 @@ class VllmMetricsSource:
         self._interval = interval
         self._timeout = timeout
         self._threshold = health_fail_threshold
-        self._client_factory = client_factory or _default_client
+        self._client_factory = client_factory
         self._clock = clock
         self._monotonic = monotonic
         self._wanted = wanted
         self._rates = CounterRates()
+        self._conns: dict[str, KeepAliveGet] = {}
 
     # -- public
 
     async def run(self, sink: Sink) -> None:
         """Scrape every engine each ``interval`` until cancelled."""
         try:
-            async with self._client_factory() as client:
-                async with asyncio.TaskGroup() as group:
-                    for state in self._states:
-                        group.create_task(self._loop(client, state, sink), name=f"scrape {state.name}")
+            if self._client_factory is not None:
+                async with self._client_factory() as client:
+                    await self._run_all(self._httpx_fetch(client), sink)
+            else:
+                # One thread per engine at most: a server that hangs until the timeout holds its
+                # own thread only, never another engine's scrape.
+                pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_SCRAPE_THREADS, len(self._states))), thread_name_prefix="flightrec-scrape")
+                try:
+                    await self._run_all(self._thread_fetch(pool), sink)
+                finally:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    for conn in self._conns.values():
+                        conn.close()
+                    self._conns.clear()
         except* Exception as group_error:
             # Failed scrapes never get here (they are status and events); only a bug does.
             first = group_error.exceptions[0]
             raise SourceError(f"{self.name}: {type(first).__name__}: {first}") from first
 
     async def scrape_once(self, client: httpx.AsyncClient, sink: Sink) -> None:
-        """One scrape of every engine, concurrently (for tests and one-shot tools)."""
-        await asyncio.gather(*(self._scrape(client, state, sink) for state in self._states))
+        """One scrape of every engine, concurrently, through ``client`` (tests and tools)."""
+        fetch = self._httpx_fetch(client)
+        await asyncio.gather(*(self._scrape(fetch, state, sink) for state in self._states))
 
     def status(self) -> list[SourceStatus]:
         """One status per configured engine: up, last error, failures, last scrape duration."""
@@ -310,6 +329,7 @@ class VllmMetricsSource:
                         "last_error": s.last_error,
                         "last_duration_s": s.last_duration_s,
                         "engines": sorted(s.engines_seen),
+                        "connects": self._conns[s.name].connects if s.name in self._conns else None,
                     },
                 )
             )
@@ -317,10 +337,15 @@ class VllmMetricsSource:
 
     # -- internals
 
-    async def _loop(self, client: httpx.AsyncClient, state: _EngineState, sink: Sink) -> None:
+    async def _run_all(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], sink: Sink) -> None:
+        async with asyncio.TaskGroup() as group:
+            for state in self._states:
+                group.create_task(self._loop(fetch, state, sink), name=f"scrape {state.name}")
+
+    async def _loop(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], state: _EngineState, sink: Sink) -> None:
         next_tick = self._monotonic()
         while True:
-            await self._scrape(client, state, sink)
+            await self._scrape(fetch, state, sink)
             next_tick += self._interval
             now = self._monotonic()
             if now > next_tick:
@@ -329,6 +354,62 @@ class VllmMetricsSource:
                 state.skipped_ticks += missed
                 next_tick += missed * self._interval
             await asyncio.sleep(max(0.0, next_tick - now))
+
+    def _page(self, state: _EngineState, url: str, text: str, ts: float) -> tuple[list[MetricsScrape], set[str]]:
+        """A page's records (pure: runs in the scrape thread or on the loop)."""
+        try:
+            page = parse(text, self._wanted)
+        except MetricsParseError as exc:
+            raise ScrapeError(f"GET {url}: unparsable page: {exc}") from exc
+        scrapes, counters = page_to_scrapes(page, name=state.name, ts=ts)
+        if not scrapes:
+            raise ScrapeError(f"GET {url}: no vLLM samples on the page")
+        return scrapes, counters
+
+    # the default: kept-alive connections in threads
+
+    def _thread_fetch(self, pool: ThreadPoolExecutor) -> Callable[[_EngineState, float], Awaitable[Fetched]]:
+        def fetch(state: _EngineState, ts: float) -> Awaitable[Fetched]:
+            return asyncio.get_running_loop().run_in_executor(pool, self._fetch_blocking, state, ts)
+
+        return fetch
+
+    def _fetch_blocking(self, state: _EngineState, ts: float) -> Fetched:
+        conn = self._conns.get(state.name)
+        if conn is None:
+            conn = self._conns[state.name] = KeepAliveGet(state.url)
+        metrics: tuple[list[MetricsScrape], set[str]] | BaseException
+        health: BaseException | None = None
+        url = state.url + "/metrics"
+        try:
+            status, body = conn.get("/metrics", self._timeout)
+            if status != 200:
+                raise ScrapeError(f"GET {url}: HTTP {status}")
+            metrics = self._page(state, url, body.decode("utf-8", "replace"), ts)
+        except HttpGetError as exc:
+            metrics = ScrapeError(str(exc))
+        except ScrapeError as exc:
+            metrics = exc
+        try:
+            status, _ = conn.get("/health", self._timeout)
+            if status != 200:
+                health = ScrapeError(f"GET {state.url}/health: HTTP {status}")
+        except HttpGetError as exc:
+            health = ScrapeError(str(exc))
+        return metrics, health
+
+    # through an httpx client on the loop
+
+    def _httpx_fetch(self, client: httpx.AsyncClient) -> Callable[[_EngineState, float], Awaitable[Fetched]]:
+        async def fetch(state: _EngineState, ts: float) -> Fetched:
+            metrics, health = await asyncio.gather(
+                self._metrics(client, state, ts),
+                self._get(client, state.url + "/health"),
+                return_exceptions=True,
+            )
+            return metrics, health if isinstance(health, BaseException) else None
+
+        return fetch
 
     async def _get(self, client: httpx.AsyncClient, url: str) -> httpx.Response:
         try:
@@ -344,23 +425,12 @@ class VllmMetricsSource:
     async def _metrics(self, client: httpx.AsyncClient, state: _EngineState, ts: float) -> tuple[list[MetricsScrape], set[str]]:
         url = state.url + "/metrics"
         response = await self._get(client, url)
-        try:
-            page = parse(response.text, self._wanted)
-        except MetricsParseError as exc:
-            raise ScrapeError(f"GET {url}: unparsable page: {exc}") from exc
-        scrapes, counters = page_to_scrapes(page, name=state.name, ts=ts)
-        if not scrapes:
-            raise ScrapeError(f"GET {url}: no vLLM samples on the page")
-        return scrapes, counters
+        return self._page(state, url, response.text, ts)
 
-    async def _scrape(self, client: httpx.AsyncClient, state: _EngineState, sink: Sink) -> None:
+    async def _scrape(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], state: _EngineState, sink: Sink) -> None:
         started = self._monotonic()
         ts = self._clock()
-        metrics, health = await asyncio.gather(
-            self._metrics(client, state, ts),
-            self._get(client, state.url + "/health"),
-            return_exceptions=True,
-        )
+        metrics, health = await fetch(state, ts)
         state.last_duration_s = self._monotonic() - started
         # A page read while /health fails is still evidence (an engine on its way down often
         # serves one): emit it, and count the scrape as failed.

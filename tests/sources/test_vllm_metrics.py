@@ -350,3 +350,60 @@ def test_connector_families_are_kept_without_buckets_and_counters_get_rates() ->
     assert second.rates["nixl_xfer_time_seconds_sum"] == 0.5
     assert second.rates["nixl_xfer_time_seconds_count"] == 0.0
     assert "hisparse_host_cache_usage_perc" not in second.rates
+
+
+# -- the default client: kept-alive connections in threads, against real servers ---------------
+
+
+def test_default_client_scrapes_real_servers_on_one_kept_connection_each() -> None:
+    from tests.sources.test_http_get import Server
+
+    a, b = Server(body=LOADED.encode()), Server(body=IDLE.encode(), delay=0.3)
+    sink = ListSink()
+    source = VllmMetricsSource(engines=[Engine("a", a.url), Engine("b", b.url)], interval=0.05, timeout=2.0)
+
+    async def go() -> None:
+        task = asyncio.create_task(source.run(sink))
+        await asyncio.sleep(0.8)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(go())
+    finally:
+        a.close()
+        b.close()
+    fast = sink.scrapes("a")
+    assert fast and fast[0].values == reference(LOADED)
+    # the slow server (0.3 s per GET, two GETs a scrape) holds its own thread only
+    assert len(fast) >= 4 * len(sink.scrapes("b"))
+    assert 1 <= len(sink.scrapes("b")) <= 2
+    assert a.connections == 1 and b.connections == 1
+    assert not sink.events()
+
+
+def test_default_client_reports_a_refused_engine_down() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    sink = ListSink()
+    source = VllmMetricsSource(engines=[Engine("gone", url)], interval=0.02, health_fail_threshold=3)
+
+    async def go() -> None:
+        task = asyncio.create_task(source.run(sink))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if sink.events():
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    [down] = sink.events()
+    assert down.kind is EventKind.ENGINE_DOWN and down.severity is Severity.CRITICAL
+    assert "ConnectionRefusedError" in down.message
+    assert not sink.scrapes()

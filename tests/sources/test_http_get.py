@@ -1,0 +1,162 @@
+"""KeepAliveGet against real HTTP servers on loopback (the standard library's, as vLLM's
+uvicorn behaves where it matters: HTTP/1.1 keep-alive, idle connections closed by the server)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from collector.sources.http_get import HttpGetError, KeepAliveGet
+
+PAGE = (Path(__file__).resolve().parent.parent / "fixtures" / "vllm-metrics" / "idle.txt").read_bytes()
+
+
+class Server:
+    """A loopback server that counts the connections it accepted."""
+
+    def __init__(self, *, keep_alive: bool = True, delay: float = 0.0, body: bytes = PAGE, chunked: bool = False) -> None:
+        self.connections = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:
+                if delay:
+                    time.sleep(delay)
+                data = body if self.path.endswith("/metrics") else b""
+                self.send_response(200 if self.path.endswith(("/metrics", "/health")) else 404)
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for i in range(0, len(data), 4096):
+                        part = data[i : i + 4096]
+                        self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def test_gets_reuse_one_connection(server: Server) -> None:
+    get = KeepAliveGet(server.url)
+    for _ in range(5):
+        assert get.get("/metrics", 2.0) == (200, PAGE)
+        assert get.get("/health", 2.0) == (200, b"")
+    assert get.connects == 1
+    assert server.connections == 1
+    assert get.get("/nope", 2.0)[0] == 404
+    get.close()
+
+
+def test_a_server_that_closes_each_connection_is_still_read() -> None:
+    s = Server(keep_alive=False)
+    try:
+        get = KeepAliveGet(s.url)
+        for _ in range(3):
+            assert get.get("/metrics", 2.0) == (200, PAGE)
+        assert get.connects == 3
+    finally:
+        s.close()
+
+
+def test_a_chunked_body_is_read_whole() -> None:
+    s = Server(chunked=True)
+    try:
+        assert KeepAliveGet(s.url).get("/metrics", 2.0) == (200, PAGE)
+    finally:
+        s.close()
+
+
+def test_a_kept_connection_the_server_dropped_is_retried_once_on_a_fresh_one() -> None:
+    # A raw server: answers one request per connection with keep-alive headers, then closes
+    # the socket without saying so (an idle timeout): the client learns it on its next request.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        get = KeepAliveGet(f"http://127.0.0.1:{port}")
+        assert get.get("/health", 2.0) == (200, b"ok")
+        time.sleep(0.1)  # the server has closed it by now
+        assert get.get("/health", 2.0) == (200, b"ok")
+        assert get.connects == 2
+        assert len(accepted) == 2
+    finally:
+        listener.close()
+
+
+def test_refused_timed_out_and_oversized_are_errors_that_say_so() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: refused
+    with pytest.raises(HttpGetError, match="ConnectionRefusedError"):
+        KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 1.0)
+    slow = Server(delay=0.5)
+    try:
+        with pytest.raises(HttpGetError, match="timed out after 0.1 s"):
+            KeepAliveGet(slow.url).get("/metrics", 0.1)
+    finally:
+        slow.close()
+    big = Server()
+    try:
+        with pytest.raises(HttpGetError, match="larger than 1000 bytes"):
+            KeepAliveGet(big.url, max_body=1000).get("/metrics", 2.0)
+    finally:
+        big.close()
+
+
+def test_a_path_prefix_of_the_base_url_is_kept() -> None:
+    s = Server()
+    try:
+        assert KeepAliveGet(s.url + "/engine0/").get("/metrics", 2.0) == (200, PAGE)
+    finally:
+        s.close()
+    with pytest.raises(ValueError):
+        KeepAliveGet("unix:///tmp/x.sock")
