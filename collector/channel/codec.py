@@ -423,11 +423,27 @@ def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:
     return _step_of(engine, STEP_HEAD.unpack_from(payload, 1), extras)
 
 
+_SPLITS: dict[tuple[int, int], dict[str, int]] = {}
+_MAX_SPLITS = 4096
+_NO_CONNECTOR: dict[str, Any] = {}
+_NO_FINISHED: list[dict[str, Any]] = []
+_NO_DETAILS: dict[str, Any] = {}
+
+
 def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) -> StepRecord:
     """A step record from an S record's fixed fields and its extras (None: it had none)."""
     (step, ts, engine_index, running, waiting, deferred, kv, preempt, prompt, gen, finished, pq, ph) = head
-    by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
     if extras is None:
+        # A plain step shares its containers with every other plain step: the same empty ones,
+        # and one waiting split per (capacity, deferred) seen. A ring of 8 x 4,096 steps held
+        # ~650 bytes a step, most of it four containers of its own. Nothing mutates a held
+        # step's containers (ingest replaces, never edits them).
+        split = (max(waiting - deferred, 0), deferred)
+        by_reason = _SPLITS.get(split)
+        if by_reason is None:
+            if len(_SPLITS) >= _MAX_SPLITS:
+                _SPLITS.clear()
+            by_reason = _SPLITS[split] = {"capacity": split[0], "deferred": deferred}
         return StepRecord(
             engine=engine,
             ts=ts,
@@ -442,9 +458,13 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
             waiting_by_reason=by_reason,
             prefix_cache_queries=pq,
             prefix_cache_hits=ph,
+            connector=_NO_CONNECTOR,
+            finished_requests=_NO_FINISHED,
+            details=_NO_DETAILS,
             engine_index=engine_index,
             halves=HALF_STATS,
         )
+    by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
     more = extras.get("waiting_by_reason")
     if isinstance(more, dict):
         by_reason.update(more)

@@ -67,9 +67,11 @@ class EngineRegistry:
         return list(self._engines)
 
     # -- what ingest learns ---------------------------------------------------------------------
-    def saw_step(self, name: str, ts: float, request_rows: int) -> None:
+    def saw_step(self, name: str, ts: float, request_rows: int, halves: int = 1) -> None:
+        """``halves``: 2 for a step whose two halves came as one record (the recorder source
+        pairs the halves it reads in one poll): each half counts as received."""
         st = self._engines[name]
-        st.steps_received += 1
+        st.steps_received += halves
         st.requests_received += request_rows
         st.last_seen = ts
         st.up = st.ever_up = True

@@ -22,6 +22,7 @@ from collector.ingest.engines import EngineRegistry
 from collector.ingest.store import RingStore
 from collector.model import (
     HALF_REQUESTS,
+    HALF_STATS,
     Event,
     Fingerprint,
     GpuSample,
@@ -140,6 +141,8 @@ class Intake:
                 raise ValueError(f"step {rec.step} out of range")
         self.engine(rec.engine)
         rings = self.store.of(rec.engine)
+        # a step's two halves may come as one record (paired by the recorder source): each counts
+        halves = 2 if rec.halves == HALF_STATS | HALF_REQUESTS else 1
         if rec.finished_requests:
             # vLLM's per-request finish figures ride on every step that ended a request: a dict
             # of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that nothing reads
@@ -159,7 +162,7 @@ class Intake:
             rings.last_block = block
             rows = block.n
         held = rings.ring.add(rec)
-        self.engines.saw_step(rec.engine, rec.ts, rows)
+        self.engines.saw_step(rec.engine, rec.ts, rows, halves)
         self.rows.offer_step(held)
 
     def _scrape(self, s: MetricsScrape) -> None:

@@ -65,16 +65,51 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     sink = ListSink()
     src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: True)
     assert src.poll(sink) == 2
-    steps = [o for o in sink.items if isinstance(o, StepRecord)]
-    assert {(s.engine, s.step) for s in steps} == {("decode-0", 1)}
+    # read in one poll, the two halves are handed on as one record
+    [rec] = [o for o in sink.items if isinstance(o, StepRecord)]
+    assert (rec.engine, rec.step, rec.halves) == ("decode-0", 1, HALF_STATS | HALF_REQUESTS)
     # the scheduler's half carries the recorder's bytes, decoded only when read
-    req = next(s for s in steps if s.request_block is not None)
-    assert req.requests is None and req.halves == HALF_REQUESTS
-    assert req.request_block.column("request_id") == ["r1"]
-    assert req.request_block.column("computed_tokens") == [300] and req.request_block.column("output_tokens") == [1]
+    assert rec.requests is None
+    assert rec.request_block.column("request_id") == ["r1"]
+    assert rec.request_block.column("computed_tokens") == [300] and rec.request_block.column("output_tokens") == [1]
+    assert (rec.running, rec.waiting, rec.kv_cache_usage) == (2, 1, 0.25)  # the stats half's figures
+
+    # read in two polls, each half is handed on alone (ingest's ring merges them)
+    sched.append(encode_requests("decode-0", 2, 999.5, [RequestRow("r1", 300, 301, 2)]))
+    sink = ListSink()
+    assert src.poll(sink) == 1
+    [req] = sink.items
+    assert isinstance(req, StepRecord) and req.halves == HALF_REQUESTS and req.step == 2
     assert req.running == 1 and req.waiting is None and req.kv_cache_usage is None  # not this half's figures
-    stat = next(s for s in steps if s.request_block is None)
-    assert stat.halves == HALF_STATS and (stat.running, stat.waiting, stat.kv_cache_usage) == (2, 1, 0.25)
+    stats.append(step(2, 999.5))
+    sink = ListSink()
+    assert src.poll(sink) == 1
+    [stat] = sink.items
+    assert isinstance(stat, StepRecord) and stat.halves == HALF_STATS and stat.request_block is None
+    assert (stat.running, stat.waiting, stat.kv_cache_usage) == (2, 1, 0.25)
+
+
+def test_pairing_keeps_the_first_halfs_place_and_pairs_only_one_engines_run_and_step() -> None:
+    from collector.channel.blocks import RequestBlock
+    from collector.sources.recorder import pair_halves
+
+    def half(engine: str, n: int, *, stats: bool, run: int = 7) -> StepRecord:
+        if stats:
+            return StepRecord(engine=engine, ts=1.0, step=n, running=3, halves=HALF_STATS, run=run)
+        block = RequestBlock.from_rows(n, 1.0, [RequestRow("r", 1, 1)])
+        return StepRecord(engine=engine, ts=1.0, step=n, running=1, request_block=block, halves=HALF_REQUESTS, run=run)
+
+    r1, s2, s1, r1b, s1_other_run = (
+        half("a", 1, stats=False),
+        half("a", 2, stats=True),
+        half("a", 1, stats=True),
+        half("b", 1, stats=False),
+        half("a", 1, stats=True, run=8),
+    )
+    out = pair_halves([r1, s2, s1, r1b, s1_other_run])
+    assert out == [s1, s2, r1b, s1_other_run]
+    assert s1.halves == HALF_STATS | HALF_REQUESTS and s1.request_block is r1.request_block and s1.running == 3
+    assert r1b.halves == HALF_REQUESTS and s1_other_run.request_block is None
 
 
 def test_a_figure_the_stat_logger_could_not_read_arrives_as_null(tmp_path: Path) -> None:
@@ -258,3 +293,22 @@ def test_a_bad_ring_header_is_logged_once_not_every_poll(tmp_path: Path, caplog:
     with caplog.at_level(logging.WARNING, logger="collector.sources.recorder"):
         src.poll(ListSink())
     assert len([r for r in caplog.records if "skipping" in r.getMessage()]) == 2
+
+
+def test_a_paired_step_counts_as_its_two_halves_in_ingest(tmp_path: Path) -> None:
+    from collector.ingest.hub import Hub
+    from collector.settings import Settings
+
+    stats = writer(tmp_path, "decode-0", "stats", 11)
+    sched = writer(tmp_path, "decode-0", "sched", 12)
+    for n in range(1, 4):
+        stats.append(step(n, 999.0 + n))
+        sched.append(encode_requests("decode-0", n, 999.0 + n, [RequestRow("r1", 300, 300, n)]))
+    hub = Hub(Settings(), clock=lambda: 1000.0)
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    assert src.poll(hub) == 6
+    st = hub.engines["decode-0"]
+    assert st.steps_received == 6 and st.requests_received == 3
+    held = st.ring.steps()
+    assert [s.step for s in held] == [1, 2, 3]
+    assert all(s.halves == HALF_STATS | HALF_REQUESTS and s.waiting == 1 and s.request_count == 1 for s in held)
