@@ -71,6 +71,7 @@ class DetectorRunner:
         self._published: dict[Key, DetectorState] = {}
         self._last_scrape: dict[str, float] = {}
         self._last_raw: dict[Key, dict[Severity, DetectorState]] = {}
+        self._scrape_series: dict[str, S.ScrapeSeries] = {}
 
     def states(self) -> list[DetectorState]:
         """The published state of every (detector, labels) seen, for the API."""
@@ -110,13 +111,17 @@ class DetectorRunner:
         engines = set(engine_steps) | set(by_engine) | set(self._last_scrape)
         for engine in sorted(engines):
             steps = since(engine_steps.get(engine, ()), start, lambda s: s.ts)
-            engine_scrapes = since(by_engine.get(engine, ()), start, lambda s: s.ts)
-            raw += self._engine_states(engine, steps, engine_scrapes, now)
+            series = self._scrape_series.get(engine)
+            if series is None:
+                series = self._scrape_series[engine] = S.ScrapeSeries()
+            series.feed(by_engine.get(engine, ()))
+            series.trim(start)
+            raw += self._engine_states(engine, steps, series, now)
         for gpu, samples in _group(gpu_samples, lambda s: s.gpu).items():
             raw += self._gpu_states(gpu, since(samples, start, lambda s: s.ts), now)
         return self._publish(raw)
 
-    def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: list[MetricsScrape], now: float) -> list[DetectorState]:
+    def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: S.ScrapeSeries, now: float) -> list[DetectorState]:
         t = self.thr
         labels = {"engine": engine}
         out = []
@@ -127,17 +132,17 @@ class DetectorRunner:
         # its points, not every detector the step.
         all_steps = steps
         steps = [s for s in steps if s.halves & HALF_STATS]
-        # each scrape series once per engine and tick (several detectors read the same ones)
-        sc_waiting = S.gauge(scrapes, S.WAITING)
-        sc_tokens = S.token_amounts(scrapes)
-        sc_demand = [(ts, r + w) for (ts, r), (_, w) in zip(S.gauge(scrapes, S.RUNNING), sc_waiting, strict=False)]
+        # the scrape series, kept up to date one scrape at a time (several detectors read them)
+        sc_waiting = list(scrapes.waiting)
+        sc_tokens = list(scrapes.tokens)
+        sc_demand = [(ts, r + w) for (ts, r), (_, w) in zip(scrapes.running, sc_waiting, strict=False)]
         if steps:
             waiting, tokens, kv, preempt, demand = _step_series(steps)
         else:
             waiting = sc_waiting
             tokens = sc_tokens
-            kv = S.gauge(scrapes, S.KV_USAGE)
-            preempt = S.deltas(S.counter(scrapes, S.PREEMPTIONS))
+            kv = list(scrapes.kv)
+            preempt = S.deltas(list(scrapes.preempt))
             demand = sc_demand
         if t.stall.enabled:
             stall_waiting = sorted(waiting + sc_waiting) if steps else waiting
@@ -156,14 +161,14 @@ class DetectorRunner:
                 out.append(detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels, thr=t.host_backlog))
         if t.throughput.enabled:
             # scrapes reach further back than a step ring at hundreds of steps a second
-            long_tokens = sc_tokens if len(scrapes) >= 2 else tokens
-            long_demand = sc_demand if len(scrapes) >= 2 else demand
+            long_tokens = sc_tokens if len(scrapes.times) >= 2 else tokens
+            long_demand = sc_demand if len(scrapes.times) >= 2 else demand
             out.append(detect_throughput_collapse(long_tokens, long_demand, now=now, labels=labels, thr=t.throughput))
-        if t.latency.enabled and scrapes:
+        if t.latency.enabled and scrapes.times:
             out.append(
                 detect_itl_regression(
-                    S.counter(scrapes, S.ITL_SUM),
-                    S.counter(scrapes, S.ITL_COUNT),
+                    list(scrapes.itl_sum),
+                    list(scrapes.itl_count),
                     now=now,
                     labels=labels,
                     thr=t.latency,

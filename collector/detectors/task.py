@@ -17,10 +17,11 @@ from collector.model import Event, EventKind, Severity
 
 log = logging.getLogger(__name__)
 
-# Steps the detectors see per engine and tick: ~5 s at 100 steps/s. Longer windows (stall,
-# throughput baselines) come from the scrapes, which reach minutes back at one point a second;
-# 2,048 steps per engine per second cost a third of the sidecar's CPU at 8 engines.
-HISTORY_STEPS = 512
+# What the detectors see of each engine's steps: its steps folded per second as they arrive
+# (``ingest.rings.SecondAggregates``, the last 120 s), not the steps themselves: 2,048 steps per
+# engine per tick once cost a third of the sidecar's CPU at 8 engines, and the last 512 still
+# most of the detector task's. The scrape series are kept up to date one scrape at a time by
+# the runner (``detectors.series.ScrapeSeries``).
 
 
 class DetectorTask:
@@ -63,7 +64,7 @@ class DetectorTask:
         view = self.view
         # an engine that is down (its /metrics gone, or dead) has no live series to judge
         names = [n for n in view.engine_names() if (info := view.engine(n)) is not None and info.up is not False]
-        steps = {name: view.recent_steps(name, HISTORY_STEPS) for name in names}
+        steps = {name: view.step_seconds(name) for name in names}
         scrapes = {name: view.scrapes(name) for name in names}
         samples = view.gpu_series()
         transitions = self.runner.evaluate(steps, samples, scrapes)

@@ -44,6 +44,11 @@ class LiveView:
         rings = self._store.engines.get(engine)
         return rings.ring.recent(n) if rings is not None else []
 
+    def step_seconds(self, engine: str) -> list[StepRecord]:
+        """The engine's steps folded per second (``rings.SecondAggregates``), oldest first."""
+        rings = self._store.engines.get(engine)
+        return rings.ring.seconds.all() if rings is not None else []
+
     def last_step(self, engine: str) -> StepRecord | None:
         rings = self._store.engines.get(engine)
         return rings.ring.last() if rings is not None else None

@@ -123,3 +123,42 @@ def test_disabled_detectors_do_not_run() -> None:
     for t in range(1, 40):
         runner.evaluate({}, [], [s for s in scrape if s.ts <= T0 + t], now=T0 + t)
     assert {s.name for s in runner.states()}.isdisjoint({"preemption_storm", "scrape_target_gone"})
+
+
+def test_scrape_series_kept_one_scrape_at_a_time_equal_the_series_read_afresh() -> None:
+    from collector.detectors import series as S
+
+    rng = random.Random(3)
+    held: list[MetricsScrape] = []
+    kept = S.ScrapeSeries()
+    gen = prompt = preempt = 0.0
+    for i in range(200):
+        gen += rng.randint(0, 50)
+        prompt += rng.randint(0, 20)
+        preempt += rng.randint(0, 1)
+        values = {
+            "num_requests_running": float(rng.randint(0, 9)),
+            "num_requests_waiting": float(rng.randint(0, 9)),
+            "kv_cache_usage_perc": rng.random(),
+        }
+        if i != 50:  # one scrape without counters
+            values |= {"generation_tokens_total": gen, "prompt_tokens_total": prompt, "num_preemptions_total": preempt}
+        if i == 120:  # an engine restart: the counters begin again
+            gen = prompt = 0.0
+        held.append(MetricsScrape(engine="e", ts=T0 + i, values=values))
+        kept.feed(list(held[-150:]))  # as the hub's deque, bounded
+        window = held[-150:]
+        start = window[0].ts
+        kept.trim(start)
+        assert list(kept.waiting) == S.gauge(window, S.WAITING)
+        assert list(kept.running) == S.gauge(window, S.RUNNING)
+        assert list(kept.kv) == S.gauge(window, S.KV_USAGE)
+        assert list(kept.preempt) == S.counter(window, S.PREEMPTIONS)
+        afresh = S.token_amounts(window)
+        # read afresh, a window's first scrape has no amount; kept, it has the one since the scrape before
+        assert list(kept.tokens)[-len(afresh) :] == afresh if afresh else True
+        assert len(kept.tokens) - len(afresh) in (0, 1)
+    # a list that does not hold the last scrape taken is read afresh
+    other = [MetricsScrape(engine="e", ts=T0 + 5, values={"num_requests_waiting": 1.0})]
+    kept.feed(other)
+    assert list(kept.waiting) == [(T0 + 5, 1.0)] and list(kept.times) == [T0 + 5]

@@ -111,3 +111,56 @@ def test_line_ring_is_bounded() -> None:
     ring = LineRing(3)
     ring.extend(LogLine("d", float(i), f"l{i}") for i in range(10))
     assert [x.line for x in ring.all()] == ["l7", "l8", "l9"]
+
+
+def test_steps_fold_into_one_record_per_second_for_the_detectors() -> None:
+    ring = EngineRing(4096)
+    block = RequestBlock.from_rows(3, 10.7, [RequestRow("r1", 10, 10, 1), RequestRow("r2", 10, 10, 1, status="preempted")])
+    ring.add(
+        StepRecord(
+            engine="d",
+            ts=10.1,
+            step=1,
+            running=4,
+            waiting=2,
+            kv_cache_usage=0.2,
+            preemptions=1,
+            prompt_tokens=5,
+            generation_tokens=4,
+            finished=0,
+            halves=HALF_STATS,
+        )
+    )
+    ring.add(
+        StepRecord(engine="d", ts=10.5, step=2, running=5, waiting=None, kv_cache_usage=0.3, preemptions=2, generation_tokens=6, halves=HALF_STATS)
+    )
+    # a requests half alone: its block, not its running count over the stats'
+    ring.add(StepRecord(engine="d", ts=10.7, step=3, running=1, request_block=block, halves=HALF_REQUESTS))
+    ring.add(StepRecord(engine="d", ts=11.2, step=4, running=1, request_block=block, halves=HALF_REQUESTS))
+    first, second = ring.seconds.all()
+    assert (first.ts, first.step, first.halves) == (10.7, 3, HALF_STATS | HALF_REQUESTS)
+    assert (first.running, first.waiting, first.kv_cache_usage) == (5, 2, 0.3)  # the newest known
+    assert (first.preemptions, first.prompt_tokens, first.generation_tokens, first.finished) == (3, 5, 10, 0)  # sums
+    assert first.request_block is block and first.host_blocks is None
+    # a second with no stats half: its figures are unknown, not 0
+    assert second.halves == HALF_REQUESTS and second.running == 1
+    assert second.waiting is None and second.generation_tokens is None and second.preemptions is None
+    # the stats half of step 4 arrives late: it folds into its own second
+    ring.add(StepRecord(engine="d", ts=11.2, step=4, running=7, waiting=0, generation_tokens=3, halves=HALF_STATS))
+    second = ring.seconds.all()[1]
+    assert second.halves == HALF_STATS | HALF_REQUESTS and (second.running, second.waiting, second.generation_tokens) == (7, 0, 3)
+    # a late half of a past second that had no step is let go; an old second still held is not
+    ring.add(StepRecord(engine="d", ts=10.9, step=9, generation_tokens=100, halves=HALF_STATS))
+    assert ring.seconds.all()[0].generation_tokens == 110
+    ring.add(StepRecord(engine="d", ts=13.0, step=10, generation_tokens=1, halves=HALF_STATS))
+    ring.add(StepRecord(engine="d", ts=12.5, step=11, generation_tokens=1, halves=HALF_STATS))
+    assert [int(s.ts) for s in ring.seconds.all()] == [10, 11, 13]
+
+
+def test_per_second_aggregates_keep_the_last_two_minutes() -> None:
+    ring = EngineRing(64)
+    for i in range(300 * 10):
+        ring.add(StepRecord(engine="d", ts=1000.0 + i / 10, step=i, generation_tokens=2, halves=HALF_STATS))
+    held = ring.seconds.all()
+    assert len(held) == 120 and int(held[0].ts) == 1180 and int(held[-1].ts) == 1299
+    assert all(s.generation_tokens == 20 for s in held)
