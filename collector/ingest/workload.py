@@ -38,8 +38,8 @@ restarted engine, which takes longer than that to serve again, starts after it.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from collector.model import WorkloadRecord
@@ -73,41 +73,66 @@ COLUMNS = (
 )
 
 
-@dataclass(slots=True)
-class _Request:
-    id: str
-    engine: str
-    arrival: float
-    prompt_len: int | None
-    max_tokens: int | None
-    n: int | None
-    ignore_eos: bool | None
-    has_stop: bool | None
-    end: float | None = None
-    output_len: int | None = None
-    finish: str | None = None
-    cached_tokens: int | None = None
+_NONE = -(1 << 63)  # an unknown integer in the integer columns
+_NAN = float("nan")  # an unknown time in the float columns
 
 
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def _int(v: Any) -> int:
+    """A count as its column holds it; ``_NONE`` for anything that is not a finite number in
+    range (JSON allows NaN and numbers beyond 64 bits)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        try:
+            i = int(v)
+        except (ValueError, OverflowError):
+            return _NONE
+        return i if _NONE < i < 1 << 63 else _NONE
+    return _NONE
 
 
-def _bool(v: Any) -> bool | None:
-    return v if isinstance(v, bool) else None
+def _bool(v: Any) -> int:
+    return int(v) if isinstance(v, bool) else -1
+
+
+def _opt(v: int) -> int | None:
+    return None if v == _NONE else v
+
+
+def _opt_bool(v: int) -> bool | None:
+    return None if v < 0 else bool(v)
 
 
 class WorkloadLog:
+    """The requests in arrival order as columns (``array``s of numbers, lists of the ids and
+    finish reasons): about 110 bytes a request held, where an object per request took ~500 (the
+    log holds up to 10,000 requests per engine: 80,000 at a node of 8).
+
+    Requests leave only from the front (the oldest arrival first), so the columns are cut from
+    the front in bulk once half of them are gone, not on every drop."""
+
     def __init__(self, *, max_requests: int = DEFAULT_MAX_REQUESTS, max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
         if max_requests < 0 or max_age_s <= 0:
             raise ValueError("max_requests must be 0 (keep nothing) or more, max_age_s positive")
         self.max_requests = max_requests
         self.max_age_s = float(max_age_s)
-        # keyed by a sequence number: a client may reuse a request id once the first has ended
-        self._requests: OrderedDict[int, _Request] = OrderedDict()
+        # request i (a sequence number: a client may reuse a request id once the first has
+        # ended) sits at column position i - self._base; positions below self._head are gone
+        self._base = 0
+        self._head = 0
+        self._id: list[str] = []
+        self._engine: list[str] = []
+        self._arrival = array("d")
+        self._prompt_len = array("q")
+        self._max_tokens = array("q")
+        self._n = array("q")
+        self._ignore_eos = array("b")
+        self._has_stop = array("b")
+        self._end = array("d")  # NaN: no end yet
+        self._output_len = array("q")
+        self._finish: list[str | None] = []
+        self._cached = array("q")
+        self._names: dict[str, str] = {}  # one copy of each engine name and finish reason
         self._open: dict[tuple[str, str], int] = {}  # (engine, id) of requests without an end
         self._early_ends: OrderedDict[tuple[str, str], WorkloadRecord] = OrderedDict()
-        self._seq = 0
         self._newest = float("-inf")
         self._deaths: list[float] = []
         self.dropped_by_count = 0
@@ -115,42 +140,47 @@ class WorkloadLog:
         self.ends_without_arrival = 0
 
     def __len__(self) -> int:
-        return len(self._requests)
+        return len(self._id) - self._head
+
+    def _intern(self, name: str) -> str:
+        return self._names.setdefault(name, name) if len(self._names) < 4096 else name
 
     def add(self, rec: WorkloadRecord) -> None:
         if not self.max_requests:  # the log is turned off (workload_requests: 0)
             return
         d = rec.data
         key = (rec.engine, str(d.get("id")))
-        self._newest = max(self._newest, rec.ts)
-        if d.get("ev") == "arrive":
+        if rec.ts > self._newest:
+            self._newest = rec.ts
+        ev = d.get("ev")
+        if ev == "arrive":
             self._arrive(key, rec)
-        elif d.get("ev") == "end":
-            self._end(key, rec)
+        elif ev == "end":
+            self._end_of(key, rec)
         self._prune()
 
     def _arrive(self, key: tuple[str, str], rec: WorkloadRecord) -> None:
         d = rec.data
-        self._seq += 1
-        self._requests[self._seq] = _Request(
-            id=key[1],
-            engine=rec.engine,
-            arrival=rec.ts,
-            prompt_len=_int(d.get("prompt_len")),
-            max_tokens=_int(d.get("max_tokens")),
-            n=_int(d.get("n")),
-            ignore_eos=_bool(d.get("ignore_eos")),
-            has_stop=_bool(d.get("has_stop")),
-        )
-        self._open[key] = self._seq
+        self._id.append(key[1])
+        self._engine.append(self._intern(rec.engine))
+        self._arrival.append(rec.ts)
+        self._prompt_len.append(_int(d.get("prompt_len")))
+        self._max_tokens.append(_int(d.get("max_tokens")))
+        self._n.append(_int(d.get("n")))
+        self._ignore_eos.append(_bool(d.get("ignore_eos")))
+        self._has_stop.append(_bool(d.get("has_stop")))
+        self._end.append(_NAN)
+        self._output_len.append(_NONE)
+        self._finish.append(None)
+        self._cached.append(_NONE)
+        self._open[key] = self._base + len(self._id) - 1
         early = self._early_ends.pop(key, None)
         if early is not None:
-            self._end(key, early)
+            self._end_of(key, early)
 
-    def _end(self, key: tuple[str, str], rec: WorkloadRecord) -> None:
+    def _end_of(self, key: tuple[str, str], rec: WorkloadRecord) -> None:
         seq = self._open.pop(key, None)
-        req = self._requests.get(seq) if seq is not None else None
-        if req is None:
+        if seq is None or seq - self._base < self._head:
             # the arrival may still be on its way (another ring), or before the log began
             self._early_ends[key] = rec
             if len(self._early_ends) > MAX_EARLY_ENDS:
@@ -158,28 +188,56 @@ class WorkloadLog:
                 self.ends_without_arrival += 1
             return
         d = rec.data
-        req.end = rec.ts
-        req.output_len = _int(d.get("output_len"))
+        i = seq - self._base
+        self._end[i] = rec.ts
+        self._output_len[i] = _int(d.get("output_len"))
         finish = d.get("finish")
-        req.finish = str(finish) if finish is not None else None
-        req.cached_tokens = _int(d.get("cached_tokens"))
+        self._finish[i] = self._intern(str(finish)) if finish is not None else None
+        self._cached[i] = _int(d.get("cached_tokens"))
+
+    def _drop_first(self) -> None:
+        i = self._head
+        key = (self._engine[i], self._id[i])
+        if self._open.get(key) == self._base + i:  # still open, or closed by a crash, never by its end
+            del self._open[key]
+        self._head += 1
 
     def _prune(self) -> None:
-        while len(self._requests) > self.max_requests:
-            _, old = self._requests.popitem(last=False)
-            self._open.pop((old.engine, old.id), None)
+        while len(self) > self.max_requests:
+            self._drop_first()
             self.dropped_by_count += 1
         horizon = self._newest - self.max_age_s
         # ended requests are dropped from the oldest arrival on, stopping at the first one that
         # is still needed: the log stays ordered by arrival, a cheap check per record
-        while self._requests:
-            seq, old = next(iter(self._requests.items()))
-            if old.end is None or old.end >= horizon:
+        end = self._end
+        while self._head < len(self._id):
+            e = end[self._head]
+            if e != e or e >= horizon:  # NaN: not ended
                 break
-            del self._requests[seq]
-            if self._open.get((old.engine, old.id)) == seq:  # closed by a crash, never by its end
-                del self._open[(old.engine, old.id)]
+            self._drop_first()
             self.dropped_by_age += 1
+        if self._head > 1024 and self._head * 2 > len(self._id):
+            self._compact()
+
+    def _compact(self) -> None:
+        h = self._head
+        for col in (
+            self._id,
+            self._engine,
+            self._arrival,
+            self._prompt_len,
+            self._max_tokens,
+            self._n,
+            self._ignore_eos,
+            self._has_stop,
+            self._end,
+            self._output_len,
+            self._finish,
+            self._cached,
+        ):
+            del col[:h]
+        self._base += h
+        self._head = 0
 
     def export(self, fault_ts: float, *, crashed: bool, engine: str | None = None) -> dict[str, Any]:
         """The workload up to ``fault_ts`` (of one engine when ``engine`` is given).
@@ -192,43 +250,39 @@ class WorkloadLog:
         cutoff = fault_ts + DEATH_GRACE_S if crashed else fault_ts
         died_before = max((d for d in self._deaths if d < fault_ts), default=None)
         after = died_before + DEATH_GRACE_S if died_before is not None else None
-        kept = [
-            r
-            for r in self._requests.values()
-            if (engine is None or r.engine == engine)
-            and r.arrival <= cutoff
-            and (r.end is None or r.end >= start)
-            and (after is None or r.arrival > after)
-        ]
-        after_fault = sum(1 for r in self._requests.values() if (engine is None or r.engine == engine) and r.arrival > cutoff)
+        arrival, end, engines = self._arrival, self._end, self._engine
+        live = range(self._head, len(self._id))
+        mine = [i for i in live if engine is None or engines[i] == engine]
+        kept = [i for i in mine if arrival[i] <= cutoff and (end[i] != end[i] or end[i] >= start) and (after is None or arrival[i] > after)]
+        after_fault = sum(1 for i in mine if arrival[i] > cutoff)
         if crashed:
             self._died(fault_ts, kept)
-        t0 = min((r.arrival for r in kept), default=fault_ts)
-        last = max(
-            [fault_ts] + [r.end for r in kept if r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH] + [r.arrival for r in kept]
-        )
+        t0 = min((arrival[i] for i in kept), default=fault_ts)
+
+        def ended(i: int) -> bool:
+            e = end[i]
+            return e == e and e <= cutoff and self._finish[i] != CRASH_FINISH
+
+        last = max([fault_ts] + [end[i] for i in kept if ended(i)] + [arrival[i] for i in kept])
         cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
         counts = dict.fromkeys(OUTCOMES, 0)
-        for r in kept:
-            ended = r.end is not None and r.end <= cutoff and r.finish != CRASH_FINISH
-            outcome = _outcome(r.finish) if ended else ("failed_by_crash" if crashed else "in_flight")
+        for i in kept:
+            done = ended(i)
+            finish = self._finish[i]
+            outcome = _outcome(finish) if done else ("failed_by_crash" if crashed else "in_flight")
             counts[outcome] += 1
-            row = {
-                "id": r.id,
-                "arrival_offset": round(r.arrival - t0, 6),
-                "prompt_len": r.prompt_len,
-                "max_tokens": r.max_tokens,
-                "n": r.n,
-                "ignore_eos": r.ignore_eos,
-                "has_stop": r.has_stop,
-                "end_offset": round(r.end - t0, 6) if ended and r.end is not None else None,
-                "output_len": r.output_len if ended else None,
-                "finish": r.finish if ended else None,
-                "outcome": outcome,
-                "cached_tokens": r.cached_tokens if ended else None,
-            }
-            for c in COLUMNS:
-                cols[c].append(row[c])
+            cols["id"].append(self._id[i])
+            cols["arrival_offset"].append(round(arrival[i] - t0, 6))
+            cols["prompt_len"].append(_opt(self._prompt_len[i]))
+            cols["max_tokens"].append(_opt(self._max_tokens[i]))
+            cols["n"].append(_opt(self._n[i]))
+            cols["ignore_eos"].append(_opt_bool(self._ignore_eos[i]))
+            cols["has_stop"].append(_opt_bool(self._has_stop[i]))
+            cols["end_offset"].append(round(end[i] - t0, 6) if done else None)
+            cols["output_len"].append(_opt(self._output_len[i]) if done else None)
+            cols["finish"].append(finish if done else None)
+            cols["outcome"].append(outcome)
+            cols["cached_tokens"].append(_opt(self._cached[i]) if done else None)
         return {
             "schema": SCHEMA,
             "fault_ts": fault_ts,
@@ -253,11 +307,11 @@ class WorkloadLog:
             "concurrency": concurrency_series(cols["arrival_offset"], cols["end_offset"], round(last - t0, 6)),
         }
 
-    def _died(self, ts: float, kept: list[_Request]) -> None:
+    def _died(self, ts: float, kept: list[int]) -> None:
         """The engine died at ``ts``: what was open there ends there, failed by the crash."""
-        for r in kept:
-            if r.end is None:  # stays open: its own end, read late, replaces this one
-                r.end, r.finish = ts + DEATH_GRACE_S, CRASH_FINISH
+        for i in kept:
+            if self._end[i] != self._end[i]:  # stays open: its own end, read late, replaces this one
+                self._end[i], self._finish[i] = ts + DEATH_GRACE_S, CRASH_FINISH
         if ts not in self._deaths:
             self._deaths = sorted([*self._deaths, ts])[-MAX_DEATHS:]
 

@@ -192,3 +192,27 @@ def test_records_just_after_a_fault_time_to_the_second_are_before_the_death() ->
     amended = log.export(10.0, crashed=True)
     assert [(r["id"], r["outcome"]) for r in rows(amended)] == [("a", "finished"), ("b", "failed_by_crash")]
     assert max(level for _, level in amended["concurrency"]) == 2
+
+
+def test_numbers_a_column_cannot_hold_are_null_not_an_error() -> None:
+    log = WorkloadLog()
+    log.add(arrive("a", 1.0, prompt_len=float("nan"), max_tokens=1 << 70, n=float("inf")))  # type: ignore[arg-type]
+    log.add(end("a", 2.0, output_len=-(1 << 63)))
+    (row,) = rows(log.export(3.0, crashed=False))
+    assert (row["prompt_len"], row["max_tokens"], row["n"], row["output_len"]) == (None, None, None, None)
+    assert row["outcome"] == "finished" and row["finish"] == "length"
+
+
+def test_a_long_run_keeps_its_bounds_and_its_order_across_the_columns_cut() -> None:
+    log = WorkloadLog(max_requests=500, max_age_s=50.0)
+    for i in range(5000):
+        log.add(arrive(f"r{i}", float(i) / 10, prompt_len=i))
+        if i % 7:  # every 7th never ends: kept until the count bound drops it
+            log.add(end(f"r{i}", float(i) / 10 + 1.0, output_len=i))
+    assert len(log) == 500
+    out = log.export(500.0, crashed=False)
+    got = rows(out)
+    assert [r["prompt_len"] for r in got] == list(range(4500, 5000))
+    assert all(r["output_len"] == r["prompt_len"] for r in got if r["outcome"] == "finished")
+    assert {r["outcome"] for r in got if r["prompt_len"] % 7 == 0} == {"in_flight"}
+    assert log.dropped_by_count + log.dropped_by_age == 4500
