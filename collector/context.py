@@ -140,6 +140,7 @@ class AppContext:
             "rows_pending": w.pending_rows,
             "rows_dropped": w.dropped,
             "rows_rejected": w.rejected,
+            "steps_thinned": w.steps_thinned,
             "ingest_dropped": self.view.dropped,
             "snapshot_backlog": self.committer.backlog,
             "loop_lag_s": round(self.loop_lag_s, 4),
@@ -173,6 +174,8 @@ class AppContext:
         statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
         figures = self.ingest_figures()
         behind = figures["loop_lag_s"] > 1.0 or (figures["recorder"].get("lag_s") or 0) > 5.0
+        # the degrade order: the continuous series coarser, then gaps (counted); never the fault path
+        series = "coarse" if figures["recorder"].get("coarse") else "full"
         missing = self.recorder_missing()
         tasks = [dataclasses.asdict(t) for t in self.tasks.statuses()]
         held_in_memory = bool(self.committer.spool_error) and self.committer.backlog > 0
@@ -183,6 +186,7 @@ class AppContext:
             db_up is False
             or (shared is not None and shared["shared_up"] is False)
             or behind
+            or series != "full"
             or bool(missing)
             or bool(self.tasks.failing())
             or held_in_memory
@@ -206,6 +210,8 @@ class AppContext:
             "snapshots_waiting": self.committer.backlog,
             "ingest": figures,
             "behind": behind,
+            "series": series,
+            "series_gaps": figures["recorder"].get("gaps") or 0,
             "recorder_missing": missing,
             "shared_store": shared,
         }

@@ -116,6 +116,8 @@ class Service:
                 unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
         sources.extend(self.extra_sources)
         recorders = [s for s in sources if isinstance(s, RecorderSource)]
+        # the first step of the degrade order: the stored step series coarser while a ring lags
+        writer.coarse = lambda: any(r.coarse for r in recorders)
         # the kernel log resumes after the mark of what it handled durably (sources/kmsg_mark.py)
         kernel_logs = [s for s in sources if isinstance(s, (KmsgSource, KlogSource))]
         for k in kernel_logs:

@@ -211,7 +211,16 @@ class SidecarCollector(Collector):
         backlog = GaugeMetricFamily("flightrec_snapshots_waiting", "snapshots captured, not committed yet", labels=h)
         if figures.get("snapshot_backlog") is not None:
             backlog.add_metric([host], figures["snapshot_backlog"])
-        yield from (lost, bad, lag, loop_lag, pending, backlog)
+        # the degrade order under overload (README, "When the sidecar falls behind")
+        gaps = CounterMetricFamily("flightrec_recorder_gaps", "times a ring's unread records were skipped (a gap in the step series)", labels=h)
+        gaps.add_metric([host], rec.get("gaps") or 0)
+        gap_bytes = CounterMetricFamily("flightrec_recorder_gap_bytes", "ring bytes skipped unread", labels=h)
+        gap_bytes.add_metric([host], rec.get("gap_bytes") or 0)
+        thinned = CounterMetricFamily("flightrec_steps_thinned", "step rows not stored while the stored series was coarser", labels=h)
+        thinned.add_metric([host], figures.get("steps_thinned") or 0)
+        coarse = GaugeMetricFamily("flightrec_series_coarse", "1 while the continuous series are coarser (the sidecar is behind)", labels=h)
+        coarse.add_metric([host], 1.0 if rec.get("coarse") else 0.0)
+        yield from (lost, bad, lag, loop_lag, pending, backlog, gaps, gap_bytes, thinned, coarse)
 
     def _gpus(self, view: IngestView, host: str) -> Iterable[Metric]:
         labels = [HOSTNAME, *METRIC_GPU_LABELS]

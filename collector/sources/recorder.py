@@ -5,6 +5,22 @@ vLLM's API server (``role: stats``) or the RecordingScheduler in the engine core
 sched``). A file whose writer process is gone and that has stopped growing means the engine
 died: that is reported once as a ``recorder_silent`` event, which is a snapshot trigger, after
 the last records were read (so the snapshot holds the steps up to the death).
+
+When the sidecar cannot keep up (CPU starved, a catch-up too large), the continuous series
+degrade in this order, and never the fault path (events, the fingerprint, the workload, the
+other sources' faults and the snapshots' commits):
+
+1. coarser: while a ring holds more than ``coarse_at`` of its size unread (worst ring), ``coarse``
+   is set: the writer stores one step row per engine per 0.1 s and counts the rest
+   (``steps_thinned``); the rings, and so the snapshots, keep every step read;
+2. a gap: past ``skip_at`` unread (half-way to the writer overwriting it), the ring's step
+   records (``S``, ``R``) are dropped unread until it is back under ``coarse_at``; every other
+   record is still decoded. Each such stretch is counted (``gaps``, ``gap_bytes``:
+   ``/metrics``, ``/healthz``) and stored as a warning event whose ``series_gap`` names its
+   first and last dropped step's time: the stored series shows the gap between them.
+
+A first catch-up (a full ring after a restart) is read whole. Each poll reads at most
+``max_poll_records`` per ring, so a catch-up never holds the loop long.
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
-from collector.channel.codec import decode_many
+from collector.channel.codec import TAG_REQS, TAG_STEP, decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.secure import ensure_private_dir
 from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, GpuSample, Observation, Severity, SourceStatus, StepRecord
@@ -28,6 +45,14 @@ from collector.sources.base import Sink
 from collector.sources.join import EngineJoin, Joined
 
 log = logging.getLogger(__name__)
+
+# When the sidecar cannot keep up (shares of a ring written and not yet read, worst ring):
+COARSE_AT = 0.125  # the continuous series get coarser (the stored step rows are thinned)
+SKIP_AT = 0.5  # the step records are dropped unread until the ring is back under COARSE_AT: a counted gap
+MAX_POLL_RECORDS = 4096  # per ring and poll: a catch-up never holds the loop for long
+_STEP_TAGS = (TAG_STEP, TAG_REQS)  # the continuous series' records; both start <Qd: step, ts
+_TS = struct.Struct("<d")
+_STEP_HEAD_LEN = 17
 
 
 def pid_alive(pid: int) -> bool:
@@ -58,6 +83,12 @@ class _Tail:
     bad_records: int = 0
     newest_ts: float = 0.0
     caught_up_at: float = field(default_factory=time.time)  # when we last read up to the writer's head
+    caught_up_once: bool = False  # a first catch-up (a full ring after a restart) is never skipped
+    skipping: bool = False  # far behind the writer: step records are dropped unread (a gap)
+    gap_from: float | None = None  # the first and last dropped step's time
+    gap_to: float | None = None
+    gap_records: int = 0
+    gap_bytes: int = 0
     run: int = 0
 
 
@@ -84,7 +115,12 @@ class RecorderSource:
         keep_dead_for: float = 3600.0,
         recent_window: float = 300.0,
         max_held: int = 50_000,
+        coarse_at: float = COARSE_AT,
+        skip_at: float = SKIP_AT,
+        max_poll_records: int = MAX_POLL_RECORDS,
     ) -> None:
+        if not 0 < coarse_at < skip_at <= 1:
+            raise ValueError("need 0 < coarse_at < skip_at <= 1 (shares of a ring unread)")
         self.directory = Path(directory)
         self.poll_interval = poll_interval
         self.silent_after = silent_after
@@ -101,6 +137,14 @@ class RecorderSource:
         self.records = 0  # records emitted
         self.bad_records = 0  # records set aside (bad CRC counted by the reader, bad body here)
         self.lost_bytes = 0  # bytes the writers overwrote before we read them (we fell behind)
+        self.coarse_at = coarse_at
+        self.skip_at = skip_at
+        self.max_poll_records = max_poll_records
+        self.coarse = False  # the continuous series are coarser now (the module docstring)
+        self.gaps = 0  # stretches of a ring's step records dropped unread (closed ones)
+        self.gap_bytes = 0  # their bytes
+        self.backlog = 0.0  # the worst ring's unread share at the last poll
+        self._worst = 0.0
 
     def status(self) -> list[SourceStatus]:
         self._status.details = self.figures()
@@ -117,6 +161,10 @@ class RecorderSource:
             "bad_records": self.bad_records + sum(t.reader.corrupt_records for t in self._tails.values()),
             "lost_bytes": self.lost_bytes + sum(t.reader.lost_bytes for t in self._tails.values()),
             "lag_s": round(max(lag), 3) if lag else None,
+            "backlog": round(self.backlog, 4),
+            "coarse": int(self.coarse),
+            "gaps": self.gaps,
+            "gap_bytes": self.gap_bytes,
             "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
             "unconfigured": sorted({t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}),
         }
@@ -147,6 +195,7 @@ class RecorderSource:
             return 0
         batch: list[Observation] = []
         emitted = 0
+        self._worst = 0.0
         for path in paths:
             tail = self._tails.get(path)
             if tail is None:
@@ -168,6 +217,8 @@ class RecorderSource:
         for path in [p for p in self._tails if p not in paths]:
             self._tails.pop(path).reader.close()
         self._bad_header_logged &= set(paths)
+        self.backlog = self._worst
+        self.coarse = self._worst >= self.coarse_at
         self._status.up, self._status.reason, self._status.last_ok = True, "", self.clock()
         # Events last: one may be a trigger whose capture reads the rings again (the
         # committer's read before a capture), and the records read with it must be in by then.
@@ -203,21 +254,71 @@ class RecorderSource:
         tail.engine = joined.name
         return True
 
+    def _drop_steps(self, path: Path, tail: _Tail, payloads: list[bytes]) -> list[bytes]:
+        """While a ring is far behind its writer, its step records (``S`` and ``R``: the
+        continuous series) are counted and dropped unread; every other record (events, the
+        fingerprint, meta, the workload) is still decoded: the fault path keeps all of its."""
+        kept = []
+        for p in payloads:
+            if p[:1] in _STEP_TAGS and len(p) >= _STEP_HEAD_LEN:
+                ts = _TS.unpack_from(p, 9)[0]
+                if tail.gap_from is None:
+                    tail.gap_from = ts
+                tail.gap_to = ts
+                tail.gap_records += 1
+                tail.gap_bytes += len(p)
+            else:
+                kept.append(p)
+        return kept
+
+    def _gap_closed(self, path: Path, tail: _Tail, now: float) -> Event:
+        """The end of a stretch of dropped steps: counted, logged once, and stored as an event
+        (the stored step series shows the gap between its two times)."""
+        self.gaps += 1
+        self.gap_bytes += tail.gap_bytes
+        gap = {"ring": path.name, "from_ts": tail.gap_from, "to_ts": tail.gap_to, "records": tail.gap_records, "bytes": tail.gap_bytes}
+        log.warning("ring %s: the sidecar fell behind its writer and dropped %d step records unread", path.name, tail.gap_records)
+        tail.skipping, tail.gap_from, tail.gap_to, tail.gap_records, tail.gap_bytes = False, None, None, 0, 0
+        return Event(
+            kind=EventKind.LOG,
+            ts=now,
+            source="recorder",
+            severity=Severity.WARNING,
+            engine=tail.engine if tail.joined is not None else None,
+            process=tail.role,
+            message=(
+                f"recorder ring {path.name}: the sidecar fell behind and dropped {gap['records']} step records unread: "
+                "a gap in this engine's step series"
+            ),
+            data={"series_gap": gap},
+        )
+
     def _drain(self, path: Path, tail: _Tail, batch: list[Observation]) -> int:
         """Read one ring into ``batch`` (in order; a death reported after its records); returns
         the number of records it added."""
         now = self.clock()
+        gap: Event | None = None
         try:
             info = tail.reader.info()
-            payloads = tail.reader.read()
+            unread = info.head - max(tail.reader.pos, info.tail)
+            if tail.caught_up_once and unread > self.skip_at * info.capacity:
+                tail.skipping = True
+            payloads = tail.reader.read(self.max_poll_records)
+            unread = info.head - tail.reader.pos
         except (RingCorrupt, ValueError, OSError) as exc:
             if path not in self._bad_header_logged:
                 self._bad_header_logged.add(path)
                 log.warning("ring %s unreadable: %s", path.name, exc)
             return 0
         tail.pid = info.pid
+        if tail.skipping:
+            payloads = self._drop_steps(path, tail, payloads)
+            if unread <= self.coarse_at * info.capacity:
+                gap = self._gap_closed(path, tail, now)
         if tail.reader.pos >= info.head:
-            tail.caught_up_at = now
+            tail.caught_up_at, tail.caught_up_once = now, True
+        if info.capacity:
+            self._worst = max(self._worst, unread / info.capacity)
         out = tail.held
         for meta, obs, error in decode_many(payloads):
             if error is not None:
@@ -252,6 +353,8 @@ class RecorderSource:
             emitted = len(out)
             self.records += emitted
             tail.held = []
+        if gap is not None:
+            batch.append(gap)
         if payloads or info.head != tail.last_head:
             tail.last_data, tail.last_head = now, info.head
         elif (

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -139,6 +140,13 @@ class BatchWriter:
         self.steps_written = 0
         self.dropped = 0  # rows dropped by the bound while the database was down
         self.rejected = 0  # rows the database refused for their content
+        # The first step of overload (the recorder source's ``coarse``, wired by the service):
+        # the stored step series keeps one step per engine per ``coarse_step_s``, and counts the
+        # others; the rings, and so the snapshots, keep every step.
+        self.coarse: Callable[[], bool] = lambda: False
+        self.coarse_step_s = 0.1
+        self.steps_thinned = 0
+        self._kept_at: dict[str, float] = {}
         self.flushes = 0
         self.last_flush_s = 0.0
         self.last_ok: float | None = None
@@ -157,6 +165,12 @@ class BatchWriter:
         if queued is not None:
             steps[key] = (queued[0], rec)  # the step's merged record: written when its first half is due
         else:
+            if self.coarse():
+                kept = self._kept_at.get(rec.engine)
+                if kept is not None and 0 <= rec.ts - kept < self.coarse_step_s - 1e-6:
+                    self.steps_thinned += 1
+                    return
+                self._kept_at[rec.engine] = rec.ts
             steps[key] = (self.clock(), rec)
             if len(steps) > self.max_pending:
                 steps.popitem(last=False)

@@ -296,7 +296,7 @@ def test_a_bad_ring_header_is_logged_once_not_every_poll(tmp_path: Path, caplog:
 
 
 def test_a_paired_step_counts_as_its_two_halves_in_ingest(tmp_path: Path) -> None:
-    from collector.ingest.hub import Hub
+    from collector.ingest.hub import hub_for
     from collector.settings import Settings
 
     stats = writer(tmp_path, "decode-0", "stats", 11)
@@ -304,11 +304,56 @@ def test_a_paired_step_counts_as_its_two_halves_in_ingest(tmp_path: Path) -> Non
     for n in range(1, 4):
         stats.append(step(n, 999.0 + n))
         sched.append(encode_requests("decode-0", n, 999.0 + n, [RequestRow("r1", 300, 300, n)]))
-    hub = Hub(Settings(), clock=lambda: 1000.0)
+    hub = hub_for(Settings(), clock=lambda: 1000.0)
     src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
     assert src.poll(hub) == 6
-    st = hub.engines["decode-0"]
-    assert st.steps_received == 6 and st.requests_received == 3
-    held = st.ring.steps()
+    st = hub.view.engine("decode-0")
+    assert st is not None and st.steps_received == 6 and st.requests_received == 3
+    held = hub.view.steps("decode-0")
     assert [s.step for s in held] == [1, 2, 3]
     assert all(s.halves == HALF_STATS | HALF_REQUESTS and s.waiting == 1 and s.request_count == 1 for s in held)
+
+
+def test_far_behind_its_writer_the_step_records_are_a_counted_gap_and_events_still_arrive(tmp_path: Path) -> None:
+    from collector.channel.codec import encode_event
+    from collector.model import Event, EventKind
+
+    clock = Clock()
+    stats = writer(tmp_path, "decode-0", "stats", 11, capacity=1 << 16)
+    src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: True, max_poll_records=64)
+    stats.append(step(1, 1000.0))
+    sink = ListSink()
+    src.poll(sink)  # caught up once: from here on, falling behind is news
+    assert not src.coarse and src.figures()["coarse"] == 0
+    # the writer runs ahead: ~60% of the ring unread, a CUDA error in the middle of it
+    n = 0
+    reader = next(iter(src._tails.values())).reader
+    while reader.info().head - reader.pos < 0.6 * (1 << 16):
+        n += 1
+        stats.append(step(1 + n, 1000.0 + n / 100))
+        if n == 200:
+            stats.append(encode_event(Event(kind=EventKind.CUDA_ERROR, ts=1002.0, source="recorder", message="CUDA error: an illegal memory access")))
+    sink = ListSink()
+    coarse_seen = False
+    for _ in range(200):
+        src.poll(sink)
+        coarse_seen = coarse_seen or src.coarse
+        if src.gaps and reader.pos >= reader.info().head:
+            break
+    assert coarse_seen and src.gaps == 1
+    # the events came through; the steps read while far behind did not
+    [cuda] = [e for e in sink.items if isinstance(e, Event) and e.kind is EventKind.CUDA_ERROR]
+    [gap_event] = [e for e in sink.items if isinstance(e, Event) and "series_gap" in e.data]
+    gap = gap_event.data["series_gap"]
+    dropped = gap["records"]
+    received = [o.step for o in sink.items if isinstance(o, StepRecord)]
+    assert dropped > 0 and len(received) + dropped == n
+    assert gap["from_ts"] <= gap["to_ts"] and gap["bytes"] == src.figures()["gap_bytes"] > 0
+    assert gap_event.engine == "decode-0" and gap_event.severity.value == "warning"
+    assert received == list(range(n + 2 - len(received), n + 2))  # the newest, read once back under the line
+    # back under the coarse line: every step again
+    stats.append(step(n + 2, 1100.0))
+    sink = ListSink()
+    src.poll(sink)
+    assert [o.step for o in sink.items if isinstance(o, StepRecord)] == [n + 2]
+    assert not src.coarse and src.figures()["gaps"] == 1

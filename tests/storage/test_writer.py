@@ -226,3 +226,31 @@ def test_the_engines_table_and_event_rows_keep_no_secret(tmp_path: Path) -> None
         assert secret not in stored, secret
     [eng] = [e for e in repo.list_engines() if e["name"] == "decode-0"]
     assert eng["vllm_version"] == "0.32.0" and eng["fingerprint"]["env"]["AWS_SECRET_ACCESS_KEY"] == "***"
+
+
+def test_while_the_series_are_coarser_one_step_per_engine_per_tenth_of_a_second_is_stored(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    upgrade(url)
+    hub, repo, writer, clock = _setup(url)
+    coarse = [False]
+    writer.coarse = lambda: coarse[0]
+    now = time.time()
+
+    async def scenario() -> None:
+        for i in range(100):  # 1 s at 100 steps/s: every step
+            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
+        coarse[0] = True
+        for i in range(100, 200):  # the next second, coarser: 10 steps of 100
+            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
+        coarse[0] = False
+        for i in range(200, 210):
+            hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
+        clock.t += 2.0
+        await writer.flush()
+
+    asyncio.run(scenario())
+    stored = [s["step"] for s in repo.recent_steps("decode-0", since=0)]
+    assert stored == list(range(100)) + list(range(100, 200, 10)) + list(range(200, 210))
+    assert writer.steps_thinned == 90
+    # the ring keeps every step: a snapshot is not coarser
+    assert [s.step for s in hub.view.steps("decode-0")][-110:] == list(range(100, 210))
