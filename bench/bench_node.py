@@ -5,6 +5,7 @@ steps/s, as on a GPU node, and what it costs.
     python bench/bench_node.py --db postgres ...           # a scratch database on the local server
     python bench/bench_node.py --tree ../other-checkout    # measure another commit's sidecar
     python bench/bench_node.py --sweep --duration 30       # engines 1..16, running 16..512: table + PNG
+    python bench/bench_node.py --busy 8 --faults 8 ...     # with 8 busy loops beside it (4 per core here)
 
 What runs (both as child processes, from ``--tree``, default this checkout):
 - the load: ``flightrec simulate`` of that tree; a tree without it gets this checkout's load
@@ -283,6 +284,7 @@ class RunConfig:
     fault_interval: float
     pg_admin: str
     keep: bool = False
+    busy: int = 0  # busy-loop processes beside the load (the fault path under CPU pressure)
     start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
@@ -338,6 +340,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         driver = "built-in (this checkout's load model over the tree's channel writer)"
     db = Database(cfg.db, work, cfg.pg_admin)
     sim_log, side_log = open(work / "simulate.log", "w"), open(work / "sidecar.log", "w")
+    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(cfg.busy)]
     sim = subprocess.Popen(sim_cmd, cwd=cfg.tree, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
     side: subprocess.Popen[bytes] | None = None
     poller = SnapshotPoller(db)
@@ -347,6 +350,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         "steps_per_second": cfg.steps_per_second,
         "duration_s": cfg.duration,
         "db": cfg.db,
+        "busy_loops": cfg.busy,
         "driver": driver,
         "tree": str(cfg.tree),
     }
@@ -476,6 +480,9 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             fig["snapshots_by_trigger"][s[3]] = fig["snapshots_by_trigger"].get(s[3], 0) + 1
     finally:
         poller.stop.set()
+        for b in busy:
+            b.kill()
+            b.wait()
         for p in (sim, side):
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGINT)
@@ -532,7 +539,7 @@ def table(fig: dict[str, Any]) -> str:
                 f"simulator CPU {fmt(load.get('cpu_share'), '%', 100)}"
             ),
         ),
-        ("machine load (uptime)", f"{fig.get('load_start')} -> {fig.get('load_end')}"),
+        ("machine load (uptime)", f"{fig.get('load_start')} -> {fig.get('load_end')}, busy loops {fig.get('busy_loops', 0)}"),
         (
             "sidecar CPU, share of one core",
             (
@@ -673,6 +680,7 @@ def config(args: argparse.Namespace, **over: Any) -> RunConfig:
         "fault_interval": args.fault_interval,
         "pg_admin": args.pg_admin,
         "keep": args.keep,
+        "busy": args.busy,
     }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -705,6 +713,7 @@ def main() -> int:
     p.add_argument("--out", default=".", help="folder for the sweep's PNG and table")
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, config, database)")
+    p.add_argument("--busy", type=int, default=0, help="busy-loop processes running beside the load the whole run (e.g. 4 per core)")
     args = p.parse_args()
     tree = Path(args.tree).resolve()
     print(f"bench_node: tree {tree.name} @ {tree_commit(tree)}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load {loadavg()}", flush=True)
