@@ -346,10 +346,12 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
         if kind == "ev":
             return None, _decode_event(name, body)
         if kind == "wl":
-            data = {k: v for k, v in body.items() if k != "t"}
-            if data.get("ev") not in ("arrive", "end") or not isinstance(data.get("id"), str):
+            # the parsed body is ours alone: it becomes the record's data as it is (a copy of
+            # each of the two workload records of a step was a tenth of the reading's time)
+            del body["t"]
+            if body.get("ev") not in ("arrive", "end") or not isinstance(body.get("id"), str):
                 raise CodecError("workload record needs ev arrive|end and a string id")
-            return None, WorkloadRecord(engine=name, ts=f.timestamp(body), data=data)
+            return None, WorkloadRecord(engine=name, ts=f.timestamp(body), data=body)
     except (KeyError, TypeError, ValueError) as exc:  # FieldError included
         raise CodecError(f"malformed {str(kind)[:40]!r} record: {exc}") from exc
     raise CodecError(f"unknown record type {str(kind)[:40]!r}")

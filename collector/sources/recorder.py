@@ -20,7 +20,9 @@ other sources' faults and the snapshots' commits):
    first and last dropped step's time: the stored series shows the gap between them.
 
 A first catch-up (a full ring after a restart) is read whole. Each poll reads at most
-``max_poll_records`` per ring, so a catch-up never holds the loop long.
+about ``poll_bytes`` per ring (and at most ``max_poll_records``), so a catch-up never holds
+the loop long; a ring is dropping steps only when the poll before ended short of its writer's
+head too (the reader is bound by its budget, not merely late after a pause).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 COARSE_AT = 0.125  # the continuous series get coarser (the stored step rows are thinned)
 SKIP_AT = 0.5  # the step records are dropped unread until the ring is back under COARSE_AT: a counted gap
 MAX_POLL_RECORDS = 4096  # per ring and poll: a catch-up never holds the loop for long
+POLL_BYTES = 4 << 20  # about this much per ring and poll (a ring is 16 MiB by default)
 _STEP_TAGS = (TAG_STEP, TAG_REQS)  # the continuous series' records; both start <Qd: step, ts
 _TS = struct.Struct("<d")
 _STEP_HEAD_LEN = 17
@@ -84,6 +87,8 @@ class _Tail:
     newest_ts: float = 0.0
     caught_up_at: float = field(default_factory=time.time)  # when we last read up to the writer's head
     caught_up_once: bool = False  # a first catch-up (a full ring after a restart) is never skipped
+    short_last: bool = False  # the last poll ended short of the writer's head
+    record_bytes: float = 256.0  # the ring's mean record size (sets how many one poll reads)
     skipping: bool = False  # far behind the writer: step records are dropped unread (a gap)
     gap_from: float | None = None  # the first and last dropped step's time
     gap_to: float | None = None
@@ -118,6 +123,7 @@ class RecorderSource:
         coarse_at: float = COARSE_AT,
         skip_at: float = SKIP_AT,
         max_poll_records: int = MAX_POLL_RECORDS,
+        poll_bytes: int = POLL_BYTES,
     ) -> None:
         if not 0 < coarse_at < skip_at <= 1:
             raise ValueError("need 0 < coarse_at < skip_at <= 1 (shares of a ring unread)")
@@ -132,6 +138,7 @@ class RecorderSource:
         self.recent_window = recent_window
         self.max_held = max_held
         self._tails: dict[Path, _Tail] = {}
+        self._paths: dict[str, Path] = {}
         self._status = SourceStatus(name=self.name, up=True)
         self._bad_header_logged: set[Path] = set()
         self.records = 0  # records emitted
@@ -140,6 +147,7 @@ class RecorderSource:
         self.coarse_at = coarse_at
         self.skip_at = skip_at
         self.max_poll_records = max_poll_records
+        self.poll_bytes = poll_bytes
         self.coarse = False  # the continuous series are coarser now (the module docstring)
         self.gaps = 0  # stretches of a ring's step records dropped unread (closed ones)
         self.gap_bytes = 0  # their bytes
@@ -189,7 +197,10 @@ class RecorderSource:
         one step instead of two. A half whose other half comes in a later poll is handed on
         alone, and ingest's ring merges it as before. Events are handed on after the records."""
         try:
-            paths = sorted(self.directory.glob("*.ring"))
+            # one Path per file, kept: a fresh glob's Paths were hashed anew every poll
+            with os.scandir(self.directory) as entries:
+                names = sorted(e.name for e in entries if e.name.endswith(".ring") and not e.name.startswith("."))
+            paths = [self._paths.get(n) or self._paths.setdefault(n, self.directory / n) for n in names]
         except OSError as exc:
             self._status.up, self._status.reason = False, f"cannot list {self.directory}: {exc}"
             return 0
@@ -214,9 +225,12 @@ class RecorderSource:
                     tail.role = parsed.role
                 self._tails[path] = tail
             emitted += self._drain(path, tail, batch)
-        for path in [p for p in self._tails if p not in paths]:
+        present = set(paths)
+        for path in [p for p in self._tails if p not in present]:
             self._tails.pop(path).reader.close()
-        self._bad_header_logged &= set(paths)
+        if len(self._paths) > len(present):
+            self._paths = {p.name: p for p in paths}
+        self._bad_header_logged &= present
         self.backlog = self._worst
         self.coarse = self._worst >= self.coarse_at
         self._status.up, self._status.reason, self._status.last_ok = True, "", self.clock()
@@ -301,10 +315,15 @@ class RecorderSource:
         try:
             info = tail.reader.info()
             unread = info.head - max(tail.reader.pos, info.tail)
-            if tail.caught_up_once and unread > self.skip_at * info.capacity:
+            if tail.caught_up_once and tail.short_last and unread > self.skip_at * info.capacity:
                 tail.skipping = True
-            payloads = tail.reader.read(self.max_poll_records)
+            budget = max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
+            payloads = tail.reader.read(budget)
             unread = info.head - tail.reader.pos
+            tail.short_last = unread > 0
+            if payloads:
+                mean = sum(map(len, payloads)) / len(payloads)
+                tail.record_bytes = 0.8 * tail.record_bytes + 0.2 * max(mean, 16.0)
         except (RingCorrupt, ValueError, OSError) as exc:
             if path not in self._bad_header_logged:
                 self._bad_header_logged.add(path)

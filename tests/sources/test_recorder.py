@@ -350,10 +350,30 @@ def test_far_behind_its_writer_the_step_records_are_a_counted_gap_and_events_sti
     assert dropped > 0 and len(received) + dropped == n
     assert gap["from_ts"] <= gap["to_ts"] and gap["bytes"] == src.figures()["gap_bytes"] > 0
     assert gap_event.engine == "decode-0" and gap_event.severity.value == "warning"
-    assert received == list(range(n + 2 - len(received), n + 2))  # the newest, read once back under the line
+    # the first poll's budget was read (a late reader is not yet a bound one), then steps were
+    # dropped until the ring was back under the coarse line, then the newest were read
+    early = list(range(2, 2 + 64))
+    assert received == early + list(range(n + 2 - (len(received) - 64), n + 2))
+    assert 1000.0 + 65 / 100 <= gap["from_ts"] and gap["to_ts"] < 1000.0 + (n + 2 - (len(received) - 64)) / 100
     # back under the coarse line: every step again
     stats.append(step(n + 2, 1100.0))
     sink = ListSink()
     src.poll(sink)
     assert [o.step for o in sink.items if isinstance(o, StepRecord)] == [n + 2]
     assert not src.coarse and src.figures()["gaps"] == 1
+
+
+def test_a_reader_late_after_a_pause_reads_the_backlog_whole_when_its_budget_allows(tmp_path: Path) -> None:
+    stats = writer(tmp_path, "decode-0", "stats", 11, capacity=1 << 16)
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    stats.append(step(1, 1000.0))
+    src.poll(ListSink())
+    reader = next(iter(src._tails.values())).reader
+    n = 0
+    while reader.info().head - reader.pos < 0.7 * (1 << 16):  # the loop was held for a while
+        n += 1
+        stats.append(step(1 + n, 1000.0 + n / 100))
+    sink = ListSink()
+    src.poll(sink)
+    assert [o.step for o in sink.items if isinstance(o, StepRecord)] == list(range(2, n + 2))
+    assert src.gaps == 0 and not [o for o in sink.items if not isinstance(o, StepRecord)]
