@@ -19,10 +19,12 @@ other sources' faults and the snapshots' commits):
    ``/metrics``, ``/healthz``) and stored as a warning event whose ``series_gap`` names its
    first and last dropped step's time: the stored series shows the gap between them.
 
-A first catch-up (a full ring after a restart) is read whole. Each poll reads at most
-about ``poll_bytes`` per ring (and at most ``max_poll_records``), so a catch-up never holds
-the loop long; a ring is dropping steps only when the poll before ended short of its writer's
-head too (the reader is bound by its budget, not merely late after a pause).
+A first catch-up (a full ring after a restart) is read whole. Each poll reads about
+``poll_bytes`` per ring (at most ``max_poll_records``) and no further ring once ``poll_budget_s``
+has passed (the rings take turns starting a poll), so a catch-up or a starved CPU never holds
+the loop long: the kernel log's faults and the commits run between polls. A ring drops steps
+only when the poll before ended short of its writer's head too (the reader is bound by its
+budget, not merely late after a pause).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ log = logging.getLogger(__name__)
 COARSE_AT = 0.125  # the continuous series get coarser (the stored step rows are thinned)
 SKIP_AT = 0.5  # the step records are dropped unread until the ring is back under COARSE_AT: a counted gap
 MAX_POLL_RECORDS = 4096  # per ring and poll: a catch-up never holds the loop for long
-POLL_BYTES = 4 << 20  # about this much per ring and poll (a ring is 16 MiB by default)
+POLL_BYTES = 1 << 20  # about this much per ring and poll (a ring is 16 MiB by default)
+POLL_BUDGET_S = 0.02  # a poll reads no further ring after this long: the loop's other work first
 _STEP_TAGS = (TAG_STEP, TAG_REQS)  # the continuous series' records; both start <Qd: step, ts
 _TS = struct.Struct("<d")
 _STEP_HEAD_LEN = 17
@@ -124,6 +127,8 @@ class RecorderSource:
         skip_at: float = SKIP_AT,
         max_poll_records: int = MAX_POLL_RECORDS,
         poll_bytes: int = POLL_BYTES,
+        poll_budget_s: float = POLL_BUDGET_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < coarse_at < skip_at <= 1:
             raise ValueError("need 0 < coarse_at < skip_at <= 1 (shares of a ring unread)")
@@ -148,6 +153,10 @@ class RecorderSource:
         self.skip_at = skip_at
         self.max_poll_records = max_poll_records
         self.poll_bytes = poll_bytes
+        self.poll_budget_s = poll_budget_s
+        self.monotonic = monotonic
+        self._deadline = float("inf")
+        self._polls = 0
         self.coarse = False  # the continuous series are coarser now (the module docstring)
         self.gaps = 0  # stretches of a ring's step records dropped unread (closed ones)
         self.gap_bytes = 0  # their bytes
@@ -207,7 +216,11 @@ class RecorderSource:
         batch: list[Observation] = []
         emitted = 0
         self._worst = 0.0
-        for path in paths:
+        self._deadline = self.monotonic() + self.poll_budget_s
+        # the rings in turn start the poll: under a budget that runs out, none is always last
+        self._polls += 1
+        k = self._polls % len(paths) if paths else 0
+        for path in paths[k:] + paths[:k]:
             tail = self._tails.get(path)
             if tail is None:
                 try:
@@ -315,6 +328,11 @@ class RecorderSource:
         try:
             info = tail.reader.info()
             unread = info.head - max(tail.reader.pos, info.tail)
+            if self.monotonic() > self._deadline:  # this poll's time is spent: next poll
+                tail.short_last = unread > 0
+                if info.capacity:
+                    self._worst = max(self._worst, unread / info.capacity)
+                return 0
             if tail.caught_up_once and tail.short_last and unread > self.skip_at * info.capacity:
                 tail.skipping = True
             budget = max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))

@@ -377,3 +377,24 @@ def test_a_reader_late_after_a_pause_reads_the_backlog_whole_when_its_budget_all
     src.poll(sink)
     assert [o.step for o in sink.items if isinstance(o, StepRecord)] == list(range(2, n + 2))
     assert src.gaps == 0 and not [o for o in sink.items if not isinstance(o, StepRecord)]
+
+
+def test_a_poll_reads_no_further_ring_once_its_time_is_spent_and_the_rings_take_turns(tmp_path: Path) -> None:
+    ticks = [0.0]
+
+    def mono() -> float:  # each look at the clock is 15 ms later: the budget (20 ms) covers one ring
+        ticks[0] += 0.015
+        return ticks[0]
+
+    a = writer(tmp_path, "a", "stats", 11)
+    b = writer(tmp_path, "b", "stats", 12)
+    a.append(step(1, 1000.0))
+    b.append(step(1, 1000.0))
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True, monotonic=mono)
+    seen: list[list[str]] = []
+    for _ in range(2):
+        sink = ListSink()
+        src.poll(sink)
+        seen.append([o.engine for o in sink.items if isinstance(o, StepRecord)])
+    assert sorted(seen) == [["a"], ["b"]]  # one ring each poll, each ring in its turn
+    assert all(t.short_last is False for t in src._tails.values())
