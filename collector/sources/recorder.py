@@ -19,7 +19,7 @@ other sources' faults and the snapshots' commits):
    ``/metrics``, ``/healthz``) and stored as a warning event whose ``series_gap`` names its
    first and last dropped step's time: the stored series shows the gap between them.
 
-A first catch-up (a full ring after a restart) is read whole. Each poll reads about
+A first catch-up (a full ring after a restart) is read whole, in one poll. Each poll reads about
 ``poll_bytes`` per ring (at most ``max_poll_records``) and no further ring once ``poll_budget_s``
 has passed (the rings take turns starting a poll), so a catch-up or a starved CPU never holds
 the loop long: the kernel log's faults and the commits run between polls. A ring drops steps
@@ -55,6 +55,7 @@ COARSE_AT = 0.125  # the continuous series get coarser (the stored step rows are
 SKIP_AT = 0.5  # the step records are dropped unread until the ring is back under COARSE_AT: a counted gap
 MAX_POLL_RECORDS = 4096  # per ring and poll: a catch-up never holds the loop for long
 POLL_BYTES = 1 << 20  # about this much per ring and poll (a ring is 16 MiB by default)
+_WHOLE = 1 << 30
 POLL_BUDGET_S = 0.02  # a poll reads no further ring after this long: the loop's other work first
 _STEP_TAGS = (TAG_STEP, TAG_REQS)  # the continuous series' records; both start <Qd: step, ts
 _TS = struct.Struct("<d")
@@ -328,14 +329,17 @@ class RecorderSource:
         try:
             info = tail.reader.info()
             unread = info.head - max(tail.reader.pos, info.tail)
-            if self.monotonic() > self._deadline:  # this poll's time is spent: next poll
+            first = not tail.caught_up_once  # a first catch-up is read whole, as one poll
+            if not first and self.monotonic() > self._deadline:  # this poll's time is spent: next poll
                 tail.short_last = unread > 0
                 if info.capacity:
                     self._worst = max(self._worst, unread / info.capacity)
                 return 0
             if tail.caught_up_once and tail.short_last and unread > self.skip_at * info.capacity:
                 tail.skipping = True
-            budget = max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
+            # (the first catch-up whole: the engines' fingerprints, which map a fault's pid to its
+            # engine, must be in before the kernel log's first fault is)
+            budget = _WHOLE if first else max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
             payloads = tail.reader.read(budget)
             unread = info.head - tail.reader.pos
             tail.short_last = unread > 0

@@ -391,6 +391,11 @@ def test_a_poll_reads_no_further_ring_once_its_time_is_spent_and_the_rings_take_
     a.append(step(1, 1000.0))
     b.append(step(1, 1000.0))
     src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True, monotonic=mono)
+    sink = ListSink()
+    src.poll(sink)  # the first catch-up of each ring is read whole, budget or not
+    assert sorted(o.engine for o in sink.items if isinstance(o, StepRecord)) == ["a", "b"]
+    a.append(step(2, 1001.0))
+    b.append(step(2, 1001.0))
     seen: list[list[str]] = []
     for _ in range(2):
         sink = ListSink()
