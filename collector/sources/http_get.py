@@ -11,7 +11,8 @@ nothing here is a hand-written HTTP parser.
 Failures are ``ScrapeError``s with the reason (refused, timed out, reset, not HTTP). A kept
 connection the server closed while idle (vLLM's uvicorn drops idle ones after 5 s) fails on
 its next request before anything was read: that one request is retried once on a fresh
-connection. Bodies are bounded (``max_body``): a page larger than that is an error, not memory.
+connection. Bodies are bounded (``max_body``): a page larger than that is an error, not memory;
+a body cut short of its ``Content-Length`` is an error, not a page.
 """
 
 from __future__ import annotations
@@ -69,7 +70,13 @@ class KeepAliveGet:
             try:
                 conn.request("GET", self.prefix + path, headers={"Accept": "text/plain"})
                 response = conn.getresponse()
-                body = response.read(self.max_body + 1)
+                length = response.length  # Content-Length; None when chunked or until close
+                if length is not None and length > self.max_body:
+                    self.close()
+                    raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")
+                # read() of a known length raises IncompleteRead on a body cut short of it;
+                # read(amt) would hand back the part that came
+                body = response.read() if length is not None else response.read(self.max_body + 1)
                 if len(body) > self.max_body:
                     self.close()
                     raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")

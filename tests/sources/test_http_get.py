@@ -160,3 +160,21 @@ def test_a_path_prefix_of_the_base_url_is_kept() -> None:
         s.close()
     with pytest.raises(ValueError):
         KeepAliveGet("unix:///tmp/x.sock")
+
+
+def test_a_body_cut_short_of_its_length_is_an_error_not_a_page() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50])
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(HttpGetError, match="IncompleteRead"):
+            KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
+    finally:
+        listener.close()
