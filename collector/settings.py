@@ -1,13 +1,12 @@
 """The one settings object: defaults < YAML file (``--config``) < ``FLIGHTREC_*`` variables <
 command-line flags. Read once in the CLI and passed down; nothing else reads the environment
 (the in-engine recorder, which runs inside vLLM, reads only ``FLIGHTREC_RECORDER_DIR`` and
-``FLIGHTREC_ENGINE_NAME`` through ``recorder_dir_from_env``/``engine_name_from_env`` below).
+``FLIGHTREC_ENGINE_NAME``, through ``collector.recorder.env``, which imports nothing of ours).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,34 +24,12 @@ from collector.alerting.config import AlertingSettings
 from collector.detectors.config import DetectorThresholds
 from collector.errors import FlightrecError
 from collector.fleet.placement import unfold as unfold_database
+from collector.recorder.env import recorder_dir_from_env
 from collector.sources.dcgm_settings import DcgmSettings
 from collector.sources.discovery_settings import DiscoverySettings
 from collector.sources.engine_log_settings import EngineLogSettings
 from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
-
-RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
-ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
-
-
-def default_recorder_dir() -> Path:
-    """``/dev/shm/flightrec`` where there is a /dev/shm (RAM: a ring write is a memcpy, and the
-    bytes outlive a killed engine), else ``<tmp>/flightrec``."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "flightrec"
-    return Path(tempfile.gettempdir()) / "flightrec"
-
-
-def recorder_dir_from_env(environ: dict[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    value = env.get(RECORDER_DIR_ENV)
-    return Path(value) if value else default_recorder_dir()
-
-
-def engine_name_from_env(environ: dict[str, str] | None = None) -> str | None:
-    env = os.environ if environ is None else environ
-    return env.get(ENGINE_NAME_ENV) or None
 
 
 class SettingsError(FlightrecError):

@@ -53,7 +53,6 @@ ALLOWED = {
     # a stage reads its own settings class, which sits next to it and is mounted in Settings
     ("sources", "settings"),
     ("detectors", "settings"),
-    ("recorder", "settings"),
     ("alerting", "settings"),
     ("snapshot", "settings"),
 }
@@ -107,5 +106,23 @@ def test_later_stages_read_ingest_only_through_its_view() -> None:
             continue
         for dst, module in _imports(path):
             if dst == "ingest" and module != "ingest.view":
+                against.append(f"{path.relative_to(ROOT.parent)} imports collector.{module}")
+    assert not against, "\n".join(against)
+
+
+# What the code that runs inside vLLM (the recorder and its vLLM adapter) may import of ours: the
+# shared ground and the channel it writes. Anything else would load the sidecar into every
+# engine process (tests/vllm/test_import_isolation.py checks the same at run time).
+ENGINE_SIDE = {"recorder", "vllm"}
+ENGINE_SIDE_MAY_IMPORT = {"errors", "model", "redact", "channel", "recorder", "vllm"}
+
+
+def test_engine_side_imports_only_the_shared_ground() -> None:
+    against = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if _stage(path) not in ENGINE_SIDE:
+            continue
+        for dst, module in _imports(path):
+            if dst not in ENGINE_SIDE_MAY_IMPORT:
                 against.append(f"{path.relative_to(ROOT.parent)} imports collector.{module}")
     assert not against, "\n".join(against)

@@ -10,8 +10,8 @@ from typing import Any
 
 from collector.channel.codec import encode
 from collector.recorder.channel import RecorderChannel
+from collector.recorder.env import recorder_dir_from_env
 from collector.recorder.identity import EngineIdentity
-from collector.settings import recorder_dir_from_env
 
 
 class RecorderBase:

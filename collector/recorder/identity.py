@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from collector.settings import engine_name_from_env
+from collector.recorder.env import engine_name_from_env
 
 
 def engine_name(base: str | None, engine_index: int, server_pid: int) -> str:
@@ -47,13 +47,12 @@ class EngineIdentity:
     ) -> EngineIdentity:
         """The identity with ``FLIGHTREC_ENGINE_NAME`` (from ``environ``, else the process's) as
         the name override."""
-        env = None if environ is None else dict(environ)
         return cls(
             server_pid=server_pid,
             engine_index=engine_index,
             server_host=server_host,
             server_port=server_port,
-            name=engine_name_from_env(env),
+            name=engine_name_from_env(environ),
             engine_version=engine_version,
         )
 
