@@ -7,6 +7,8 @@ both sides agree on the folder.
 
 - ``FLIGHTREC_RECORDER_DIR``: the folder of the ring files (default ``default_recorder_dir()``).
 - ``FLIGHTREC_ENGINE_NAME``: the engine's name, overriding ``vllm-<server pid>``.
+- ``FLIGHTREC_RECORDER_ANY_VLLM``: ``1`` records under a vLLM outside the supported versions
+  (``collector.vllm._version``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
 ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
+ANY_VLLM_ENV = "FLIGHTREC_RECORDER_ANY_VLLM"
 
 
 def default_recorder_dir() -> Path:
@@ -38,3 +41,8 @@ def recorder_dir_from_env(environ: Mapping[str, str] | None = None) -> Path:
 def engine_name_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     return env.get(ENGINE_NAME_ENV) or None
+
+
+def any_vllm_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ANY_VLLM_ENV, "").strip().lower() in ("1", "true", "yes")

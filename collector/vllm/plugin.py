@@ -5,7 +5,8 @@ vLLM loads it through the ``vllm.stat_logger_plugins`` entry point (declared in 
 metadata, so installing the package is enough) and makes one instance per engine index in the
 API-server process. ``record`` runs on vLLM's output path about once per engine step: it reads
 the stats (``collector.vllm.extract``) and writes one binary record; nothing else. Any fault
-disables the recorder and is logged once; vLLM never sees it.
+disables the recorder and is logged once; vLLM never sees it. Under a vLLM outside the supported
+versions (``collector.vllm._version``) it records nothing and says so in one log line.
 
 Step numbers: the RecordingScheduler, when used, stamps its own step number into
 ``SchedulerStats.step_counter`` (which vLLM leaves at 0 outside MoE data parallelism), so the
@@ -21,8 +22,8 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from collector.recorder import StatsRecorder
-from collector.recorder.channel import guarded
-from collector.vllm._version import vllm_version
+from collector.recorder.channel import RecorderChannel, guarded, log
+from collector.vllm._version import gate, vllm_version
 from collector.vllm.extract import step_extras
 from collector.vllm.fingerprint import fingerprint_facts
 from collector.vllm.server import server_identity
@@ -33,8 +34,14 @@ class FlightRecorderStatLogger(StatLoggerBase):
         self.vllm_config = vllm_config
         self.engine_index = engine_index
         self.version = vllm_version()
-        self.recorder = StatsRecorder(server_identity(vllm_config, engine_index, self.version, in_engine_core=False))
-        self.channel = self.recorder.channel
+        self.recorder: StatsRecorder | None = None
+        self.channel: RecorderChannel | None = None
+        try:
+            if gate(self.version):
+                self.recorder = StatsRecorder(server_identity(vllm_config, engine_index, self.version, in_engine_core=False))
+                self.channel = self.recorder.channel
+        except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
+            log.warning("flight recorder (stats) disabled: %r", exc)
         kvt = getattr(vllm_config, "kv_transfer_config", None)
         self.connector = getattr(kvt, "kv_connector", None)  # names a single connector's stats
         self._own_step = 0
@@ -55,18 +62,21 @@ class FlightRecorderStatLogger(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
-        if self.channel.active:
-            guarded(self.channel, "record", self._record, scheduler_stats, iteration_stats)
+        channel = self.channel
+        if channel is not None and channel.active:
+            guarded(channel, "record", self._record, scheduler_stats, iteration_stats)
 
     def log_engine_initialized(self) -> None:
-        if self.channel.active:
-            guarded(self.channel, "log_engine_initialized", self._write_fingerprint)
+        channel = self.channel
+        if channel is not None and channel.active:
+            guarded(channel, "log_engine_initialized", self._write_fingerprint)
 
     def log(self) -> None:
         pass
 
     # -- ours -------------------------------------------------------------------------------
     def _write_fingerprint(self) -> None:
+        assert self.recorder is not None  # called only while the channel is active
         self.recorder.write_fingerprint(fingerprint_facts(self.vllm_config, self.recorder.identity))
         self._fp_written = True
 
@@ -96,6 +106,7 @@ class FlightRecorderStatLogger(StatLoggerBase):
         waiting = getattr(s, "num_waiting_reqs", None)
         deferred = getattr(s, "num_skipped_waiting_reqs", None)
         pcs = getattr(s, "prefix_cache_stats", None)
+        assert self.recorder is not None
         self.recorder.write_step(
             step,
             ts=time.time(),

@@ -34,7 +34,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from collector.recorder import RequestRecorder
 from collector.recorder.channel import guarded, log
-from collector.vllm._version import vllm_version
+from collector.vllm._version import gate, vllm_version
 from collector.vllm.extract import RequestColumns
 from collector.vllm.fingerprint import fingerprint_facts
 from collector.vllm.hisparse import HostBlocks, find_hisparse, mirror_rows_column, row_mirrors_of
@@ -68,8 +68,8 @@ def finish_name(status: Any) -> str:
 class _SchedRecorder:
     """The scheduler's side of the recorder: vLLM's objects in, ``RequestRecorder`` calls out."""
 
-    def __init__(self, vllm_config: Any, *, connector: Any = None, base: type | None = None) -> None:
-        version = vllm_version()
+    def __init__(self, vllm_config: Any, *, connector: Any = None, base: type | None = None, version: str | None = None) -> None:
+        version = vllm_version() if version is None else version
         self.recorder = RequestRecorder(server_identity(vllm_config, _engine_index(vllm_config), version, in_engine_core=True))
         self.channel = self.recorder.channel
         self.engine_index = self.recorder.identity.engine_index
@@ -160,9 +160,12 @@ def scheduler_vllm_would_choose(vllm_config: Any) -> type:
     sched = getattr(vllm_config, "scheduler_config", None)
     is_async = bool(getattr(sched, "async_scheduling", False))
     if getattr(vllm_config, "diffusion_config", None) is not None:
-        from vllm.v1.core.sched import diffusion_scheduler  # noqa: PLC0415 - rare, and vLLM's own
-
-        return diffusion_scheduler.DiffusionAsyncScheduler if is_async else diffusion_scheduler.DiffusionScheduler
+        try:
+            from vllm.v1.core.sched import diffusion_scheduler  # noqa: PLC0415 - rare, and vLLM's own
+        except ImportError:  # vLLM 0.26 has the config but no diffusion scheduler: it picks the usual ones
+            pass
+        else:
+            return diffusion_scheduler.DiffusionAsyncScheduler if is_async else diffusion_scheduler.DiffusionScheduler
     return AsyncScheduler if is_async else Scheduler
 
 
@@ -176,8 +179,11 @@ class RecordingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._flightrec: _SchedRecorder | None = None
         try:
+            version = vllm_version()
+            if not gate(version):  # off under a vLLM it does not support, said once
+                return
             base = next(c for c in type(self).__mro__ if not issubclass(c, RecordingScheduler))
-            self._flightrec = _SchedRecorder(self.vllm_config, connector=getattr(self, "connector", None), base=base)
+            self._flightrec = _SchedRecorder(self.vllm_config, connector=getattr(self, "connector", None), base=base, version=version)
         except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
             log.warning("flight recorder (sched) disabled: %r", exc)
 
