@@ -12,15 +12,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY collector ./collector
-COPY alembic ./alembic
 # installed as data: `flightrec rules` renders it with the deployment's runbook links
 COPY rules/flightrec-alerts.yml ./rules/flightrec-alerts.yml
-# The migrations are not part of the wheel: collector.storage.migrate looks for them under
-# <prefix>/share/vllm-flight-recorder/alembic when there is no checkout beside the package.
-RUN pip install . \
-    && mkdir -p /usr/local/share/vllm-flight-recorder \
-    && cp -r alembic /usr/local/share/vllm-flight-recorder/alembic \
-    && rm -rf /src
+# The migrations are part of the package (collector/storage/migrations).
+RUN pip install . && rm -rf /src
 
 # Non-root by default (uid 10001). On a GPU node the kernel log and the engines' rings need more:
 # the compose file's GPU-node settings, or the Kubernetes DaemonSet (root, CAP_SYSLOG only).

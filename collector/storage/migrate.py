@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import importlib.resources
 from pathlib import Path
 
 from alembic import command
@@ -13,15 +13,13 @@ from collector.storage.db import StorageError
 
 
 def script_location() -> Path:
-    """The ``alembic/`` folder: beside the package in a checkout or editable install, or
-    installed as data under ``<prefix>/share/vllm-flight-recorder/alembic``."""
-    here = Path(__file__).resolve().parents[2] / "alembic"
-    if (here / "env.py").is_file():
-        return here
-    shared = Path(sys.prefix) / "share" / "vllm-flight-recorder" / "alembic"
-    if (shared / "env.py").is_file():
-        return shared
-    raise StorageError("cannot find the alembic migrations folder")
+    """The migrations folder, inside the package (``collector/storage/migrations``), wherever
+    and however it is installed (a checkout, a wheel, ``pip install --target``)."""
+    folder = importlib.resources.files("collector.storage.migrations")
+    path = Path(str(folder))
+    if not (path / "env.py").is_file():  # a zipped install: Alembic needs a folder of files
+        raise StorageError(f"cannot read the migrations as files at {folder}")
+    return path
 
 
 def _config(url: str) -> Config:

@@ -256,11 +256,8 @@ def test_dockerfile() -> None:
         *sources, _dest = line.split()
         for src in sources:
             assert (ROOT / src).exists(), src
-    # the migrations land where collector.storage.migrate looks for them in an installed package
-    assert "/usr/local/share/vllm-flight-recorder/alembic" in text
-    from collector.storage import migrate
-
-    assert 'Path(sys.prefix) / "share" / "vllm-flight-recorder" / "alembic"' in Path(migrate.__file__).read_text()
+    # the migrations are inside the package: nothing is copied beside it
+    assert "alembic" not in text.lower()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
 
