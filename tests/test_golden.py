@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.api.metrics import LatencyHistogram, SidecarCollector
+from collector.api.metrics import SidecarCollector, commit_latency_histogram
 from collector.context import AppContext
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
@@ -112,7 +112,7 @@ def _hub(tmp_path: Path) -> tuple[Hub, AppContext]:
 def test_the_sidecars_own_metrics_match_their_golden_file(tmp_path: Path) -> None:
     _, ctx = _hub(tmp_path)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SidecarCollector(ctx, commit_latency=LatencyHistogram()))  # not the process-wide one
+    registry.register(SidecarCollector(ctx, commit_latency=commit_latency_histogram()))  # not the process-wide one
     text = generate_latest(registry).decode()
     _check("sidecar-metrics.txt", text)
 

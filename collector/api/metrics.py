@@ -13,13 +13,11 @@ which the snapshot committer calls once per commit.
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -31,43 +29,26 @@ from collector.ingest.view import IngestView
 from collector.xid.catalog import lookup as xid_lookup
 
 COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+COMMIT_LATENCY_NAME = "flightrec_snapshot_commit_duration_seconds"
 
 
-class LatencyHistogram:
-    """Cumulative bucket counts, thread-safe (commits run in worker threads)."""
-
-    def __init__(self, buckets: Sequence[float] = COMMIT_BUCKETS) -> None:
-        self.bounds = tuple(sorted(buckets))
-        self._counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, seconds: float) -> None:
-        if seconds < 0 or seconds != seconds:  # a clock step or NaN says nothing
-            return
-        with self._lock:
-            self._counts[bisect.bisect_left(self.bounds, seconds)] += 1
-            self._sum += seconds
-
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        with self._lock:
-            counts, total = list(self._counts), self._sum
-        cumulative, running = [], 0
-        for bound, n in zip((*[f"{b:g}" for b in self.bounds], "+Inf"), counts, strict=True):
-            running += n
-            cumulative.append((bound, float(running)))
-        return HistogramMetricFamily(name, documentation, buckets=cumulative, sum_value=total)
+def commit_latency_histogram() -> Histogram:
+    """prometheus_client's histogram (thread-safe: commits run in worker threads), in no
+    registry: ``SidecarCollector`` yields it with the rest."""
+    return Histogram(COMMIT_LATENCY_NAME, "time from a fault's trigger to its snapshot's commit", buckets=COMMIT_BUCKETS, registry=None)
 
 
-COMMIT_LATENCY = LatencyHistogram()
+COMMIT_LATENCY = commit_latency_histogram()
 
 
-def observe_commit_latency(seconds: float) -> None:
+def observe_commit_latency(seconds: float, histogram: Histogram = COMMIT_LATENCY) -> None:
     """Record one snapshot commit: from the fault's trigger to the committed row."""
-    COMMIT_LATENCY.observe(seconds)
+    if seconds < 0 or seconds != seconds:  # a clock step or NaN says nothing
+        return
+    histogram.observe(seconds)
 
 
-def sidecar_registry(ctx: Any, *, commit_latency: LatencyHistogram = COMMIT_LATENCY) -> CollectorRegistry:
+def sidecar_registry(ctx: Any, *, commit_latency: Histogram = COMMIT_LATENCY) -> CollectorRegistry:
     """Our collector plus prometheus_client's process, platform (python_info) and GC ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(ctx, commit_latency=commit_latency))
@@ -78,7 +59,7 @@ def sidecar_registry(ctx: Any, *, commit_latency: LatencyHistogram = COMMIT_LATE
 
 
 class SidecarCollector(Collector):
-    def __init__(self, ctx: Any, *, commit_latency: LatencyHistogram = COMMIT_LATENCY) -> None:
+    def __init__(self, ctx: Any, *, commit_latency: Histogram = COMMIT_LATENCY) -> None:
         self.ctx = ctx
         self.commit_latency = commit_latency
 
@@ -264,7 +245,10 @@ class SidecarCollector(Collector):
         for (engine, trig), n in sorted(self.ctx.snapshot_counts.items()):
             snaps.add_metric([host, engine, trig], n)
         yield snaps
-        yield self.commit_latency.family("flightrec_snapshot_commit_duration_seconds", "time from a fault's trigger to its snapshot's commit")
+        for metric in self.commit_latency.collect():
+            # the series it always had: no ``_created`` (a start time, not a latency)
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
 
         src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=[HOSTNAME, "source"])
         sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=[HOSTNAME, "source"])

@@ -9,17 +9,17 @@ import subprocess
 import time
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.api.metrics import LatencyHistogram, sidecar_registry
+from collector.api.metrics import commit_latency_histogram, observe_commit_latency, sidecar_registry
 from collector.model import Event, EventKind, GpuSample, Severity, StepRecord
 from tests.api.api_context import make_context
 
 UUID = "GPU-5c1e0d2a-1111-2222-3333-444455556666"
 
 
-def exposition(tmp_path, *, latency: LatencyHistogram | None = None) -> str:
+def exposition(tmp_path, *, latency: Histogram | None = None) -> str:
     ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
     now = time.time()
     ctx.hub.emit(StepRecord(engine="decode-0", ts=now, step=7, running=16, waiting=2, kv_cache_usage=0.032))
@@ -44,7 +44,7 @@ def exposition(tmp_path, *, latency: LatencyHistogram | None = None) -> str:
         )
     )
     ctx.snapshot_counts[("decode-0", "xid")] = 1
-    hist = latency or LatencyHistogram()
+    hist = latency or commit_latency_histogram()
     return generate_latest(sidecar_registry(ctx, commit_latency=hist)).decode()
 
 
@@ -78,9 +78,9 @@ def test_engine_series_are_named_alike_and_unknown_is_absent(tmp_path) -> None:
 
 
 def test_process_build_info_and_commit_histogram(tmp_path) -> None:
-    hist = LatencyHistogram()
-    for seconds in (0.02, 0.2, 0.2, 3.0):
-        hist.observe(seconds)
+    hist = commit_latency_histogram()
+    for seconds in (0.02, 0.2, 0.2, 3.0, -1.0, float("nan")):  # a clock step and NaN are not kept
+        observe_commit_latency(seconds, hist)
     got = samples(exposition(tmp_path, latency=hist))
     assert got["flightrec_build_info"][0][0]["version"]
     assert "process_resident_memory_bytes" in got and "python_info" in got
@@ -88,6 +88,7 @@ def test_process_build_info_and_commit_histogram(tmp_path) -> None:
     assert buckets["0.025"] == 1 and buckets["0.25"] == 3 and buckets["2.5"] == 3 and buckets["+Inf"] == 4
     assert got["flightrec_snapshot_commit_duration_seconds_count"][0][1] == 4
     assert got["flightrec_snapshot_commit_duration_seconds_sum"][0][1] == pytest.approx(3.42)
+    assert "flightrec_snapshot_commit_duration_seconds_created" not in got  # the series it always had
 
 
 # dcgm-exporter's label names, kept on purpose so that our GPU series join theirs; promtool's
