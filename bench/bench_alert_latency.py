@@ -37,8 +37,8 @@ import httpx
 
 from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import Alert
-from collector.alerting.local import LocalAlertmanager, WebhookReceiver, free_port
 from collector.model import Severity
+from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, free_port
 
 POLL_S = 0.002
 

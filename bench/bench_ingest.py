@@ -19,21 +19,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from collector.ingest.hub import hub_for
 from collector.settings import Settings
 from collector.sim.load import EngineLoad, LoadConfig
 from collector.sources.recorder import RecorderSource
 from collector.storage.writer import BatchWriter
-
-try:
-    from collector.storage.writer import step_tuples as rows_of
-except ImportError:  # a checkout before the tuple rows (PYTHONPATH=../other-checkout): its dict rows
-    from collector.storage.writer import step_row
-
-    def rows_of(recs: list[Any]) -> list[Any]:
-        return [step_row(r) for r in recs]
+from collector.storage.writer import step_tuples as rows_of
 
 
 class _NoRepo:

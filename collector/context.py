@@ -30,6 +30,10 @@ from collector.tasks import TaskSet
 
 # a configured engine that serves /metrics but has had no recorder for this long is reported
 RECORDER_MISSING_AFTER_S = 60.0
+# The sidecar is behind (``behind`` in /healthz; the detectors hold their judgement meanwhile)
+# when its loop ran this late, or a live writer's newest record has waited this long to be read.
+LOOP_LATE_S = 1.0
+RING_LATE_S = 2.0
 RECORDER_FIX = (
     "install vllm-flight-recorder into the engine's Python environment (the stat-logger plugin "
     "loads by itself) and give engine and sidecar the same FLIGHTREC_RECORDER_DIR; add "
@@ -54,9 +58,9 @@ class Lateness:
     def behind(self) -> bool:
         """The sidecar itself is late: its loop ran late, or a ring's newest record is old while
         its writer is alive (cheap: for the detector task's every tick)."""
-        if self.loop_lag_s > 1.0:
+        if self.loop_lag_s > LOOP_LATE_S:
             return True
-        return any((r.figures().get("lag_s") or 0.0) > 2.0 for r in self.recorders)
+        return any((r.figures().get("lag_s") or 0.0) > RING_LATE_S for r in self.recorders)
 
 
 @dataclass
@@ -173,7 +177,7 @@ class AppContext:
     def health(self) -> dict[str, Any]:
         statuses = [dataclasses.asdict(s) for s in self.source_statuses()]
         figures = self.ingest_figures()
-        behind = figures["loop_lag_s"] > 1.0 or (figures["recorder"].get("lag_s") or 0) > 5.0
+        behind = self.behind()
         # the degrade order: the continuous series coarser, then gaps (counted); never the fault path
         series = "coarse" if figures["recorder"].get("coarse") else "full"
         missing = self.recorder_missing()

@@ -16,13 +16,18 @@ the libraries beneath us (drivers, NVML, HTTP, the file system) are translated w
     ├── RingCorrupt                   collector.channel.ringfile: a file that is not a ring we read
     ├── UnsafePathError (OSError)     collector.channel.secure: a folder or file we must not trust
     ├── StorageError                  collector.storage.db: down, hung, or refused (``permanent``)
+    │   └── NotFound                  collector.storage.repo: no such snapshot or incident
     ├── SpoolError                    collector.snapshot.spool: a spool file that is not whole
-    ├── SourceError                   collector.sources.base: a source that cannot run here
+    ├── SourceError                   collector.sources.base: a source failed this round (retried)
+    │   ├── SourceUnsupported         collector.sources.base: a source that cannot run here
+    │   │   └── NvmlUnavailable       collector.sources.nvml_backend: no NVML library or driver
     │   ├── NvmlError                 collector.sources.nvml_backend
+    │   │   ├── FieldNotSupported     this GPU cannot give this reading
+    │   │   └── GpuLost               the GPU fell off the bus
     │   └── ScrapeError               collector.sources.vllm_metrics
+    ├── IntentError                   collector.snapshot.intent: a trigger intent that is not whole
     ├── RecorderError (RuntimeError)  collector.vllm.extract: the recorder stops, the engine does not
-    ├── ReplaySourceError             collector.replay.source
-    ├── LocalAlertmanagerError        collector.alerting.local (tests and benches)
+    ├── ReplaySourceError (RuntimeError)  collector.replay.source: a snapshot that cannot be read
     ├── InspectLogError               collector.cli.inspect_log
     └── CliError                      collector.cli.common: one line and an exit code
 """

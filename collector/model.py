@@ -29,6 +29,24 @@ class EventKind(str, enum.Enum):
     LOG = "log"  # any other matched log line worth keeping
 
 
+# Events after which the engine is dead: the requests in flight failed with it (a snapshot's
+# workload says so; the committer expects no more steps from the engine).
+CRASH_KINDS = frozenset(
+    {
+        EventKind.XID,
+        EventKind.GPU_LOST,
+        EventKind.CUDA_ERROR,
+        EventKind.NCCL_ERROR,
+        EventKind.ENGINE_FATAL,
+        EventKind.ENGINE_DEAD,
+        EventKind.RECORDER_SILENT,
+    }
+)
+# Of those, the errors the engine reports itself: paged as the engine's crash (an Xid, a lost GPU
+# and a silent recorder page under names of their own).
+ENGINE_ERROR_KINDS = frozenset({EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.CUDA_ERROR})
+
+
 class Severity(str, enum.Enum):
     """The one scale of how bad something is: an event's severity, a detector's state, an
     alert's ``severity`` label. ``OK`` is a detector's state when nothing is wrong (no event or

@@ -22,13 +22,11 @@ from urllib.parse import quote, urlsplit
 
 from collector.alerting.labels import ALERT_GPU_LABELS, ENGINE, GPU_BUS, GPU_INDEX, GPU_MODEL, HOSTNAME, gpu_labels
 from collector.detectors.base import DetectorState, Transition
-from collector.model import Event, EventKind, GpuSample, Severity
+from collector.model import ENGINE_ERROR_KINDS, Event, EventKind, GpuSample, Severity
 from collector.redact import redact_text
 from collector.xid.catalog import lookup as xid_lookup
 
 AlertKey = frozenset[tuple[str, str]]
-
-CRASH_KINDS = frozenset({EventKind.ENGINE_FATAL, EventKind.ENGINE_DEAD, EventKind.CUDA_ERROR})
 
 # alertname per detector name
 DETECTOR_ALERTS: dict[str, str] = {
@@ -131,7 +129,7 @@ def alert_for_event(
     first_line = event.message.strip().splitlines()[0][:300] if event.message.strip() else event.kind.value
     where = f"engine {engine}" if engine else f"host {host}"
 
-    if event.kind in CRASH_KINDS:
+    if event.kind in ENGINE_ERROR_KINDS:
         name = "VllmEngineCrashed"
         process = f" ({event.process})" if event.process else ""
         return Alert(

@@ -1,6 +1,8 @@
 """Alerting settings (mounted by the application settings as ``alerting:``).
 
-The Alertmanager URLs themselves are the top-level ``alertmanager:`` list.
+The Alertmanager URLs themselves are the top-level ``alertmanager:`` list, and the base of the
+alerts' links (``generatorURL``) is the top-level ``public_url`` (default: the sidecar's own
+address).
 """
 
 from __future__ import annotations
@@ -9,9 +11,6 @@ from pydantic import BaseModel, Field, field_validator
 
 
 class AlertingSettings(BaseModel):
-    # Where people reach this sidecar: generatorURL links to {public_url}/snapshots/{id}.
-    # Empty: alerts carry no generatorURL (Alertmanager rejects one that is not a URI).
-    public_url: str = ""
     # Base of the runbook links: an alert's runbook_url is {runbook_base}#{alertname lower-cased},
     # for the sidecar's alerts and for the rules `flightrec rules` renders. Absolute (a pager
     # follows nothing else), or empty: no runbook link.

@@ -74,8 +74,8 @@ class Alerter:
     @property
     def public_url(self) -> str:
         s = self.settings
-        if s.alerting.public_url or s.public_url:
-            return (s.alerting.public_url or s.public_url or "").rstrip("/")
+        if s.public_url:
+            return str(s.public_url).rstrip("/")
         host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
         return f"http://{host}:{self.port()}"
 

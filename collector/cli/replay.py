@@ -81,7 +81,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     except _Usage as exc:
         print(f"flightrec: {exc}", file=sys.stderr)
         return 2
-    except (source.SourceError, PlanError) as exc:
+    except (source.ReplaySourceError, PlanError) as exc:
         print(f"flightrec: {exc}", file=sys.stderr)
         return 1
     if args.plan:
@@ -195,7 +195,7 @@ def _compare(args: argparse.Namespace, settings: Settings, plan: Plan, new_snap:
         else:
             again = source.from_db(settings.database, int(new_snap["id"]), host=_host(settings))
         return compare(plan, build_plan(again.get("workload")))
-    except (source.SourceError, PlanError) as exc:
+    except (source.ReplaySourceError, PlanError) as exc:
         return f"the replayed workload was not compared: {exc}"
 
 
@@ -221,13 +221,13 @@ def _link(
         try:
             source.link_replay_via_sidecar(args.sidecar, int(snap["id"]), entry, token=_token(settings))
             return f"linked from snapshot {snap['id']} (summary.replays)"
-        except source.SourceError as exc:
+        except source.ReplaySourceError as exc:
             if not args.database:
                 return f"not linked: {exc}"
             refused = f"; the sidecar did not take it ({exc}), so its page shows it once its cached copy expires"
     try:
         source.link_replay(settings.database, int(snap["id"]), entry, host=_host(settings))
-    except source.SourceError as exc:
+    except source.ReplaySourceError as exc:
         return f"not linked: {exc}"
     return f"linked from snapshot {snap['id']} (summary.replays) in the database{refused}"
 

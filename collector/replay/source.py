@@ -20,7 +20,7 @@ from collector.errors import FlightrecError
 from collector.storage.db import StorageError
 
 
-class SourceError(FlightrecError, RuntimeError):
+class ReplaySourceError(FlightrecError, RuntimeError):
     """The snapshot (or the sidecar) could not be read."""
 
 
@@ -29,9 +29,9 @@ def from_file(path: Path) -> dict[str, Any]:
         raw = path.read_bytes()
         data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     except (OSError, ValueError) as exc:
-        raise SourceError(f"cannot read {path}: {exc}") from exc
+        raise ReplaySourceError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict) or "engine" not in data:
-        raise SourceError(f"{path} is not a snapshot export")
+        raise ReplaySourceError(f"{path} is not a snapshot export")
     return data
 
 
@@ -42,7 +42,7 @@ def from_db(database: str, snap_id: int, *, host: str) -> dict[str, Any]:
     try:
         doc = Repository(make_engine(database), host=host).get_snapshot(snap_id, parts=("workload",))
     except StorageError as exc:
-        raise SourceError(str(exc)) from exc
+        raise ReplaySourceError(str(exc)) from exc
     out = doc.header()
     out["workload"] = doc.workload
     return out
@@ -56,12 +56,12 @@ def from_sidecar(base: str, snap_id: int, *, token: str | None = None) -> dict[s
     try:
         resp = httpx.get(f"{base.rstrip('/')}/api/v1/snapshots/{snap_id}", headers=_headers(token), timeout=60.0)
     except httpx.HTTPError as exc:
-        raise SourceError(f"sidecar {base}: {exc}") from exc
+        raise ReplaySourceError(f"sidecar {base}: {exc}") from exc
     if resp.status_code != 200:
-        raise SourceError(f"sidecar {base}: snapshot {snap_id}: HTTP {resp.status_code} {resp.text[:200]}")
+        raise ReplaySourceError(f"sidecar {base}: snapshot {snap_id}: HTTP {resp.status_code} {resp.text[:200]}")
     data = resp.json()
     if not isinstance(data, dict):
-        raise SourceError(f"sidecar {base}: snapshot {snap_id} is not an object")
+        raise ReplaySourceError(f"sidecar {base}: snapshot {snap_id} is not an object")
     return data
 
 
@@ -138,9 +138,9 @@ def link_replay(database: str, original: int, replay: dict[str, Any], *, host: s
     try:
         Repository(engine, host=host).add_replay(original, replay)
     except NotFound as exc:
-        raise SourceError(str(exc)) from exc
+        raise ReplaySourceError(str(exc)) from exc
     except StorageError as exc:
-        raise SourceError(f"cannot link the replay to snapshot {original}: {exc}") from exc
+        raise ReplaySourceError(f"cannot link the replay to snapshot {original}: {exc}") from exc
     finally:
         engine.dispose()
 
@@ -150,6 +150,6 @@ def link_replay_via_sidecar(base: str, original: int, replay: dict[str, Any], *,
     try:
         resp = httpx.post(f"{base.rstrip('/')}/api/v1/snapshots/{original}/replays", json=replay, headers=_headers(token), timeout=30.0)
     except httpx.HTTPError as exc:
-        raise SourceError(f"sidecar {base}: {exc}") from exc
+        raise ReplaySourceError(f"sidecar {base}: {exc}") from exc
     if resp.status_code not in (200, 201):
-        raise SourceError(f"sidecar {base}: linking to snapshot {original}: HTTP {resp.status_code} {resp.text[:200]}")
+        raise ReplaySourceError(f"sidecar {base}: linking to snapshot {original}: HTTP {resp.status_code} {resp.text[:200]}")

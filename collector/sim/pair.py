@@ -13,9 +13,9 @@ from typing import Any
 from collector.settings import EngineConfig
 from collector.sim import vllm_logs
 from collector.sim.engine import SimEngine
+from collector.sim.nvml import FakeGpu, FakeNvmlBackend
 from collector.sim.openai import CompletionsFrontend
 from collector.sim.scenario import LoadClient, Scenario
-from collector.sources.nvml_backend import FakeGpu, FakeNvmlBackend
 
 log = logging.getLogger(__name__)
 

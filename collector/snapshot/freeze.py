@@ -19,7 +19,7 @@ from typing import Any
 
 from collector.channel.blocks import RequestBlock
 from collector.ingest.view import IngestView
-from collector.model import HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
+from collector.model import CRASH_KINDS, HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc
 
@@ -41,18 +41,6 @@ TRIGGER_KINDS = frozenset(
 # Events that name a process that failed (a TP worker, the engine core).
 FAILURE_KINDS = frozenset({EventKind.CUDA_ERROR, EventKind.NCCL_ERROR, EventKind.ENGINE_FATAL})
 TRIGGER_KIND_VALUES = frozenset(k.value for k in TRIGGER_KINDS) | {EventKind.ANOMALY.value}
-# Triggers that mean the engine died: requests still in flight failed with it.
-CRASH_KINDS = frozenset(
-    {
-        EventKind.XID,
-        EventKind.GPU_LOST,
-        EventKind.CUDA_ERROR,
-        EventKind.NCCL_ERROR,
-        EventKind.ENGINE_FATAL,
-        EventKind.ENGINE_DEAD,
-        EventKind.RECORDER_SILENT,
-    }
-)
 
 
 def is_trigger(ev: Event) -> bool:

@@ -43,10 +43,10 @@ import uuid
 from collections.abc import Callable
 
 from collector.ingest.view import IngestView, Route
-from collector.model import Event, EventKind, Severity
+from collector.model import CRASH_KINDS, Event, EventKind, Severity
 from collector.snapshot import intent
 from collector.snapshot.commit import CommitQueue, Job
-from collector.snapshot.freeze import CRASH_KINDS, Capture, capture, cut, is_trigger
+from collector.snapshot.freeze import Capture, capture, cut, is_trigger
 from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
 
 log = logging.getLogger(__name__)

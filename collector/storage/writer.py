@@ -54,10 +54,6 @@ def step_tuples(recs: list[StepRecord]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def step_row(rec: StepRecord) -> dict[str, Any]:
-    return dict(zip(STEP_TUPLE, step_tuples([rec])[0], strict=True))
-
-
 def gpu_row(s: GpuSample) -> dict[str, Any]:
     return {
         "gpu": s.gpu,

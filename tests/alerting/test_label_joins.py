@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from collector.alerting.alerts import alert_for_event, alert_for_state, rfc3339
-from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary, with_webhook
 from collector.detectors.base import DetectorState
 from collector.model import Event, EventKind, GpuSample, Severity
+from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, find_binary, with_webhook
 
 ROOT = Path(__file__).resolve().parents[2]
 AM_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"

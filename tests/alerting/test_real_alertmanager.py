@@ -10,8 +10,8 @@ import pytest
 
 from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import alert_for_event
-from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary, free_port
 from collector.model import Event, EventKind, Severity
+from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, find_binary, free_port
 
 pytestmark = [
     pytest.mark.alertmanager,

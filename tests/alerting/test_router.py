@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from collector.alerting.alerts import Alert
-from collector.alerting.local import LocalAlertmanager, WebhookReceiver, find_binary
 from collector.alerting.router import Alerter
 from collector.ingest.hub import Hub
 from collector.model import Event, EventKind, Severity, StepRecord
@@ -24,6 +23,7 @@ from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.ledger import SnapshotLedger
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
+from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, find_binary
 from tests.wiring import with_committer
 
 XID_LINE = "NVRM: Xid (PCI:0000:00:06): 43, pid=415, name=python3, channel 0x0000000a"

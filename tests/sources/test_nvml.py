@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from collector.model import Event, EventKind, GpuSample, Severity
+from collector.sim.nvml import FakeGpu, FakeNvmlBackend
 from collector.sources.base import SourceError, SourceUnsupported
 from collector.sources.nvml import NvmlSource, nvml_source_from_setting
 from collector.sources.nvml_backend import (
-    FakeGpu,
-    FakeNvmlBackend,
     FieldNotSupported,
     GpuLost,
     NvmlError,

@@ -1,6 +1,6 @@
 """A throwaway Alertmanager on loopback, and a webhook receiver to watch what it notifies.
 
-For tests, benchmarks and demos: ``LocalAlertmanager`` writes a config whose only receiver is a
+For tests and benchmarks (not shipped in the package): ``LocalAlertmanager`` writes a config whose only receiver is a
 webhook, starts the binary with clustering off and its storage in a temporary folder, and stops
 it again. The binary is found as ``alertmanager`` or Debian's ``prometheus-alertmanager``.
 """
