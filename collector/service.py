@@ -35,6 +35,7 @@ from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import SCRAPE_SECONDS
 from collector.snapshot.ledger import SnapshotLedger
+from collector.sources.base import Source
 from collector.sources.klog import KlogSource
 from collector.sources.kmsg import KmsgSource
 from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
@@ -61,7 +62,7 @@ Context = AppContext  # the name tests and tools used
 
 
 class Service:
-    def __init__(self, settings: Settings, *, extra_sources: list[Any] | None = None, spool_dir: Path | None = None) -> None:
+    def __init__(self, settings: Settings, *, extra_sources: list[Source] | None = None, spool_dir: Path | None = None) -> None:
         self.settings = settings
         self.extra_sources = extra_sources or []
         self.spool_dir = spool_dir or _default_spool(settings)
@@ -106,14 +107,14 @@ class Service:
         writer.db_up = migrated
         rows = self.rows = row_sink(stores, writer, host=host, interval_s=settings.fleet_series_interval_s)
 
-        sources: list[Any] = []
+        sources: list[Source] = []
         unsupported: list[SourceStatus] = []
-        for name, build in SOURCES:
+        for entry in SOURCES:
             try:
-                sources.extend(build(settings))
+                sources.extend(entry.build(settings))
             except Exception as exc:  # a source that cannot even be built is reported, not fatal
-                log.warning("source %s not started: %s", name, exc)
-                unsupported.append(SourceStatus(name=name, up=False, supported=False, reason=str(exc)))
+                log.warning("source %s not started: %s", entry.name, exc)
+                unsupported.append(SourceStatus(name=entry.name, up=False, supported=False, reason=str(exc)))
         sources.extend(self.extra_sources)
         recorders = [s for s in sources if isinstance(s, RecorderSource)]
         # the first step of the degrade order: the stored step series coarser while a ring lags

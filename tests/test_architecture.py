@@ -51,7 +51,6 @@ ALLOWED = {
     # storage packs and unpacks it; the committer is what calls storage
     ("storage", "snapshot.document"),
     # a stage reads its own settings class, which sits next to it and is mounted in Settings
-    ("sources", "settings"),
     ("detectors", "settings"),
     ("alerting", "settings"),
     ("snapshot", "settings"),

@@ -1,17 +1,122 @@
-"""The table of sources: one builder per source, each taking the settings and returning the
-sources it asks for (none when the source is off). The service supervises whatever these
-return; adding a source is one line here."""
+"""The table of sources: one entry per source, each with its builder (taking the settings and
+returning the sources it asks for, none when the source is off) and what an operator loses when
+it cannot run here. The service supervises whatever the builders return; adding a source is one
+line here.
+
+The builders read the settings through ``SourcesConfig``, the keys they need: this stage imports
+nothing of the settings module (which mounts each source's own settings class).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
-from collector.settings import Settings
+from collector.sources.base import Source
+from collector.sources.discovery_settings import DiscoverySettings
 
 
-def _metrics(settings: Settings) -> list[Any]:
+class EngineEntry(Protocol):
+    """A configured engine, as the sources read it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def log(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """An engine the sources were not configured with (a discovered pod's)."""
+
+    name: str
+    url: str
+
+
+class SourcesConfig(Protocol):
+    """What the builders read of the settings (``collector.settings.Settings`` fits)."""
+
+    @property
+    def engines(self) -> Sequence[EngineEntry]: ...
+
+    @property
+    def scrape_interval(self) -> float: ...
+
+    @property
+    def scrape_timeout(self) -> float: ...
+
+    @property
+    def health_fail_threshold(self) -> int: ...
+
+    @property
+    def recorder(self) -> str: ...
+
+    @property
+    def recorder_dir(self) -> Path: ...
+
+    @property
+    def recorder_join_wait(self) -> float: ...
+
+    # the sources' own settings classes, mounted in the settings
+    @property
+    def discovery(self) -> DiscoverySettings: ...
+
+    @property
+    def gpu_metrics(self) -> str: ...
+
+    @property
+    def dcgm_url(self) -> str: ...
+
+    @property
+    def dcgm_timeout(self) -> float: ...
+
+    @property
+    def nvml(self) -> str: ...
+
+    @property
+    def gpu_poll_interval(self) -> float: ...
+
+    @property
+    def pcie_interval(self) -> float: ...
+
+    @property
+    def gpu_lost_retry(self) -> float: ...
+
+    @property
+    def event_timeout_ms(self) -> int: ...
+
+    @property
+    def xid_events(self) -> bool: ...
+
+    @property
+    def kmsg(self) -> str: ...
+
+    @property
+    def kmsg_from_start(self) -> bool: ...
+
+    @property
+    def kmsg_poll_interval(self) -> float: ...
+
+    @property
+    def log_from_start(self) -> bool: ...
+
+    @property
+    def log_poll_interval(self) -> float: ...
+
+    @property
+    def log_idle_flush(self) -> float: ...
+
+    @property
+    def log_keep(self) -> Literal["important", "all"]: ...
+
+
+def _metrics(settings: SourcesConfig) -> list[Source]:
     from collector.sources.vllm_metrics import VllmMetricsSource
 
     if not settings.engines:
@@ -26,7 +131,7 @@ def _metrics(settings: Settings) -> list[Any]:
     ]
 
 
-def _nvml(settings: Settings) -> list[Any]:
+def _nvml(settings: SourcesConfig) -> list[Source]:
     from collector.sources.nvml import nvml_source_from_setting
 
     src = nvml_source_from_setting(
@@ -43,7 +148,7 @@ def _nvml(settings: Settings) -> list[Any]:
     return [src] if src is not None else []
 
 
-def _dcgm_source(settings: Settings) -> Any:
+def _dcgm_source(settings: SourcesConfig) -> Any:
     from collector.sources.dcgm import DcgmSource
 
     if settings.gpu_metrics != "dcgm":
@@ -51,14 +156,14 @@ def _dcgm_source(settings: Settings) -> Any:
     return DcgmSource(settings.dcgm_url, interval=settings.gpu_poll_interval, timeout=settings.dcgm_timeout)
 
 
-def _dcgm(settings: Settings) -> list[Any]:
+def _dcgm(settings: SourcesConfig) -> list[Source]:
     if settings.discovery.mode == "kubernetes":
         return []  # built beside discovery ("recorder" above), which reads its GPU -> pod map
     src = _dcgm_source(settings)
     return [src] if src is not None else []
 
 
-def _kmsg(settings: Settings) -> list[Any]:
+def _kmsg(settings: SourcesConfig) -> list[Source]:
     from collector.sources.kmsg import kmsg_source_from_setting
 
     if settings.kmsg == "syslog":  # the same ring through syslog(2): CAP_SYSLOG, no device
@@ -70,12 +175,12 @@ def _kmsg(settings: Settings) -> list[Any]:
     return [src] if src is not None else []
 
 
-def _engine_logs(settings: Settings) -> list[Any]:
+def _engine_logs(settings: SourcesConfig) -> list[Source]:
     import sys
 
     from collector.sources.engine_log import EngineLogSource
 
-    out: list[Any] = []
+    out: list[Source] = []
     s = settings
     for eng in settings.engines:
         if eng.log == "-":
@@ -104,14 +209,14 @@ def _engine_logs(settings: Settings) -> list[Any]:
     return out
 
 
-def _recorder(settings: Settings) -> list[Any]:
+def _recorder(settings: SourcesConfig) -> list[Source]:
     """The recorder's rings, and the engines Kubernetes discovery finds: one join for both, so
     that a discovered engine's rings join it by name."""
     from collector.sources.join import EngineJoin
     from collector.sources.recorder import RecorderSource
 
     join = EngineJoin(settings.engines)
-    out: list[Any] = []
+    out: list[Source] = []
     if settings.recorder != "off":
         out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait))
     if settings.discovery.mode == "kubernetes":
@@ -123,9 +228,8 @@ def _recorder(settings: Settings) -> list[Any]:
     return out
 
 
-def _discovery(settings: Settings, join: Any, dcgm: Any = None) -> Any:
+def _discovery(settings: SourcesConfig, join: Any, dcgm: Any = None) -> Any:
     from collector.parsers.kube_pods import PodEngine
-    from collector.settings import EngineConfig
     from collector.sources.discovery import KubernetesDiscovery
     from collector.sources.engine_log import EngineLogSource
     from collector.sources.kube_api import KubeApi
@@ -137,7 +241,7 @@ def _discovery(settings: Settings, join: Any, dcgm: Any = None) -> Any:
     def metrics(engine: PodEngine) -> Any:
         assert engine.url is not None
         return VllmMetricsSource(
-            engines=[EngineConfig(name=engine.name, url=engine.url)],
+            engines=[_Engine(name=engine.name, url=engine.url)],
             interval=s.scrape_interval,
             timeout=s.scrape_timeout,
             health_fail_threshold=s.health_fail_threshold,
@@ -173,11 +277,22 @@ def _discovery(settings: Settings, join: Any, dcgm: Any = None) -> Any:
     )
 
 
-SOURCES: list[tuple[str, Callable[[Settings], list[Any]]]] = [
-    ("recorder", _recorder),
-    ("vllm_metrics", _metrics),
-    ("engine_log", _engine_logs),
-    ("kmsg", _kmsg),
-    ("nvml", _nvml),
-    ("dcgm", _dcgm),
-]
+@dataclass(frozen=True)
+class SourceEntry:
+    name: str
+    build: Callable[[SourcesConfig], list[Source]]
+    lost_when_unsupported: str  # for the warning when it cannot run here
+
+
+SOURCES: tuple[SourceEntry, ...] = (
+    SourceEntry("recorder", _recorder, "per-step recording"),
+    SourceEntry("vllm_metrics", _metrics, "metrics scraping"),
+    SourceEntry("engine_log", _engine_logs, "engine-log capture"),
+    SourceEntry("kmsg", _kmsg, "kernel-log Xid capture"),
+    SourceEntry("nvml", _nvml, "GPU and Xid capture"),
+    SourceEntry("dcgm", _dcgm, "GPU gauges from dcgm-exporter"),
+)
+LOST_WHEN_UNSUPPORTED = {
+    **{entry.name: entry.lost_when_unsupported for entry in SOURCES},
+    "discovery": "engine discovery",  # built by the recorder's entry, which shares its join
+}

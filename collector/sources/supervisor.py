@@ -6,29 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from collector.model import SourceStatus
-from collector.sources.base import Sink, SourceUnsupported
+from collector.sources.base import Sink, Source, SourceUnsupported
+from collector.sources.registry import LOST_WHEN_UNSUPPORTED
 from collector.tasks import Backoff
 
 log = logging.getLogger(__name__)
 
 
-# What an operator loses when a source reports itself unsupported, for the warning.
-LOST_WHEN_UNSUPPORTED = {
-    "nvml": "GPU and Xid capture",
-    "kmsg": "kernel-log Xid capture",
-    "recorder": "per-step recording",
-    "engine_log": "engine-log capture",
-    "vllm_metrics": "metrics scraping",
-    "discovery": "engine discovery",
-    "dcgm": "GPU gauges from dcgm-exporter",
-}
-
-
 class SupervisedSource:
-    def __init__(self, source: Any, *, min_backoff: float = 0.5, max_backoff: float = 30.0) -> None:
+    def __init__(self, source: Source, *, min_backoff: float = 0.5, max_backoff: float = 30.0) -> None:
         self.source = source
         self.name: str = getattr(source, "name", type(source).__name__)
         self.backoff = Backoff(min_backoff, max_backoff)

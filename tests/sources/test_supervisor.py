@@ -71,7 +71,7 @@ def test_an_unsupported_source_is_reported_once_and_not_restarted() -> None:
 
 
 def built(settings: Settings) -> dict[str, list[object]]:
-    return {name: build(settings) for name, build in SOURCES}
+    return {entry.name: entry.build(settings) for entry in SOURCES}
 
 
 def test_the_source_table_follows_the_settings(tmp_path: Path) -> None:
