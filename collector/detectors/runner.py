@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from collector.detectors import series as S
 from collector.detectors.base import DetectorState, Hysteresis, Transition, since
@@ -61,6 +62,85 @@ def _step_series(steps: Sequence[StepRecord]) -> tuple[list[S.Point], list[S.Poi
         if s.preemptions is not None:
             preempt.append((ts, float(s.preemptions)))
     return waiting, tokens, kv, preempt, demand
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    """One engine's series over the detectors' history, built once a tick for all of them."""
+
+    steps: list[StepRecord]  # every step in the window (the host-side figures ride on either half)
+    waiting: list[S.Point]
+    tokens: list[S.Point]
+    kv: list[S.Point]
+    preempt: list[S.Point]
+    demand: list[S.Point]
+    scrapes: S.ScrapeSeries
+    sc_waiting: list[S.Point]
+    sc_tokens: list[S.Point]
+    sc_demand: list[S.Point]
+    from_steps: bool  # the step figures come from the recorder (else from the scrapes)
+    last_scrape: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSeries:
+    samples: list[GpuSample]
+    published: Callable[[str], Severity]  # a detector's published level for this GPU
+
+
+Labels = dict[str, str]
+
+
+def _stall(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState:
+    # a hung engine stops stepping but its /metrics still answers: the stall check merges both
+    waiting = sorted(x.waiting + x.sc_waiting) if x.from_steps else x.waiting
+    tokens = sorted(x.tokens + x.sc_tokens) if x.from_steps else x.tokens
+    return detect_stall(waiting, tokens, now=now, labels=labels, thr=thr)
+
+
+def _host_backlog(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState | None:
+    blocks = [(s.ts, float(b)) for s in x.steps if (b := s.host_blocks) is not None]
+    pending = S.connector_level(x.steps, "pending_page_transfers")
+    usage = S.connector_level(x.steps, "host_cache_usage_perc")
+    if not (blocks or pending or usage):
+        return None  # no HiSparse here
+    running = [(s.ts, float(s.running)) for s in x.steps if s.running is not None]
+    return detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels, thr=thr)
+
+
+def _throughput(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState:
+    # scrapes reach further back than a step ring at hundreds of steps a second
+    tokens = x.sc_tokens if len(x.scrapes.times) >= 2 else x.tokens
+    demand = x.sc_demand if len(x.scrapes.times) >= 2 else x.demand
+    return detect_throughput_collapse(tokens, demand, now=now, labels=labels, thr=thr)
+
+
+def _latency(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState | None:
+    if not x.scrapes.times:
+        return None  # inter-token latency comes from /metrics only
+    return detect_itl_regression(list(x.scrapes.itl_sum), list(x.scrapes.itl_count), now=now, labels=labels, thr=thr)
+
+
+# Every detector in one table: the ``DetectorThresholds`` field that holds its thresholds (and
+# ``enabled``), and how it reads the series. A detector that returns None has nothing to judge.
+ENGINE_DETECTORS: tuple[tuple[str, Callable[[EngineSeries, Any, float, Labels], DetectorState | None]], ...] = (
+    ("stall", _stall),
+    ("kv_jump", lambda x, thr, now, labels: detect_kv_jump(x.kv, now=now, labels=labels, thr=thr)),
+    ("preemption", lambda x, thr, now, labels: detect_preemption_storm(x.preempt, now=now, labels=labels, thr=thr)),
+    ("host_backlog", _host_backlog),
+    ("throughput", _throughput),
+    ("latency", _latency),
+    ("scrape_gone", lambda x, thr, now, labels: detect_scrape_gone(x.last_scrape, now=now, labels=labels, thr=thr)),
+)
+GPU_DETECTORS: tuple[tuple[str, Callable[[GpuSeries, Any, float, Labels], DetectorState | None]], ...] = (
+    (
+        "throttling",
+        lambda x, thr, now, labels: detect_throttling(
+            x.samples[-1] if x.samples else None, previous=x.published(THROTTLING), now=now, labels=labels, thr=thr
+        ),
+    ),
+    ("ecc", lambda x, thr, now, labels: detect_memory_errors(x.samples, now=now, labels=labels, thr=thr)),
+)
 
 
 class DetectorRunner:
@@ -122,72 +202,51 @@ class DetectorRunner:
         return self._publish(raw)
 
     def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: S.ScrapeSeries, now: float) -> list[DetectorState]:
-        t = self.thr
-        labels = {"engine": engine}
-        out = []
-        # Steps when the recorder runs; scrapes otherwise. A hung engine stops stepping but its
-        # /metrics still answers, so the stall check merges both. Only steps whose stats half
-        # arrived carry the figures (the others' are unknown, not 0).
-        # Each series takes the steps that carry its figures: one unread field costs that series
-        # its points, not every detector the step.
-        all_steps = steps
-        steps = [s for s in steps if s.halves & HALF_STATS]
+        # Steps when the recorder runs; scrapes otherwise. Only steps whose stats half arrived
+        # carry the figures (the others' are unknown, not 0), and each series takes the steps
+        # that carry its figures: one unread field costs that series its points, not every
+        # detector the step.
+        stats_steps = [s for s in steps if s.halves & HALF_STATS]
         # the scrape series, kept up to date one scrape at a time (several detectors read them)
         sc_waiting = list(scrapes.waiting)
         sc_tokens = list(scrapes.tokens)
         sc_demand = [(ts, r + w) for (ts, r), (_, w) in zip(scrapes.running, sc_waiting, strict=False)]
-        if steps:
-            waiting, tokens, kv, preempt, demand = _step_series(steps)
+        if stats_steps:
+            waiting, tokens, kv, preempt, demand = _step_series(stats_steps)
         else:
-            waiting = sc_waiting
-            tokens = sc_tokens
-            kv = list(scrapes.kv)
-            preempt = S.deltas(list(scrapes.preempt))
-            demand = sc_demand
-        if t.stall.enabled:
-            stall_waiting = sorted(waiting + sc_waiting) if steps else waiting
-            stall_tokens = sorted(tokens + sc_tokens) if steps else tokens
-            out.append(detect_stall(stall_waiting, stall_tokens, now=now, labels=labels, thr=t.stall))
-        if t.kv_jump.enabled:
-            out.append(detect_kv_jump(kv, now=now, labels=labels, thr=t.kv_jump))
-        if t.preemption.enabled:
-            out.append(detect_preemption_storm(preempt, now=now, labels=labels, thr=t.preemption))
-        if t.host_backlog.enabled and all_steps:
-            blocks = [(s.ts, float(b)) for s in all_steps if (b := s.host_blocks) is not None]
-            pending = S.connector_level(all_steps, "pending_page_transfers")
-            usage = S.connector_level(all_steps, "host_cache_usage_perc")
-            if blocks or pending or usage:
-                running = [(s.ts, float(s.running)) for s in all_steps if s.running is not None]
-                out.append(detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels, thr=t.host_backlog))
-        if t.throughput.enabled:
-            # scrapes reach further back than a step ring at hundreds of steps a second
-            long_tokens = sc_tokens if len(scrapes.times) >= 2 else tokens
-            long_demand = sc_demand if len(scrapes.times) >= 2 else demand
-            out.append(detect_throughput_collapse(long_tokens, long_demand, now=now, labels=labels, thr=t.throughput))
-        if t.latency.enabled and scrapes.times:
-            out.append(
-                detect_itl_regression(
-                    list(scrapes.itl_sum),
-                    list(scrapes.itl_count),
-                    now=now,
-                    labels=labels,
-                    thr=t.latency,
-                )
-            )
-        if t.scrape_gone.enabled:
-            out.append(detect_scrape_gone(self._last_scrape.get(engine), now=now, labels=labels, thr=t.scrape_gone))
-        return out
+            waiting, tokens, kv = sc_waiting, sc_tokens, list(scrapes.kv)
+            preempt, demand = S.deltas(list(scrapes.preempt)), sc_demand
+        series = EngineSeries(
+            steps=steps,
+            waiting=waiting,
+            tokens=tokens,
+            kv=kv,
+            preempt=preempt,
+            demand=demand,
+            scrapes=scrapes,
+            sc_waiting=sc_waiting,
+            sc_tokens=sc_tokens,
+            sc_demand=sc_demand,
+            from_steps=bool(stats_steps),
+            last_scrape=self._last_scrape.get(engine),
+        )
+        return self._run(ENGINE_DETECTORS, series, now, {"engine": engine})
 
     def _gpu_states(self, gpu: str, samples: list[GpuSample], now: float) -> list[DetectorState]:
-        t = self.thr
-        labels = {"gpu": gpu}
+        def published(name: str) -> Severity:
+            state = self._published.get((name, (("gpu", gpu),)))
+            return state.state if state else Severity.OK
+
+        return self._run(GPU_DETECTORS, GpuSeries(samples, published), now, {"gpu": gpu})
+
+    def _run(
+        self, table: Sequence[tuple[str, Callable[[Any, Any, float, Labels], DetectorState | None]]], series: Any, now: float, labels: Labels
+    ) -> list[DetectorState]:
         out = []
-        if t.throttling.enabled:
-            published = self._published.get((THROTTLING, (("gpu", gpu),)))
-            previous = published.state if published else Severity.OK
-            out.append(detect_throttling(samples[-1] if samples else None, previous=previous, now=now, labels=labels, thr=t.throttling))
-        if t.ecc.enabled:
-            out.append(detect_memory_errors(samples, now=now, labels=labels, thr=t.ecc))
+        for field_name, run in table:
+            thr = getattr(self.thr, field_name)
+            if thr.enabled and (state := run(series, thr, now, labels)) is not None:
+                out.append(state)
         return out
 
     def _publish(self, raw: list[DetectorState]) -> list[Transition]:

@@ -162,3 +162,12 @@ def test_scrape_series_kept_one_scrape_at_a_time_equal_the_series_read_afresh() 
     other = [MetricsScrape(engine="e", ts=T0 + 5, values={"num_requests_waiting": 1.0})]
     kept.feed(other)
     assert list(kept.waiting) == [(T0 + 5, 1.0)] and list(kept.times) == [T0 + 5]
+
+
+def test_every_detector_with_thresholds_is_in_the_table() -> None:
+    from collector.detectors.config import DetectorThresholds
+    from collector.detectors.runner import ENGINE_DETECTORS, GPU_DETECTORS
+
+    configured = {name for name, value in DetectorThresholds() if hasattr(value, "enabled")}
+    listed = [name for name, _ in ENGINE_DETECTORS + GPU_DETECTORS]
+    assert sorted(listed) == sorted(configured)  # each once, none without its thresholds
