@@ -153,7 +153,6 @@ def _codec_seeds_bytes() -> list[bytes]:
         kv_cache_usage=0.032,
         waiting_by_reason={"capacity": 2, "deferred": 1},
         connector={"mirror_rows": 12},
-        finished_requests=[{"request_id": "r1", "finish_reason": "length"}],
         worker="Worker_TP1",
     )
     event = Event(
@@ -176,8 +175,6 @@ def _codec_seeds_bytes() -> list[bytes]:
         codec.encode_event(event),
         codec.encode_fingerprint(Fingerprint(engine="d", ts=1.0, facts={"block_size": 64, "tp": 2})),
         codec.encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234}),
-        codec.encode({"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3, "kv_cache_usage": 0.5}),
-        codec.encode({"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"], "rows": [["r", 10, 11]]}),
         codec.encode({"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": 1.0, "prompt_len": 32000}),
     ]
 

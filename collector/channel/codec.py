@@ -11,8 +11,7 @@ per-step path and must cost microseconds; the rare records are JSON.
     [JSON object]   only when there is more: {"connector": {...}, "waiting_by_reason": {...},
                     "worker": ..., "null": [...],
                     "iteration": {...}, "cudagraph": {...}, "external_prefix_cache": {...}}
-                    (the last three as docs/recorder.md describes them; an older recorder's
-                    "finished_requests" list is still read, and ingest drops it)
+                    (the last three as docs/recorder.md describes them)
 
 ``waiting`` counts every waiting request; ``waiting_by_reason`` is rebuilt from ``waiting -
 deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` uses.
@@ -45,8 +44,9 @@ null, never as 0.
     {"t": "wl", "ev": "end", "id": "cmpl-1", "ts": ..., "output_len": 2000,
      "finish": "stopped" | "length" | "aborted" | "error" | ..., "cached_tokens": 0 | null}
                                                                      the workload, for replay
-    {"t": "step", ...StepRecord fields}  and  {"t": "req", "cols": [...], "rows": [[...]]}
-    (the JSON forms of the two binary records, still read)
+
+Steps and request rows travel only as ``S`` and ``R`` records; a JSON record of another type is
+set aside and counted, as any record that is not one of ours.
 
 Every field of a JSON record is checked against the column it ends in (``channel.fields``): a
 wrong type, a number out of range or a NaN is a ``CodecError``, so the reader sets the record
@@ -79,7 +79,6 @@ from collector.model import (
 TAG_JSON = b"J"
 TAG_STEP = b"S"
 TAG_REQS = b"R"
-REQ_COLS = ("id", "prompt_len", "computed", "output", "preempt", "status", "mirror_rows")
 STEP_HEAD = struct.Struct("<QdHIIIdIIIIQQ")
 REQS_HEAD = struct.Struct("<QdIB")
 FLAG_MIRROR = 1
@@ -209,8 +208,6 @@ def encode_step(step: StepRecord) -> bytes:
     extras: dict[str, Any] = {}
     if step.connector:
         extras["connector"] = step.connector
-    if step.finished_requests:
-        extras["finished_requests"] = step.finished_requests
     other = {k: v for k, v in step.waiting_by_reason.items() if k not in ("capacity", "deferred")}
     if other:
         extras["waiting_by_reason"] = other
@@ -332,12 +329,6 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
         name = engine or f.text(body, "engine", default="unknown", limit=f.NAME_MAX) or "unknown"
         if kind == "meta":
             return body, None
-        if kind == "step":
-            rec = _decode_step_json(name, body)
-            rec.halves = HALF_STATS
-            return None, rec
-        if kind == "req":
-            return None, _decode_requests_json(name, body)
         if kind == "fp":
             facts = body.get("facts")
             if not isinstance(facts, dict):
@@ -355,30 +346,6 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
     except (KeyError, TypeError, ValueError) as exc:  # FieldError included
         raise CodecError(f"malformed {str(kind)[:40]!r} record: {exc}") from exc
     raise CodecError(f"unknown record type {str(kind)[:40]!r}")
-
-
-def _decode_step_json(engine: str, body: dict[str, Any]) -> StepRecord:
-    worker = f.optional_text(body, "worker")
-    return StepRecord(
-        engine=engine,
-        ts=f.timestamp(body),
-        step=f.integer(body, "step", hi=f.INT64_MAX),
-        kv_cache_usage=None if body.get("kv_cache_usage") is None else f.number(body, "kv_cache_usage", hi=1.0),
-        waiting_by_reason=f.counts(body, "waiting_by_reason"),
-        connector=f.mapping(body, "connector"),
-        finished_requests=f.sequence(body, "finished_requests", dict),
-        worker=worker,
-        # a figure the record does not carry is unknown (None), never 0
-        engine_index=f.integer(body, "engine_index", hi=0xFFFF, default=0),
-        running=f.optional_integer(body, "running"),
-        waiting=f.optional_integer(body, "waiting"),
-        preemptions=f.optional_integer(body, "preemptions"),
-        prompt_tokens=f.optional_integer(body, "prompt_tokens"),
-        generation_tokens=f.optional_integer(body, "generation_tokens"),
-        finished=f.optional_integer(body, "finished"),
-        prefix_cache_queries=f.optional_integer(body, "prefix_cache_queries", hi=f.INT64_MAX),
-        prefix_cache_hits=f.optional_integer(body, "prefix_cache_hits", hi=f.INT64_MAX),
-    )
 
 
 Decoded = tuple[dict[str, Any] | None, Observation | None, CodecError | None]
@@ -471,7 +438,6 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
     if isinstance(more, dict):
         by_reason.update(more)
     connector = extras.get("connector")
-    finished_requests = extras.get("finished_requests")
     worker = extras.get("worker")
     details = {k: v for k in STEP_DETAIL_KEYS if isinstance(v := extras.get(k), dict)}
     rec = StepRecord(
@@ -491,7 +457,6 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
         connector=connector if isinstance(connector, dict) else {},
         engine_index=engine_index,
         worker=worker if isinstance(worker, str) else None,
-        finished_requests=finished_requests if isinstance(finished_requests, list) else [],
         halves=HALF_STATS,
         details=details,
     )
@@ -561,44 +526,6 @@ def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
     ]
     running = sum(1 for r in rows if r.status == "running")
     return StepRecord(engine=engine, ts=ts, step=step, running=running, requests=rows)
-
-
-def _decode_requests_json(engine: str, body: dict[str, Any]) -> StepRecord:
-    cols = body.get("cols") or list(REQ_COLS)
-    if not isinstance(cols, list) or not all(isinstance(c, str) for c in cols):
-        raise f.FieldError("cols is not a list of names")
-    idx = {c: i for i, c in enumerate(cols)}
-    table = body.get("rows")
-    if not isinstance(table, list) or not all(isinstance(r, list) for r in table):
-        raise f.FieldError("rows is not a list of lists")
-    rows: list[RequestRow] = []
-    for row in table:
-        cell = {c: row[i] for c, i in idx.items() if i < len(row)}
-        extras = {c: v for c, v in cell.items() if c not in REQ_COLS}
-        status = cell.get("status", "running")
-        mirror = cell.get("mirror_rows")
-        rows.append(
-            RequestRow(
-                request_id=f.check_text("id", cell.get("id")),
-                prompt_len=f.integer(cell, "prompt_len", default=0),
-                computed_tokens=f.integer(cell, "computed", default=0),
-                output_tokens=f.integer(cell, "output", default=0),
-                preemptions=f.integer(cell, "preempt", default=0),
-                # a name we do not know is "unknown", as in the binary record
-                status=status if status in STATUS_CODE else STATUSES[UNKNOWN_STATUS],
-                mirror_rows=None if mirror is None else f.check_int("mirror_rows", mirror),
-                extras=extras,
-            )
-        )
-    running = sum(1 for r in rows if r.status == "running")
-    return StepRecord(
-        engine=engine,
-        ts=f.timestamp(body),
-        step=f.integer(body, "step", hi=f.INT64_MAX),
-        running=running,
-        requests=rows,
-        halves=HALF_REQUESTS,
-    )
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:

@@ -100,9 +100,3 @@ def sequence(body: dict[str, Any], key: str, item: type) -> list[Any]:
     if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
         raise FieldError(f"{key} is not a list of {item.__name__}")
     return value
-
-
-def counts(body: dict[str, Any], key: str) -> dict[str, int]:
-    """An object of name -> count, e.g. ``waiting_by_reason``."""
-    value = mapping(body, key)
-    return {check_text(key, k, limit=NAME_MAX): check_int(f"{key}.{k}", v) for k, v in value.items()}
