@@ -11,17 +11,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from collector.alerting.alertmanager import AlertmanagerClient
 from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition
+from collector.alerting.config import AlertingSettings
 from collector.detectors.base import Transition
 from collector.model import Event, EventKind, GpuSample
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import is_trigger
 
 log = logging.getLogger(__name__)
+
+
+class AlerterConfig(Protocol):
+    """What the router reads of the settings (``collector.settings.Settings`` fits)."""
+
+    @property
+    def alerting(self) -> AlertingSettings: ...
+
+    @property
+    def alertmanager(self) -> Sequence[str]: ...
+
+    @property
+    def public_url(self) -> str | None: ...
+
+    @property
+    def host(self) -> str: ...
 
 
 class Alerter:
@@ -31,7 +48,7 @@ class Alerter:
 
     def __init__(
         self,
-        settings: Any,
+        settings: AlerterConfig,
         *,
         host: str,
         snapshots_for: Callable[[Event], dict[str, int | None]],
@@ -75,7 +92,7 @@ class Alerter:
     def public_url(self) -> str:
         s = self.settings
         if s.public_url:
-            return str(s.public_url).rstrip("/")
+            return s.public_url.rstrip("/")
         host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
         return f"http://{host}:{self.port()}"
 

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from collector import __version__
 from collector.alerting.labels import ENGINE, HOSTNAME, METRIC_GPU_LABELS, gpu_labels
+from collector.context import AppContext
 from collector.ingest.view import IngestView
 from collector.xid.catalog import lookup as xid_lookup
 
@@ -48,7 +49,7 @@ def observe_commit_latency(seconds: float, histogram: Histogram = COMMIT_LATENCY
     histogram.observe(seconds)
 
 
-def sidecar_registry(ctx: Any, *, commit_latency: Histogram = COMMIT_LATENCY) -> CollectorRegistry:
+def sidecar_registry(ctx: AppContext, *, commit_latency: Histogram = COMMIT_LATENCY) -> CollectorRegistry:
     """Our collector plus prometheus_client's process, platform (python_info) and GC ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(ctx, commit_latency=commit_latency))
@@ -59,7 +60,7 @@ def sidecar_registry(ctx: Any, *, commit_latency: Histogram = COMMIT_LATENCY) ->
 
 
 class SidecarCollector(Collector):
-    def __init__(self, ctx: Any, *, commit_latency: Histogram = COMMIT_LATENCY) -> None:
+    def __init__(self, ctx: AppContext, *, commit_latency: Histogram = COMMIT_LATENCY) -> None:
         self.ctx = ctx
         self.commit_latency = commit_latency
 
