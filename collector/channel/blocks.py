@@ -108,11 +108,6 @@ class RequestBlock:
         """One column of this block, decoded."""
         return decode_columns([self])[name]
 
-    def context_lens(self) -> list[int]:
-        a = array("I")
-        a.frombytes(self.cols[4 * self.n : 8 * self.n])
-        return a.tolist()
-
 
 def decode_columns(blocks: Sequence[RequestBlock]) -> dict[str, list[Any]]:
     """The blocks' rows as the export's columns: per-block C work (``array.tolist``, ``split``,

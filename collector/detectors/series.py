@@ -62,20 +62,6 @@ def token_amounts(scrapes: Sequence[MetricsScrape]) -> list[Point]:
     return deltas(combined)
 
 
-def step_tokens(steps: Sequence[StepRecord]) -> list[Point]:
-    """Tokens per step; a step that carries neither figure has no point (unknown is not 0)."""
-    out: list[Point] = []
-    for s in steps:
-        if s.generation_tokens is None and s.prompt_tokens is None:
-            continue
-        out.append((s.ts, float((s.generation_tokens or 0) + (s.prompt_tokens or 0))))
-    return out
-
-
-def step_generation(steps: Sequence[StepRecord]) -> list[Point]:
-    return [(s.ts, float(s.generation_tokens)) for s in steps if s.generation_tokens is not None]
-
-
 def sum_between(points: Sequence[Point], start: float, end: float) -> float:
     """Sum of amounts stamped in (start, end]."""
     return sum(v for t, v in points if start < t <= end)
