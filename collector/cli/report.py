@@ -45,11 +45,11 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def _export(args: argparse.Namespace) -> dict[str, Any]:
     if args.from_file is not None:
-        from collector.replay.source import SourceError, from_file
+        from collector.replay.source import ReplaySourceError, from_file
 
         try:
             return from_file(args.from_file)
-        except SourceError as exc:
+        except ReplaySourceError as exc:
             raise CliError(str(exc), EXIT_USAGE) from exc
     if args.id is None:
         raise CliError("report needs a snapshot ID or --from-file EXPORT", EXIT_USAGE)
