@@ -72,7 +72,16 @@ OPTIONAL: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "vllm/config/vllm.py",
         "VllmConfig",
-        ("model_config", "cache_config", "compilation_config", "kv_transfer_config", "attention_config", "device_config", "diffusion_config"),
+        (
+            "model_config",
+            "cache_config",
+            "compilation_config",
+            "kv_transfer_config",
+            "attention_config",
+            "device_config",
+            "diffusion_config",
+            "use_v2_model_runner",
+        ),
     ),
     (
         "vllm/config/parallel.py",

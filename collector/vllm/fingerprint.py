@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +45,7 @@ NIXL_KEYS = (
     "push_registration_timeout",
 )
 GIB = 1 << 30
+V1_RUNNER_REMOVED = (0, 34)  # vLLM's release without the V1 GPU model runner (scripts/check_vllm_api.py)
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -197,7 +199,7 @@ def build_fingerprint(
         "enable_prefix_caching": _get(cache, "enable_prefix_caching"),
         "async_scheduling": _get(sched, "async_scheduling"),
         "scheduler_cls": scheduler_cls,
-        "model_runner": _model_runner(vllm_config),
+        "model_runner": _model_runner(vllm_config, vllm_version),
         "device": as_plain(_get(vllm_config, "device_config", "device_type")),
         "env": select_env(environ),
         "hostname": hostname,
@@ -206,16 +208,22 @@ def build_fingerprint(
     return facts
 
 
-def _model_runner(vllm_config: Any) -> str | None:
+def _model_runner(vllm_config: Any, vllm_version: str = "unknown") -> str | None:
     """``v2`` or ``v1``: the GPU model runner vLLM picks (``VllmConfig.use_v2_model_runner``, 0.2x
-    and later; the V2 runner reports no per-step CUDA graph), None where this vLLM has no choice."""
+    to 0.32; the V2 runner reports no per-step CUDA graph), None where this vLLM has no choice.
+    vLLM 0.34 removed the V1 runner and the property with it: there it is always ``v2``."""
     if as_plain(_get(vllm_config, "device_config", "device_type")) != "cuda":
         return None  # the CPU build runs its own runner, whatever the property says
     try:
         v2 = getattr(vllm_config, "use_v2_model_runner", None)
     except Exception:  # noqa: BLE001 - a property of vLLM's: never let it stop the fingerprint
         return None
-    return None if not isinstance(v2, bool) else ("v2" if v2 else "v1")
+    if isinstance(v2, bool):
+        return "v2" if v2 else "v1"
+    release = re.match(r"^v?(\d+)\.(\d+)", vllm_version)
+    if v2 is None and release is not None and (int(release.group(1)), int(release.group(2))) >= V1_RUNNER_REMOVED:
+        return "v2"
+    return None
 
 
 def fingerprint_facts(vllm_config: Any, identity: EngineIdentity) -> dict[str, Any]:

@@ -97,3 +97,18 @@ def test_the_model_runner_is_named_on_cuda_and_left_unknown_elsewhere() -> None:
     assert _model_runner(config("cuda", False)) == "v1"
     assert _model_runner(config("cpu", True)) is None  # the CPU build's runner is neither
     assert _model_runner(config("cuda", None)) is None  # a vLLM without the choice
+
+
+def test_vllm_034_has_only_the_v2_runner() -> None:
+    # vLLM 0.34 removed the V1 GPU model runner and VllmConfig.use_v2_model_runner with it
+    # (docs/vllm-versions.md): its engines run V2, which a missing property must not hide
+    from types import SimpleNamespace
+
+    from collector.vllm.fingerprint import _model_runner
+
+    no_property = SimpleNamespace(device_config=SimpleNamespace(device_type="cuda"))
+    assert _model_runner(no_property, "0.34.0") == "v2"
+    assert _model_runner(no_property, "0.35.1.dev3+gabc") == "v2"
+    assert _model_runner(no_property, "0.32.0") is None  # a release that should have it: unknown
+    assert _model_runner(no_property, "unknown") is None
+    assert _model_runner(SimpleNamespace(device_config=SimpleNamespace(device_type="cpu")), "0.34.0") is None
