@@ -292,6 +292,7 @@ SOURCES: tuple[SourceEntry, ...] = (
     SourceEntry("nvml", _nvml, "GPU and Xid capture"),
     SourceEntry("dcgm", _dcgm, "GPU gauges from dcgm-exporter"),
 )
+BUILDERS = {entry.name: entry.build for entry in SOURCES}
 LOST_WHEN_UNSUPPORTED = {
     **{entry.name: entry.lost_when_unsupported for entry in SOURCES},
     "discovery": "engine discovery",  # built by the recorder's entry, which shares its join

@@ -21,7 +21,7 @@ from collector.api.metrics import sidecar_registry
 from collector.model import GpuSample
 from collector.settings import load_settings
 from collector.sources.dcgm import DcgmSource
-from collector.sources.registry import SOURCES
+from collector.sources.registry import BUILDERS
 from tests.api.api_context import make_context
 
 PAGE = (Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter" / "l4-gpu-operator.txt").read_bytes()
@@ -114,7 +114,7 @@ def test_a_failing_exporter_is_a_down_source_and_no_samples(exporter: dict[str, 
 
 
 def test_the_setting_selects_the_source_and_nvml_keeps_only_xid_events() -> None:
-    table = dict(SOURCES)
+    table = BUILDERS
     nvml_mode = load_settings(nvml="auto")
     assert table["dcgm"](nvml_mode) == [] and table["nvml"](nvml_mode)[0].gauges is True
     dcgm_mode = load_settings(gpu_metrics="dcgm", dcgm_url="http://127.0.0.1:9400/metrics")

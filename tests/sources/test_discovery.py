@@ -208,12 +208,12 @@ def test_settings_and_the_sources_table() -> None:
 
     from collector.settings import SettingsError
     from collector.sources.recorder import RecorderSource
-    from collector.sources.registry import SOURCES
+    from collector.sources.registry import BUILDERS
 
     with pytest.raises(SettingsError, match="discovery: .*node_name is required"):
         load_settings(discovery={"mode": "kubernetes"})
     settings = load_settings(discovery={"mode": "kubernetes", "node_name": "gpu-node-a"}, recorder_dir="/tmp/flightrec-test-rings")
-    built = dict(SOURCES)["recorder"](settings)
+    built = BUILDERS["recorder"](settings)
     rec, disc = built
     assert isinstance(rec, RecorderSource) and isinstance(disc, KubernetesDiscovery)
     assert disc.join is rec.join  # a discovered engine's rings join it by name
@@ -221,7 +221,7 @@ def test_settings_and_the_sources_table() -> None:
     assert disc.api.base_url == "https://kubernetes.default.svc"
     assert disc.api.read_timeout == settings.discovery.watch_timeout_s + 30  # a dead connection is noticed
     # static: no discovery
-    assert [type(s).__name__ for s in dict(SOURCES)["recorder"](load_settings())] == ["RecorderSource"]
+    assert [type(s).__name__ for s in BUILDERS["recorder"](load_settings())] == ["RecorderSource"]
 
 
 def test_the_engine_facts_go_to_whatever_of_ingest_registers_engines() -> None:
@@ -249,7 +249,7 @@ def test_the_engine_facts_go_to_whatever_of_ingest_registers_engines() -> None:
 def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
     from collector.parsers.kube_pods import engine_of_pod
     from collector.sources.discovery import _Followed
-    from collector.sources.registry import SOURCES
+    from collector.sources.registry import BUILDERS
 
     hub = hub_for(load_settings())
     gpu_pods = {2: ("inference", "vllm-prefill-0"), 3: ("inference", "vllm-prefill-0"), 5: ("other", "x")}
@@ -264,7 +264,7 @@ def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
     assert d.status()[0].details["engines"][0]["gpu_indices"] == [2, 3]
     # the settings wire the one dcgm-exporter source to discovery
     settings = load_settings(discovery={"mode": "kubernetes", "node_name": "n"}, gpu_metrics="dcgm", recorder="off")
-    disc, dcgm = dict(SOURCES)["recorder"](settings)
-    assert dict(SOURCES)["dcgm"](settings) == []
+    disc, dcgm = BUILDERS["recorder"](settings)
+    assert BUILDERS["dcgm"](settings) == []
     dcgm.gpu_pods = {0: ("ns", "p")}
     assert disc.gpu_pods() == {0: ("ns", "p")}

@@ -14,7 +14,7 @@ from collector.model import Event, EventKind
 from collector.settings import load_settings
 from collector.sources.base import SourceError, SourceUnsupported
 from collector.sources.klog import KlogSource, klogctl_read_all, new_lines
-from collector.sources.registry import SOURCES
+from collector.sources.registry import BUILDERS
 
 XID = "[ 5123.456789] NVRM: Xid (PCI:0000:3b:00): 43, pid=2931, name=python3, Ch 00000008"
 
@@ -86,7 +86,7 @@ def test_refused_is_unsupported_or_an_error() -> None:
 
 
 def test_the_setting_selects_it() -> None:
-    [src] = dict(SOURCES)["kmsg"](load_settings(kmsg="syslog"))
+    [src] = BUILDERS["kmsg"](load_settings(kmsg="syslog"))
     assert isinstance(src, KlogSource) and src.required
 
 
