@@ -43,6 +43,7 @@ from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
 from collector.storage.db import StorageError
+from collector.storage.migrate_child import reachable, upgrade_in_child
 from collector.storage.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ class Service:
         stores = self.stores = open_stores(placement(settings), host=host)  # collector/fleet/placement.py: what goes where
         migrated = True
         try:
-            await asyncio.to_thread(stores.upgrade)
+            for url in stores.urls:  # each store, in a child process: Alembic stays out of this one
+                await upgrade_in_child(url)
         except StorageError as exc:
             migrated = False
             log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
@@ -298,10 +300,14 @@ class Service:
         the writer and the snapshot manager hold and retry."""
         while True:
             await asyncio.sleep(self._migrate_every)
+            urls = list(self.stores.urls) if self.stores is not None else []
+            if not all([await asyncio.to_thread(reachable, url) for url in urls]):
+                continue  # a child process starts only once every store answers
             try:
-                if self.stores is not None:
-                    await asyncio.to_thread(self.stores.upgrade)
-            except StorageError:
+                for url in urls:
+                    await upgrade_in_child(url)
+            except StorageError as exc:
+                log.warning("database answers but is not migrated yet: %s", exc)
                 continue
             log.warning("database is reachable: migrated to head")
             return
