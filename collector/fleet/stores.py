@@ -15,7 +15,6 @@ from collector.fleet.outbox import MemoryOutbox, Outbox, SqlOutbox
 from collector.fleet.placement import Placement
 from collector.storage import partitions
 from collector.storage.db import make_engine
-from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 
@@ -40,7 +39,10 @@ class Stores:
         return [u for u in (p.local, p.shared) if u is not None]
 
     def upgrade(self) -> None:
-        """Migrate every store to head; raises StorageError for the first that fails."""
+        """Migrate every store to head; raises StorageError for the first that fails. (The
+        sidecar migrates in child processes instead: Alembic, imported here only, stays out of it.)"""
+        from collector.storage.migrate import upgrade  # noqa: PLC0415
+
         for url in self.urls:
             upgrade(url)
 
