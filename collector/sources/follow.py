@@ -17,6 +17,17 @@ _CHUNK = 256 * 1024
 _MAX_CHUNKS_PER_POLL = 64  # a large backlog is read over several polls, never all at once
 
 
+def open_followed(path: Path) -> IO[bytes] | None:
+    """The followed file opened for reading, None while it does not exist; any other failure
+    (permission, a directory...) is the operator's to fix: ``SourceError``."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - held open across polls
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceError(f"cannot open {path}: {exc}") from exc
+
+
 class LineSplitter:
     """Bytes in, whole decoded lines out; a line longer than ``max_bytes`` is cut."""
 
@@ -63,13 +74,10 @@ class FileTail:
             self._fh = None
 
     def _open(self) -> bool:
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - held open across polls
-        except FileNotFoundError:
+        fh = open_followed(self.path)
+        if fh is None:
             self._first_open = False  # a file that appears later is read from its start
             return False
-        except OSError as exc:  # permission, a directory...: the operator must fix it
-            raise SourceError(f"cannot open {self.path}: {exc}") from exc
         st = os.fstat(fh.fileno())
         self._fh, self._ino, self._pos = fh, (st.st_dev, st.st_ino), 0
         if self._first_open and not self._from_start:

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from collector.sources.base import SourceError
+from collector.sources.follow import _CHUNK, _MAX_CHUNKS_PER_POLL, open_followed
 
 MAX_LINE_BYTES = 64 * 1024  # a kernel record is at most about 1 KiB
-_CHUNK = 256 * 1024
-_MAX_CHUNKS_PER_POLL = 64  # a large backlog is read over several polls, never all at once
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
 
@@ -66,13 +64,10 @@ class KernelLogFile:
             self._fh = None
 
     def _open(self) -> bool:
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - held open across polls
-        except FileNotFoundError:
+        fh = open_followed(self.path)
+        if fh is None:
             self._first_open = False  # a file that appears later is read from its start
             return False
-        except OSError as exc:  # permission, a directory...: the operator must fix it
-            raise SourceError(f"cannot open {self.path}: {exc}") from exc
         st = os.fstat(fh.fileno())
         ident = (st.st_dev, st.st_ino)
         pos = 0
