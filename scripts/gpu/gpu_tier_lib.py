@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -576,26 +575,6 @@ def window(results: Sequence[Result], t0: float, t1: float) -> dict[str, Any]:
     }
 
 
-def summarize(results: Sequence[Result]) -> dict[str, Any]:
-    ok = [r for r in results if r.ok]
-    tokens = sum(r.tokens for r in ok)
-    t0 = min((r.start for r in results), default=0.0)
-    t1 = max((r.end for r in results), default=0.0)
-    itl = [b - a for r in ok for a, b in zip(r.chunks, r.chunks[1:], strict=False)]
-    ttft = [r.chunks[0] - r.start for r in ok if r.chunks]
-    return {
-        "requests": len(results),
-        "ok": len(ok),
-        "errors": sorted({r.error for r in results if r.error})[:3],
-        "output_tokens": tokens,
-        "seconds": round(t1 - t0, 3),
-        "tok_s": round(tokens / (t1 - t0), 1) if t1 > t0 else None,
-        "itl_p50_ms": None if not itl else round(1000 * (quantile(itl, 0.5) or 0), 3),
-        "itl_p99_ms": None if not itl else round(1000 * (quantile(itl, 0.99) or 0), 3),
-        "ttft_p50_ms": None if not ttft else round(1000 * (quantile(ttft, 0.5) or 0), 1),
-    }
-
-
 def machine_facts(python: str) -> dict[str, Any]:
     facts: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpus": os.cpu_count()}
     try:
@@ -623,7 +602,3 @@ def machine_facts(python: str) -> dict[str, Any]:
     except OSError:
         pass
     return facts
-
-
-def sidecar_python_env() -> str:
-    return sys.executable

@@ -370,7 +370,7 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> d
     turns (the order alternating), counted over the steady window only."""
     levels = args.levels
     procs = {1: 1, 16: 2, 64: 4, 256: 8}
-    isl, osl, warm, drain_guard = 512, 256, 1.0, 0.0
+    isl, osl, warm = 512, 256, 1.0
     log("cost: warm-up")
     for s in (r, n):
         run_load(s.base, s.model, [(900_000 + i, isl) for i in range(32)], 64, 16, "warm-", procs=2)  # no prefix shared
@@ -382,7 +382,7 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> d
             for s in order:
                 seq += 1
                 res, t0 = run_for(s.base, s.model, 1_000_000 * seq, isl, osl, c, args.seconds, f"c{c}-", procs=procs.get(c, 8))
-                runs[c][s.name].append(window(res, t0 + warm, t0 + args.seconds - drain_guard))
+                runs[c][s.name].append(window(res, t0 + warm, t0 + args.seconds))
         log(
             f"cost: round {rnd + 1}/{args.rounds} done: "
             + ", ".join(f"c{c} R/N {runs[c]['R'][-1]['tok_s']}/{runs[c]['N'][-1]['tok_s']}" for c in levels)
@@ -446,14 +446,12 @@ def import_time(args: argparse.Namespace, pp: list[Any]) -> dict[str, Any]:
 # ---- phase 3 ------------------------------------------------------------------------------
 
 
-def ramp(engine: Vllm, levels: list[int], osl: int, tag: str, phase_s: float, stop_at: threading.Event) -> threading.Thread:
+def ramp(engine: Vllm, levels: list[int], osl: int, tag: str, phase_s: float) -> threading.Thread:
     """Phases of c concurrent long requests, one after the other; the last keeps running."""
 
     def go() -> None:
         k = 0
         for c in levels:
-            if stop_at.is_set():
-                return
             items = [(k + i, 1024 + 16 * (k + i)) for i in range(c)]
             k += c
             if c == levels[-1]:
@@ -488,8 +486,7 @@ def drill(
         engine.log_path, ["unspecified launch failure", "illegal memory access", "EngineCore encountered a fatal error", "EngineDeadError"]
     )
     others_before = {x["id"] for x in side.api(f"/snapshots?engine={other.name}")["items"]}
-    stop_at = threading.Event()
-    ramp(engine, levels, 4096, f"{name}-", 4.0, stop_at)
+    ramp(engine, levels, 4096, f"{name}-", 4.0)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the last phase has its requests running
         eng = next((e for e in side.api("/engines") if e["name"] == engine.name), {})
