@@ -382,13 +382,75 @@ class LogWatch:
         self._stop = True
 
 
+Hist = dict[str, Any]  # the probe's histogram: n, sum, max, bins {bin: count} (8 bins an octave)
+_BINS_PER_OCTAVE = 8
+
+
+def hist_merge(a: Hist, b: Hist) -> Hist:
+    bins = {str(k): int(v) for k, v in (a.get("bins") or {}).items()}
+    for k, v in (b.get("bins") or {}).items():
+        bins[str(k)] = bins.get(str(k), 0) + int(v)
+    return {"n": a.get("n", 0) + b.get("n", 0), "sum": a.get("sum", 0) + b.get("sum", 0), "max": max(a.get("max", 0), b.get("max", 0)), "bins": bins}
+
+
+def hist_sub(after: Hist, before: Hist) -> Hist:
+    """What ``after`` counted since ``before`` (the probe's histograms only grow); ``max`` is
+    the whole life's."""
+    prev = {str(k): int(v) for k, v in (before.get("bins") or {}).items()}
+    bins = {str(k): int(v) - prev.get(str(k), 0) for k, v in (after.get("bins") or {}).items()}
+    return {
+        "n": after.get("n", 0) - before.get("n", 0),
+        "sum": after.get("sum", 0) - before.get("sum", 0),
+        "max": after.get("max", 0),
+        "bins": {k: v for k, v in bins.items() if v > 0},
+    }
+
+
+def hist_quantile(h: Hist, q: float) -> float | None:
+    """The q-quantile of a histogram: the geometric middle of the bin it falls in (+-4.5%)."""
+    bins = sorted((int(k), int(v)) for k, v in (h.get("bins") or {}).items() if int(v) > 0)
+    total = sum(v for _, v in bins)
+    if not total:
+        return None
+    rank = q * (total - 1)
+    seen = 0
+    for b, v in bins:
+        seen += v
+        if seen > rank:
+            return float(2 ** ((b + 0.5) / _BINS_PER_OCTAVE))
+    return float(2 ** ((bins[-1][0] + 0.5) / _BINS_PER_OCTAVE))
+
+
+def hist_summary(h: Hist, unit: float, digits: int = 2) -> dict[str, Any]:
+    """n, mean, p50, p99 (and the life's max) in ``unit`` (1000: ns -> us)."""
+    n = int(h.get("n") or 0)
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x / unit, digits)
+
+    return {
+        "n": n,
+        "mean": r(h["sum"] / n) if n else None,
+        "p50": r(hist_quantile(h, 0.5)),
+        "p99": r(hist_quantile(h, 0.99)),
+        "max": r(h.get("max")),
+    }
+
+
+def _merge_into(into: dict[str, Hist], more: dict[str, Any]) -> None:
+    for key, h in (more or {}).items():
+        into[key] = hist_merge(into.get(key, {}), h)
+
+
 def read_probe(directory: Path) -> dict[str, Any]:
-    """The probe's counts summed over the processes that wrote them, timings merged."""
+    """The probe's counts summed over the processes that wrote them, histograms merged."""
     total: dict[str, Any] = {"schedule_calls": 0, "schedule_with_tokens": 0, "forward_calls": 0, "files": 0}
-    timings: dict[str, dict[str, list[int]]] = {}
-    gaps: dict[str, list[int]] = {}
+    timings: dict[str, dict[str, Hist]] = {}
+    gaps: dict[str, Hist] = {}
+    gcs: dict[str, dict[str, Hist]] = {}
+    writes = {"n": 0, "total_ns": 0, "max_ns": 0}
     launched = None
-    for path in directory.glob("steps.*.json"):
+    for path in sorted(directory.glob("steps.*.json")):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -397,16 +459,50 @@ def read_probe(directory: Path) -> dict[str, Any]:
         for key in ("schedule_calls", "schedule_with_tokens", "forward_calls"):
             total[key] += int(data.get(key) or 0)
         for series, buckets in (data.get("timings") or {}).items():
-            for bucket, values in buckets.items():
-                timings.setdefault(series, {}).setdefault(bucket, []).extend(values)
-        for bucket, values in (data.get("step_gaps_ns") or {}).items():
-            gaps.setdefault(bucket, []).extend(values)
+            _merge_into(timings.setdefault(series, {}), buckets)
+        _merge_into(gaps, data.get("step_gaps_ns") or {})
+        # collections per process: vLLM names its engine core and worker processes
+        name = str(data.get("process") or "")
+        role = "engine_core" if "EngineCore" in name else "worker" if "Worker" in name else "api_server"
+        _merge_into(gcs.setdefault(role, {}), data.get("gc_ns") or {})
+        w = data.get("writes") or {}
+        writes["n"] += int(w.get("n") or 0)
+        writes["total_ns"] += int(w.get("total_ns") or 0)
+        writes["max_ns"] = max(writes["max_ns"], int(w.get("max_ns") or 0))
         if data.get("drill_launched_at"):
             launched = {"ts": data["drill_launched_at"], "step": data.get("drill_step")}
     total["timings"] = timings
     total["step_gaps_ns"] = gaps
+    total["gc_ns"] = gcs
+    total["writes"] = writes
     total["drill"] = launched
     return total
+
+
+def probe_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What the probe counted between two ``read_probe``s: step gaps, recorder timings and
+    collections of that window only."""
+
+    def sub(a: dict[str, Hist], b: dict[str, Hist]) -> dict[str, Hist]:
+        return {k: hist_sub(h, b.get(k, {})) for k, h in a.items()}
+
+    return {
+        "step_gaps_ns": sub(after.get("step_gaps_ns") or {}, before.get("step_gaps_ns") or {}),
+        "timings": {s: sub(b, (before.get("timings") or {}).get(s, {})) for s, b in (after.get("timings") or {}).items()},
+        "gc_ns": {r: sub(b, (before.get("gc_ns") or {}).get(r, {})) for r, b in (after.get("gc_ns") or {}).items()},
+        "schedule_calls": after.get("schedule_calls", 0) - before.get("schedule_calls", 0),
+    }
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of one process, in seconds (None: gone or unreadable)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:

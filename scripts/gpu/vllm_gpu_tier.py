@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -51,16 +52,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # this checkout's collector (ring decoders)
 from gpu_tier_lib import (  # noqa: E402
     REPO,
+    Hist,
     LogWatch,
     Receiver,
     Sidecar,
     Vllm,
+    cpu_seconds,
     get_json,
+    hist_merge,
+    hist_summary,
     log,
     machine_facts,
     post_json,
+    probe_delta,
     probe_site,
-    quantile,
     read_probe,
     run_for,
     run_load,
@@ -164,16 +169,36 @@ def stats_written(recorder_dir: Path, api_pid: int) -> dict[int, Any]:
 # ---- phase 1 and 2 ------------------------------------------------------------------------
 
 
+def rings_dir(work: Path, phase: str) -> Path:
+    """Where the recorder's rings go: a folder of its own under /dev/shm, as in production (the
+    recorder's default: a ring write is a store into RAM), when /dev/shm has room for every ring
+    of the phase (256 MiB free); else the work folder, which the result names. A ring on a disk
+    is written back by the kernel while the engine writes into it: not what users run."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize >= 256 * 1024**2 and os.access("/dev/shm", os.W_OK):
+            return Path("/dev/shm") / f"flightrec-gpu-tier-{phase}-{os.getpid()}"
+    except OSError:
+        pass
+    return work / "recorder"
+
+
+def drop_rings(recorder_dir: Path) -> None:
+    """A /dev/shm folder holds RAM until removed: gone at the phase's end (a work folder stays)."""
+    if recorder_dir.parent == Path("/dev/shm"):
+        shutil.rmtree(recorder_dir, ignore_errors=True)
+
+
 def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[str, Any]:
     work = args.work / "recorder"
     work.mkdir(parents=True, exist_ok=True)
     model = write_model(work / "model", tiny=args.smoke)
     site = probe_site(work / "probe-site")
     pp = [REPO, site, *args.site]
-    recorder_dir = work / "recorder"
+    recorder_dir = rings_dir(work, "recorder")
     probe_r = work / "probe-R"
     probe_n = work / "probe-N"
-    result: dict[str, Any] = {"phase": "recorder"}
+    result: dict[str, Any] = {"phase": "recorder", "rings": str(recorder_dir)}
     procs: list[Any] = []
     kv = 64 * 1024**2 if args.smoke else 16 * 1024**3
     graph_args = [] if args.smoke else ["--cudagraph-metrics"]
@@ -331,7 +356,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
         r_graph = [s for s in doc.get("steps") or [] if isinstance((s.get("details") or {}).get("cudagraph"), dict)]
         checks.check(
             "phase 1: V2 model runner reports no per-step CUDA graph, and none is recorded (null, not invented)",
-            not r_graph and fp.get("cuda_graph_mode") not in (None, "", "NONE"),
+            not r_graph and (args.smoke or fp.get("cuda_graph_mode") not in (None, "", "NONE")),  # the CPU build has no graphs
             {"steps_with_graph": len(r_graph), "configured": fp.get("cuda_graph_mode")},
         )
         if g is not None:
@@ -353,7 +378,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
 
         save(out, "recorder", result, checks)
         # -- 2. the cost ----------------------------------------------------------------------
-        cost = measure_cost(args, r, n, lambda partial: save(out, "recorder", {**result, "cost": partial}, checks))
+        cost = measure_cost(args, r, n, {"R": probe_r, "N": probe_n}, lambda partial: save(out, "recorder", {**result, "cost": partial}, checks))
         result["cost"] = cost
         probe = read_probe(probe_r)
         result["recorder_step_time"] = recorder_step_time(probe)
@@ -362,27 +387,43 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
     finally:
         for p in reversed(procs):
             stop(p)
+        drop_rings(recorder_dir)
     return result
 
 
-def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> dict[str, Any]:
+def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, probes: dict[str, Path], progress: Any) -> dict[str, Any]:
     """R against N: closed loops of ``args.seconds`` at each concurrency, the servers taking
-    turns (the order alternating), counted over the steady window only."""
+    turns (the order alternating), counted over the steady window only. Each run also takes the
+    CPU time its API server and engine core spent (``/proc``) and what the probe counted during
+    it (step gaps, the recorder's time, garbage collections), so a difference can be attributed
+    to the process, and the part of the step, it comes from."""
     levels = args.levels
     procs = {1: 1, 16: 2, 64: 4, 256: 8}
     isl, osl, warm = 512, 256, 1.0
     log("cost: warm-up")
     for s in (r, n):
         run_load(s.base, s.model, [(900_000 + i, isl) for i in range(32)], 64, 16, "warm-", procs=2)  # no prefix shared
+    core = {s.name: s.engine_core_pid() for s in (r, n)}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {c: {"R": [], "N": []} for c in levels}
+    inside: dict[int, dict[str, list[dict[str, Any]]]] = {c: {"R": [], "N": []} for c in levels}
     seq = 0
     for rnd in range(args.rounds):
         for li, c in enumerate(levels):
             order = (r, n) if (rnd + li) % 2 == 0 else (n, r)
             for s in order:
                 seq += 1
+                before = read_probe(probes[s.name])
+                cpu0 = (cpu_seconds(s.proc.pid), cpu_seconds(core[s.name]))
                 res, t0 = run_for(s.base, s.model, 1_000_000 * seq, isl, osl, c, args.seconds, f"c{c}-", procs=procs.get(c, 8))
-                runs[c][s.name].append(window(res, t0 + warm, t0 + args.seconds))
+                cpu1 = (cpu_seconds(s.proc.pid), cpu_seconds(core[s.name]))
+                w = window(res, t0 + warm, t0 + args.seconds)
+                tokens = sum(x.tokens for x in res if x.ok)
+                for key, c0, c1 in (("api", cpu0[0], cpu1[0]), ("core", cpu0[1], cpu1[1])):
+                    w[f"cpu_s_{key}"] = None if c0 is None or c1 is None else round(c1 - c0, 3)
+                    w[f"cpu_us_per_token_{key}"] = None if c0 is None or c1 is None or not tokens else round(1e6 * (c1 - c0) / tokens, 2)
+                runs[c][s.name].append(w)
+                time.sleep(0.35)  # the probe writes every 0.25 s
+                inside[c][s.name].append(probe_delta(read_probe(probes[s.name]), before))
         log(
             f"cost: round {rnd + 1}/{args.rounds} done: "
             + ", ".join(f"c{c} R/N {runs[c]['R'][-1]['tok_s']}/{runs[c]['N'][-1]['tok_s']}" for c in levels)
@@ -393,6 +434,11 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> d
         rr, nn = runs[c]["R"], runs[c]["N"]
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(rr, nn, strict=True) if a["tok_s"] and b["tok_s"]]
         itl = [a["itl_p99_ms"] / b["itl_p99_ms"] for a, b in zip(rr, nn, strict=True) if a["itl_p99_ms"] and b["itl_p99_ms"]]
+
+        def med(rows: list[dict[str, Any]], key: str) -> float | None:
+            xs = [x[key] for x in rows if x.get(key) is not None]
+            return round(statistics.median(xs), 2) if xs else None
+
         out["levels"][str(c)] = {
             "tok_s_R": [x["tok_s"] for x in rr],
             "tok_s_N": [x["tok_s"] for x in nn],
@@ -406,18 +452,50 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, progress: Any) -> d
             "ratio_tok_s_all": [round(x, 4) for x in ratios],
             "ratio_itl_p99_median": round(statistics.median(itl), 4) if itl else None,
             "ratio_itl_p99_all": [round(x, 4) for x in itl],
+            "cpu_us_per_token": {
+                f"{proc}_{name}": med(rows, f"cpu_us_per_token_{proc}") for proc in ("api", "core") for name, rows in (("R", rr), ("N", nn))
+            },
+            "inside": {name: summarise_inside(inside[c][name]) for name in ("R", "N")},
         }
     return out
 
 
+def summarise_inside(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probe's windows of one server at one level, merged: step gaps by running bucket, the
+    recorder's per-step time, garbage collections by process and generation."""
+    gaps: dict[str, Hist] = {}
+    timings: dict[str, dict[str, Hist]] = {}
+    gcs: dict[str, dict[str, Hist]] = {}
+    steps = 0
+    for d in deltas:
+        steps += d["schedule_calls"]
+        for k, h in d["step_gaps_ns"].items():
+            gaps[k] = hist_merge(gaps.get(k, {}), h)
+        for series, buckets in d["timings"].items():
+            for k, h in buckets.items():
+                timings.setdefault(series, {})[k] = hist_merge(timings.get(series, {}).get(k, {}), h)
+        for role, gens in d["gc_ns"].items():
+            for g, h in gens.items():
+                gcs.setdefault(role, {})[g] = hist_merge(gcs.get(role, {}).get(g, {}), h)
+    return {
+        "steps": steps,
+        "step_gap_ms": {k: hist_summary(h, 1e6, 3) for k, h in sorted(gaps.items()) if h.get("n")},
+        "recorder_us": {s: {k: hist_summary(h, 1e3) for k, h in sorted(b.items()) if h.get("n")} for s, b in timings.items()},
+        "gc_ms": {
+            role: {g: {**hist_summary(h, 1e6, 3), "total_ms": round(h.get("sum", 0) / 1e6, 1)} for g, h in sorted(gens.items()) if h.get("n")}
+            for role, gens in gcs.items()
+        },
+    }
+
+
 def recorder_step_time(probe: dict[str, Any]) -> dict[str, Any]:
+    """The whole life's figures of one server's probe (every phase)."""
     out: dict[str, Any] = {}
     for series, buckets in probe.get("timings", {}).items():
-        out[series] = {
-            b: {"n": len(v), "p50_us": round((quantile(v, 0.5) or 0) / 1000, 2), "p99_us": round((quantile(v, 0.99) or 0) / 1000, 2)}
-            for b, v in buckets.items()
-        }
-    out["step_gap"] = {b: {"n": len(v), "p50_ms": round((quantile(v, 0.5) or 0) / 1e6, 3)} for b, v in (probe.get("step_gaps_ns") or {}).items()}
+        out[series] = {b: hist_summary(h, 1e3) for b, h in buckets.items() if h.get("n")}
+    out["step_gap"] = {b: hist_summary(h, 1e6, 3) for b, h in (probe.get("step_gaps_ns") or {}).items() if h.get("n")}
+    out["gc_ms"] = {role: {g: hist_summary(h, 1e6, 3) for g, h in gens.items() if h.get("n")} for role, gens in (probe.get("gc_ns") or {}).items()}
+    out["probe_writes"] = probe.get("writes")
     return out
 
 
@@ -602,8 +680,8 @@ def phase_fault(args: argparse.Namespace, out: Path, checks: Checks) -> dict[str
     model = write_model(work / "model", tiny=args.smoke)
     site = probe_site(work / "probe-site")
     pp = [REPO, site, *args.site]
-    recorder_dir = work / "recorder"
-    result: dict[str, Any] = {"phase": "fault"}
+    recorder_dir = rings_dir(work, "fault")
+    result: dict[str, Any] = {"phase": "fault", "rings": str(recorder_dir)}
     procs: list[Any] = []
     try:
         recv = Receiver()
@@ -635,6 +713,7 @@ def phase_fault(args: argparse.Namespace, out: Path, checks: Checks) -> dict[str
     finally:
         for p in reversed(procs):
             stop(p)
+        drop_rings(recorder_dir)
     return result
 
 

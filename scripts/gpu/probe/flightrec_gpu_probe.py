@@ -7,8 +7,14 @@ are set; it only ever touches its own processes.
   depend on the recorder's own step numbers) and those that scheduled tokens; time the
   recorder's per-step work where it runs (``_SchedRecorder.scheduled`` in the engine core,
   ``FlightRecorderStatLogger._record`` in the API server; with ``FLIGHTREC_PROBE_RECORDER=1``)
-  and the time between consecutive steps, by the number of running requests;
-  write it all to ``steps.<pid>.json`` every 0.2 s (and at every step once a drill fired).
+  and the time between consecutive steps, by the number of running requests; time the
+  process's garbage collections (``gc.callbacks``, by generation); write it all to
+  ``steps.<pid>.json`` every 0.25 s (and at every step once a drill fired). Timings are kept as
+  log-spaced histograms (8 bins per octave, about 9% wide), a few hundred numbers whatever the
+  run's length: the witness's own write must cost the engine nothing it could see (a first
+  version kept every sample and serialised up to 100,000 of them every 0.2 s while holding the
+  GIL, which stalled the engine core and the API server for milliseconds at a time, more in
+  the run with the recorder, which has more series).
 - ``FLIGHTREC_DRILL_FIRE=PATH``: once PATH exists, the worker launches a faulting kernel on the
   model's stream right after a step's forward was queued, and writes ``PATH.launched`` (the
   launch's wall time). ``FLIGHTREC_DRILL_KIND``: ``trap`` (a kernel executing ``trap``: a real
@@ -19,7 +25,10 @@ are set; it only ever touches its own processes.
 
 from __future__ import annotations
 
+import collections
+import gc
 import json
+import math
 import os
 import threading
 import time
@@ -35,11 +44,13 @@ _state: dict[str, Any] = {
     "forward_calls": 0,
     "drill_launched_at": None,
     "drill_step": None,
-    "timings": {},  # name -> {bucket: [ns, ...]}
-    "step_gaps_ns": {},  # running bucket -> [ns between consecutive schedule() calls]
+    "timings": {},  # name -> {running bucket: histogram}
+    "step_gaps_ns": {},  # running bucket -> histogram of ns between consecutive schedule() calls
+    "gc_ns": {},  # generation -> histogram of each collection's duration
+    "writes": {"n": 0, "max_ns": 0, "total_ns": 0},  # the probe's own file writes
 }
 _BUCKETS = ((0, 0), (1, 15), (16, 63), (64, 191), (192, 1 << 30))
-_KEEP = 20000  # samples kept per series and bucket
+_BINS_PER_OCTAVE = 8
 _fired = False
 
 
@@ -50,29 +61,79 @@ def _bucket(running: int) -> str:
     return "?"
 
 
-def _sample(series: dict[str, list[int]], running: int, value: int) -> None:
-    values = series.setdefault(_bucket(running), [])
-    if len(values) < _KEEP:
-        values.append(value)
+def _process_name() -> str:
+    """vLLM names its processes (``VLLM::EngineCore``, ``VLLM::Worker``): which one this is."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read(200).split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _add(hist: dict[str, Any], value: int) -> None:
+    """One sample into a histogram: count, sum, max and the count of its log-spaced bin
+    (bin b holds [2**(b/8), 2**((b+1)/8)) ns)."""
+    hist["n"] = hist.get("n", 0) + 1
+    hist["sum"] = hist.get("sum", 0) + value
+    if value > hist.get("max", 0):
+        hist["max"] = value
+    b = int(math.log2(value) * _BINS_PER_OCTAVE) if value > 0 else 0
+    bins = hist.setdefault("bins", {})
+    bins[b] = bins.get(b, 0) + 1
+
+
+def _sample(series: dict[str, Any], running: int, value: int) -> None:
+    _add(series.setdefault(_bucket(running), {}), value)
 
 
 def _write(directory: str) -> None:
+    t0 = time.perf_counter_ns()
+    _fold_gc()
     with _lock:
+        _state["process"] = _process_name()
         body = json.dumps(_state)
     path = os.path.join(directory, f"steps.{os.getpid()}.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(body)
     os.replace(tmp, path)
+    dt = time.perf_counter_ns() - t0
+    with _lock:
+        w = _state["writes"]
+        w["n"] += 1
+        w["total_ns"] += dt
+        w["max_ns"] = max(w["max_ns"], dt)
 
 
 def _writer(directory: str) -> None:
     while True:
-        time.sleep(0.2)
+        time.sleep(0.25)
         try:
             _write(directory)
         except OSError:
             pass
+
+
+_gc_started = [0]
+# (generation, ns) of each collection, appended by the collector's callback and folded into the
+# histograms by the writer: the callback takes no lock (a collection can start inside any
+# allocation, also one made while this thread holds ``_lock``: taking it there would deadlock)
+_gc_done: collections.deque[tuple[int, int]] = collections.deque(maxlen=100_000)
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.perf_counter_ns()
+    elif _gc_started[0]:
+        _gc_done.append((int(info.get("generation", -1)), time.perf_counter_ns() - _gc_started[0]))
+        _gc_started[0] = 0
+
+
+def _fold_gc() -> None:
+    while _gc_done:
+        gen, dt = _gc_done.popleft()
+        with _lock:
+            _add(_state["gc_ns"].setdefault(str(gen), {}), dt)
 
 
 def _timed(cls: Any, name: str, series: str, running_of: Any) -> None:
@@ -190,6 +251,7 @@ def register() -> None:
         _count_schedule(directory)
         if os.environ.get("FLIGHTREC_PROBE_RECORDER") == "1":
             _recorder_timings()
+        gc.callbacks.append(_gc_timer)
         threading.Thread(target=_writer, args=(directory,), daemon=True, name="gpu-probe").start()
     fire = os.environ.get("FLIGHTREC_DRILL_FIRE")
     if fire:
