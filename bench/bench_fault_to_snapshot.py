@@ -20,14 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from collector.model import RequestRow, StepRecord
-from collector.service import Service
-from collector.settings import Settings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_columns: rows as the recorder writes them
+
+from collector.model import StepRecord  # noqa: E402
+from collector.service import Service  # noqa: E402
+from collector.settings import Settings  # noqa: E402
+from tests.request_columns import Row, with_rows  # noqa: E402
 
 ENGINE = "bench-0"
 
@@ -43,9 +47,10 @@ class FullRing:
 
     def _rec(self, i: int) -> StepRecord:
         now = time.time()
-        reqs = [RequestRow(f"cmpl-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(self.requests)]
-        return StepRecord(
-            engine=ENGINE, ts=now, step=i, running=self.requests, waiting=0, kv_cache_usage=0.032, generation_tokens=self.requests, requests=reqs
+        reqs = [Row(f"cmpl-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(self.requests)]
+        return with_rows(
+            StepRecord(engine=ENGINE, ts=now, step=i, running=self.requests, waiting=0, kv_cache_usage=0.032, generation_tokens=self.requests),
+            reqs,
         )
 
     async def run(self, sink: Any) -> None:

@@ -13,15 +13,20 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from collector.channel.blocks import pack_blocks
-from collector.ingest.hub import hub_for
-from collector.model import HALF_STATS, Event, EventKind, RequestRow, StepRecord
-from collector.settings import EngineConfig, Settings
-from collector.snapshot.document import RequestTable
-from collector.snapshot.freeze import capture
-from collector.storage.repo import pack_parts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_columns: rows as the recorder writes them
+
+from collector.channel.blocks import pack_blocks  # noqa: E402
+from collector.ingest.hub import hub_for  # noqa: E402
+from collector.model import HALF_STATS, Event, EventKind, StepRecord  # noqa: E402
+from collector.settings import EngineConfig, Settings  # noqa: E402
+from collector.snapshot.document import RequestTable  # noqa: E402
+from collector.snapshot.freeze import capture  # noqa: E402
+from collector.storage.repo import pack_parts  # noqa: E402
+from tests.request_columns import Row, with_rows  # noqa: E402
 
 
 def main() -> None:
@@ -54,8 +59,8 @@ def main() -> None:
             if args.random_ids
             else [f"cmpl-{j:04d}-abcdef12" for j in range(args.requests)]
         )
-        rows = [RequestRow(ids[j], 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
-        hub.emit(StepRecord(engine="d", ts=1000 + i * 0.025, step=i, requests=rows))
+        rows = [Row(ids[j], 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
+        hub.emit(with_rows(StepRecord(engine="d", ts=1000 + i * 0.025, step=i), rows))
     trigger = Event(kind=EventKind.XID, ts=1000 + args.steps * 0.025, source="kmsg", message="Xid 43")
     cap_t, build_t, pack_t, read_t, zlib_t = [], [], [], [], []
     zlib_size = 0

@@ -17,20 +17,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from collector.ingest.hub import Hub
-from collector.ingest.intake import Intake
-from collector.ingest.live import LiveView
-from collector.model import HALF_STATS, Event, EventKind, RequestRow, Severity, StepRecord
-from collector.settings import EngineConfig, Settings
-from collector.snapshot.commit import Job
-from collector.snapshot.committer import SnapshotCommitter
-from collector.storage.db import make_engine
-from collector.storage.migrate import upgrade
-from collector.storage.repo import Repository
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_columns: rows as the recorder writes them
+
+from collector.ingest.hub import Hub  # noqa: E402
+from collector.ingest.intake import Intake  # noqa: E402
+from collector.ingest.live import LiveView  # noqa: E402
+from collector.model import HALF_STATS, Event, EventKind, Severity, StepRecord  # noqa: E402
+from collector.settings import EngineConfig, Settings  # noqa: E402
+from collector.snapshot.commit import Job  # noqa: E402
+from collector.snapshot.committer import SnapshotCommitter  # noqa: E402
+from collector.storage.db import make_engine  # noqa: E402
+from collector.storage.migrate import upgrade  # noqa: E402
+from collector.storage.repo import Repository  # noqa: E402
+from tests.request_columns import Row, with_rows  # noqa: E402
 
 
 async def one_fault(args: argparse.Namespace, db: str, spool: Path) -> tuple[float, list[float]]:
@@ -60,8 +64,8 @@ async def one_fault(args: argparse.Namespace, db: str, spool: Path) -> tuple[flo
         for i in range(args.steps):
             ts = t0 + i * 0.01
             hub.emit(StepRecord(engine=n, ts=ts, step=i, running=args.requests, waiting=0, generation_tokens=args.requests, halves=HALF_STATS))
-            rows = [RequestRow(f"cmpl-{j:04d}-{n}", 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
-            hub.emit(StepRecord(engine=n, ts=ts, step=i, requests=rows))
+            rows = [Row(f"cmpl-{j:04d}-{n}", 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
+            hub.emit(with_rows(StepRecord(engine=n, ts=ts, step=i), rows))
     task = asyncio.create_task(c.run())
     await asyncio.sleep(0.2)
     trigger = Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 79", xid=79, gpu="0000:99:00.0", severity=Severity.CRITICAL)

@@ -31,16 +31,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collector.channel import ringfile
-from collector.channel.codec import encode_requests, encode_step_fields
-from collector.model import RequestRow
+from collector.channel import ringfile  # noqa: E402
+from collector.channel.codec import encode_step_fields  # noqa: E402
+from tests.request_columns import Row, encode_rows  # noqa: E402
 
 CAPACITY = 16 << 20
 
 
 def _records(step: int) -> tuple[bytes, bytes]:
-    rows = [RequestRow(f"cmpl-{step}-{i}", 32000, 32000 + step, step, 0, "running", 8) for i in range(256)]
-    return (encode_step_fields(step, 1.7e9 + step, 0, 256, 4, 0, 0.5, 0, 0, 256, 0, 0, 0), encode_requests("d", step, 1.7e9 + step, rows))
+    rows = [Row(f"cmpl-{step}-{i}", 32000, 32000 + step, step, 0, "running", 8) for i in range(256)]
+    return (encode_step_fields(step, 1.7e9 + step, 0, 256, 4, 0, 0.5, 0, 0, 256, 0, 0, 0), encode_rows(step, 1.7e9 + step, rows))
 
 
 def _stats(samples: list[float]) -> str:

@@ -29,27 +29,32 @@ from typing import Any
 import httpx
 from sqlalchemy import insert, select
 
-from collector.model import Event, EventKind, GpuSample, RequestRow, Severity, StepRecord
-from collector.snapshot.freeze import build_snapshot
-from collector.storage.db import make_engine
-from collector.storage.migrate import upgrade
-from collector.storage.models import IncidentRow, SnapshotRow
-from collector.storage.repo import Repository
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_columns: rows as the recorder writes them
+
+from collector.model import Event, EventKind, GpuSample, Severity, StepRecord  # noqa: E402
+from collector.snapshot.freeze import build_snapshot  # noqa: E402
+from collector.storage.db import make_engine  # noqa: E402
+from collector.storage.migrate import upgrade  # noqa: E402
+from collector.storage.models import IncidentRow, SnapshotRow  # noqa: E402
+from collector.storage.repo import Repository  # noqa: E402
+from tests.request_columns import Row, with_rows  # noqa: E402
 
 PORT_RANGE = range(18570, 18599)
 
 
 def big_doc(engine: str, steps: int, requests: int, ts: float) -> Any:
     recs = [
-        StepRecord(
-            engine=engine,
-            ts=ts - (steps - i) * 0.025,
-            step=100_000 + i,
-            running=requests,
-            waiting=2,
-            kv_cache_usage=0.032,
-            generation_tokens=requests,
-            requests=[RequestRow(f"cmpl-c16-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(requests)],
+        with_rows(
+            StepRecord(
+                engine=engine,
+                ts=ts - (steps - i) * 0.025,
+                step=100_000 + i,
+                running=requests,
+                waiting=2,
+                kv_cache_usage=0.032,
+                generation_tokens=requests,
+            ),
+            [Row(f"cmpl-c16-{j:04d}-0", 32000, 32000 + i, i, mirror_rows=400 + i // 64) for j in range(requests)],
         )
         for i in range(steps)
     ]

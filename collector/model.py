@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 class EventKind(str, enum.Enum):
@@ -65,19 +65,37 @@ class Severity(str, enum.Enum):
 _SEVERITY_RANK = {Severity.OK: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
 
 
-@dataclass(slots=True)
-class RequestRow:
-    """One running request's state at one engine step (from the RecordingScheduler)."""
+class StepRequests(Protocol):
+    """One step's running requests as the recorder wrote them: the ``R`` record's bytes and the
+    aggregates every stage reads (``collector.channel.blocks.RequestBlock`` is the one kind).
+    Rows are decoded from it only when a snapshot is read, never one Python object per row."""
 
-    request_id: str
-    prompt_len: int
-    computed_tokens: int
-    output_tokens: int = 0
-    preemptions: int = 0
-    status: str = "running"
-    mirror_rows: int | None = None  # host-mirror rows the connector scheduled this step
-    host_blocks: int | None = None  # host blocks the HiSparse coordinator holds for it
-    extras: dict[str, Any] = field(default_factory=dict)
+    @property
+    def step(self) -> int: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def n(self) -> int: ...  # rows
+    @property
+    def flags(self) -> int: ...  # which optional columns follow (the codec's FLAG_*)
+    @property
+    def cols(self) -> bytes: ...  # the columns, in wire order
+
+    # the ids, UTF-8, NUL-joined; ingest points equal ids at one copy (the same bytes)
+    ids: bytes
+
+    @property
+    def running(self) -> int: ...  # rows whose status is running
+    @property
+    def mirror_rows(self) -> int | None: ...  # host-mirror rows this step, None when unknown
+    @property
+    def host_blocks(self) -> int | None: ...  # host blocks held, None when unknown
+    @property
+    def nbytes(self) -> int: ...  # what holding it costs, for the rings' byte bound
+
+    def column(self, name: str) -> list[Any]:
+        """One column (``collector.channel.blocks.COLUMNS``), decoded."""
+        ...
 
 
 # The fields of a step that come from the stat logger's half (SchedulerStats/IterationStats).
@@ -129,16 +147,13 @@ class StepRecord:
     prefix_cache_queries: int | None = None
     prefix_cache_hits: int | None = None
     connector: dict[str, Any] = field(default_factory=dict)  # kv_connector_stats, by connector
-    # per-request rows as row objects: only from tests and old JSON records; the hub turns
-    # them into ``request_block`` and drops them
-    requests: list[RequestRow] | None = None
     engine_index: int = 0  # vLLM's DP engine index
     worker: str | None = None  # process that reported it, when known
     # requests that finished in this step, with vLLM's per-request figures (request_id,
     # finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens, ...)
     finished_requests: list[dict[str, Any]] = field(default_factory=list)
-    # the per-request rows as the recorder wrote them (collector.channel.blocks.RequestBlock)
-    request_block: Any = field(default=None, repr=False, compare=False)
+    # the running requests as the recorder wrote them (the scheduler's half)
+    request_block: StepRequests | None = field(default=None, repr=False, compare=False)
     # STEP_DETAIL_KEYS that this step carried, as the recorder wrote them
     details: dict[str, Any] = field(default_factory=dict)
     halves: int = field(default=0, compare=False)
@@ -148,23 +163,19 @@ class StepRecord:
     def mirror_rows(self) -> int | None:
         block = self.request_block
         if block is not None and block.mirror_rows is not None:
-            return int(block.mirror_rows)
-        if self.requests:
-            rows = [r.mirror_rows for r in self.requests if r.mirror_rows is not None]
-            if rows:
-                return sum(rows)
+            return block.mirror_rows
         value = self.connector.get("mirror_rows")
         return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
     def host_blocks(self) -> int | None:
         block = self.request_block
-        return None if block is None or block.host_blocks is None else int(block.host_blocks)
+        return None if block is None else block.host_blocks
 
     @property
     def request_count(self) -> int | None:
         block = self.request_block
-        return None if block is None else int(block.n)
+        return None if block is None else block.n
 
     def to_dict(self) -> dict[str, Any]:
         out = {f: getattr(self, f) for f in ("engine", "ts", "step", *STAT_FIELDS)}

@@ -39,12 +39,13 @@ from datetime import UTC
 from collector.channel import codec  # noqa: E402
 from collector.channel.naming import parse_ring_file_name  # noqa: E402
 from collector.channel.ringfile import RingCorrupt, RingReader, RingWriter  # noqa: E402
-from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord  # noqa: E402
+from collector.model import Event, EventKind, Fingerprint, Severity, StepRecord  # noqa: E402
 from collector.parsers import crash_dump, prom_text, throughput_line, tracebacks, vllm_log  # noqa: E402
 from collector.redact import redact_text  # noqa: E402
 from collector.snapshot import intent, spool  # noqa: E402
 from collector.sources.vllm_metrics import WANTED  # noqa: E402
 from collector.xid import parser as xid  # noqa: E402
+from tests.request_columns import Row, encode_rows  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 DEFAULT_BUDGET = 50.0  # CPU microseconds a byte: linear parsers cost 0.01-3, the quadratic ones cost 60-450
@@ -143,7 +144,7 @@ def _ring_seed() -> str:
 
 
 def _codec_seeds_bytes() -> list[bytes]:
-    rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 8), RequestRow("b", 5, 5, 1, 2, "preempted")]
+    rows = [Row("cmpl-a-0", 32000, 32512, 512, 0, "running", 8), Row("b", 5, 5, 1, 2, "preempted")]
     step = StepRecord(
         engine="d",
         ts=1.7e9,
@@ -171,7 +172,7 @@ def _codec_seeds_bytes() -> list[bytes]:
     return [
         codec.encode_step_fields(812, 1.7e9, 0, 4, 7, 2, 0.032, 1, 300, 16, 2, 640, 128),
         codec.encode_step(step),
-        codec.encode_requests("d", 77, 3.5, rows),
+        encode_rows(77, 3.5, rows),
         codec.encode_event(event),
         codec.encode_fingerprint(Fingerprint(engine="d", ts=1.0, facts={"block_size": 64, "tp": 2})),
         codec.encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234}),

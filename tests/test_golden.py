@@ -16,12 +16,13 @@ from collector.api.metrics import SidecarCollector, commit_latency_histogram
 from collector.context import AppContext
 from collector.detectors.task import DetectorTask
 from collector.ingest.hub import Hub
-from collector.model import HALF_STATS, Event, EventKind, GpuSample, MetricsScrape, RequestRow, Severity, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, GpuSample, MetricsScrape, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.freeze import freeze
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
+from tests.request_columns import Row, with_rows
 from tests.wiring import with_committer
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
@@ -76,18 +77,16 @@ def _hub(tmp_path: Path) -> tuple[Hub, AppContext]:
             )
         )
         hub.emit(
-            StepRecord(
-                engine="decode-0",
-                ts=T0 + i,
-                step=100 + i,
-                requests=[
-                    RequestRow("cmpl-aaaa-0", 32000, 32000 + i, i, 0, "running", 1, 500 + i),
-                    RequestRow("cmpl-bbbb-0", 32000, 31000 + i, i, 0, "running", 1, 480 + i),
+            with_rows(
+                StepRecord(engine="decode-0", ts=T0 + i, step=100 + i),
+                [
+                    Row("cmpl-aaaa-0", 32000, 32000 + i, i, 0, "running", 1, 500 + i),
+                    Row("cmpl-bbbb-0", 32000, 31000 + i, i, 0, "running", 1, 480 + i),
                 ],
             )
         )
     hub.emit(
-        StepRecord(engine="decode-0", ts=T0 + 4, step=104, requests=[RequestRow("cmpl-aaaa-0", 32000, 32004, 4, 0, "running", 1, 504)])
+        with_rows(StepRecord(engine="decode-0", ts=T0 + 4, step=104), [Row("cmpl-aaaa-0", 32000, 32004, 4, 0, "running", 1, 504)])
     )  # the scheduler's half only
     hub.emit(
         MetricsScrape(engine="prefill-0", ts=T0 + 2, values={"num_requests_running": 1.0, "num_requests_waiting": 0.0, "kv_cache_usage_perc": 0.25})

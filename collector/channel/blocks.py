@@ -26,9 +26,8 @@ from collector.channel.codec import (
     STATUSES,
     TAG_REQS,
     CodecError,
-    encode_requests,
 )
-from collector.model import RequestRow
+from collector.model import StepRequests
 
 RUNNING = STATUS_CODE["running"]
 # the export's request columns, in order (``collector.snapshot.document.REQUEST_COLUMNS``)
@@ -49,7 +48,8 @@ def _known_sum(col: bytes) -> int | None:
 
 
 class RequestBlock:
-    """One step's running requests: the ``R`` record's bytes plus its aggregates."""
+    """One step's running requests: the ``R`` record's bytes plus its aggregates (the
+    ``collector.model.StepRequests`` every stage reads)."""
 
     __slots__ = ("step", "ts", "n", "flags", "cols", "ids", "running", "mirror_rows", "host_blocks")
 
@@ -72,7 +72,7 @@ class RequestBlock:
             self.host_blocks = _known_sum(cols[pos : pos + 4 * n]) if n else None
 
     @classmethod
-    def from_payload(cls, payload: bytes, prev: RequestBlock | None = None) -> RequestBlock:
+    def from_payload(cls, payload: bytes, prev: StepRequests | None = None) -> RequestBlock:
         """From an ``R`` payload (tag included). ``prev``: the same engine's previous block,
         whose ids bytes are reused when equal (one copy held for a stable running set)."""
         if len(payload) < _HEAD or payload[:1] != TAG_REQS:
@@ -92,11 +92,6 @@ class RequestBlock:
             ids = prev.ids
         return cls(step, ts, n, flags, payload[_HEAD:end], ids)
 
-    @classmethod
-    def from_rows(cls, step: int, ts: float, rows: Sequence[RequestRow], prev: RequestBlock | None = None) -> RequestBlock:
-        """From row objects (tests, JSON ``req`` records of old rings): encoded once."""
-        return cls.from_payload(encode_requests("", step, ts, list(rows)), prev)
-
     @property
     def nbytes(self) -> int:
         return len(self.cols) + len(self.ids) + 96
@@ -109,7 +104,7 @@ class RequestBlock:
         return decode_columns([self])[name]
 
 
-def decode_columns(blocks: Sequence[RequestBlock]) -> dict[str, list[Any]]:
+def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
     """The blocks' rows as the export's columns: per-block C work (``array.tolist``, ``split``,
     ``map`` over a table for the status names); per-row Python only for -1 (unknown) values."""
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
@@ -154,7 +149,7 @@ RAW_MAGIC = b"FLRB0\n"  # then u32 length | R payload, ...
 _U32 = struct.Struct("<I")
 
 
-def pack_blocks(blocks: Sequence[RequestBlock], level: int = 0) -> bytes:
+def pack_blocks(blocks: Sequence[StepRequests], level: int = 0) -> bytes:
     """The ``requests`` part of a snapshot as stored: the recorder's own bytes (``level`` 0:
     as they are; 1-9: zlib). Decoded to columns when read (``unpack_blocks`` + ``decode_columns``)."""
     pieces: list[bytes] = []

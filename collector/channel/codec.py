@@ -57,8 +57,7 @@ from __future__ import annotations
 
 import json
 import struct
-from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.channel import fields as f
 from collector.errors import InputError
@@ -70,11 +69,13 @@ from collector.model import (
     EventKind,
     Fingerprint,
     Observation,
-    RequestRow,
     Severity,
     StepRecord,
     WorkloadRecord,
 )
+
+if TYPE_CHECKING:  # blocks imports this module
+    from collector.channel.blocks import RequestBlock
 
 TAG_JSON = b"J"
 TAG_STEP = b"S"
@@ -262,34 +263,6 @@ def encode_request_columns(
     return b"".join(parts)
 
 
-def encode_requests(engine: str, step: int, ts: float, rows: list[RequestRow]) -> bytes:
-    """Encode RequestRows (tests, simulators); the scheduler uses encode_request_columns."""
-    del engine  # the ring's meta record names the engine
-
-    def col(values: list[int], code: str = "I") -> bytes:
-        return array(code, values).tobytes()
-
-    def optional(name: str) -> bytes | None:
-        values = [getattr(r, name, None) for r in rows]
-        if all(v is None for v in values):
-            return None
-        return col([-1 if v is None else int(v) for v in values], "i")
-
-    return encode_request_columns(
-        step,
-        ts,
-        len(rows),
-        "\0".join(r.request_id for r in rows).encode(),
-        col([_u32(r.prompt_len) for r in rows]),
-        col([_u32(r.computed_tokens) for r in rows]),
-        col([_u32(r.output_tokens) for r in rows]),
-        col([_u32(r.preemptions) for r in rows]),
-        bytes(STATUS_CODE.get(r.status, UNKNOWN_STATUS) for r in rows),
-        optional("mirror_rows"),
-        optional("host_blocks"),  # a RequestRow field once the reader side carries it
-    )
-
-
 def encode_fingerprint(fp: Fingerprint) -> bytes:
     return encode({"t": "fp", "engine": fp.engine, "ts": fp.ts, "facts": fp.facts})
 
@@ -472,7 +445,7 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
 _NULL_NAMES = frozenset(_NULLABLE_STEP_FIELDS) - {"deferred"}
 
 
-_block_type: Any = None
+_block_type: type[RequestBlock] | None = None
 
 
 def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
@@ -484,48 +457,6 @@ def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
         _block_type = RequestBlock
     block = _block_type.from_payload(payload)
     return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running, request_block=block, halves=HALF_REQUESTS)
-
-
-def decode_request_rows(engine: str, payload: bytes) -> StepRecord:
-    """An ``R`` record as row objects: for tests and tools, never on the ingest path."""
-    if len(payload) < 1 + REQS_HEAD.size:
-        raise CodecError("short request record")
-    step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
-    pos = 1 + REQS_HEAD.size
-    has_mirror = bool(flags & FLAG_MIRROR)
-    need = n * (4 * 4 + 1 + (4 if has_mirror else 0))
-    if len(payload) < pos + need:
-        raise CodecError(f"request record of {n} rows is truncated")
-
-    def column(code: str) -> array[int]:
-        nonlocal pos
-        col = array(code)
-        col.frombytes(payload[pos : pos + n * col.itemsize])
-        pos += n * col.itemsize
-        return col
-
-    prompt, computed, output, preempt = column("I"), column("I"), column("I"), column("I")
-    status = payload[pos : pos + n]
-    pos += n
-    mirror = column("i") if has_mirror else None
-    ids = payload[pos:].decode("utf-8", "replace").split("\0") if n else []
-    if len(ids) != n:
-        raise CodecError(f"request record has {len(ids)} ids for {n} rows")
-    last = len(STATUSES) - 1
-    rows = [
-        RequestRow(
-            request_id=ids[i],
-            prompt_len=prompt[i],
-            computed_tokens=computed[i],
-            output_tokens=output[i],
-            preemptions=preempt[i],
-            status=STATUSES[min(status[i], last)],
-            mirror_rows=None if mirror is None or mirror[i] < 0 else mirror[i],
-        )
-        for i in range(n)
-    ]
-    running = sum(1 for r in rows if r.status == "running")
-    return StepRecord(engine=engine, ts=ts, step=step, running=running, requests=rows)
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:

@@ -2,7 +2,7 @@
 workload records) goes into the engine registry and the rings and to the writer's queue; each
 event is queued for routing (``collector.ingest.routing``). Synchronous, never blocking, on the
 event loop. Records are immutable once filed: what needs normalising (a record from another
-process with a wrong type, row objects to encode) becomes a new record first.
+process with a wrong type) becomes a new record first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from collector.channel.blocks import RequestBlock
 from collector.ingest.config import IngestConfig
 from collector.ingest.engines import EngineRegistry
 from collector.ingest.store import RingStore
@@ -149,10 +148,6 @@ class Intake:
             # (the snapshot's steps carry the ``finished`` count; each request's end is in the
             # workload log, from its own record). Not held.
             rec = dataclasses.replace(rec, finished_requests=[])
-        if rec.requests is not None and rec.request_block is None:
-            block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, rings.last_block)
-            running = rec.running if rec.running is not None else block.running
-            rec = dataclasses.replace(rec, request_block=block, requests=None, halves=rec.halves | HALF_REQUESTS, running=running)
         block = rec.request_block
         rows = 0
         if block is not None:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import islice
 
-from collector.model import HALF_REQUESTS, HALF_STATS, STAT_FIELDS, GpuSample, LogLine, StepRecord
+from collector.model import HALF_REQUESTS, HALF_STATS, STAT_FIELDS, GpuSample, LogLine, StepRecord, StepRequests
 
 DEFAULT_REQUEST_BYTES = 8 * 1024 * 1024
 
@@ -65,7 +65,7 @@ class EngineRing:
             self._steps[rec.step] = rec
             self._order.append((rec.run, rec.step))
             if rec.request_block is not None:
-                self._track_block(rec)
+                self._track_block(rec, rec.request_block)
             while len(self._steps) > self.max_steps and self._order:
                 run, step = self._order.popleft()
                 cur = self._steps.get(step)
@@ -82,21 +82,22 @@ class EngineRing:
             for name in STAT_FIELDS:
                 setattr(merged, name, getattr(rec, name))
             merged.ts = rec.ts
-        if rec.halves & HALF_REQUESTS and rec.request_block is not None:
+        block = rec.request_block if rec.halves & HALF_REQUESTS else None
+        if block is not None:
             if held.request_block is not None:
                 self._block_bytes -= held.request_block.nbytes
-            merged.request_block = rec.request_block
+            merged.request_block = block
             if not merged.halves & HALF_STATS:
                 merged.running = rec.running
         merged.halves |= rec.halves
         self._steps[rec.step] = merged
         if self._last is held:
             self._last = merged
-        if rec.halves & HALF_REQUESTS and rec.request_block is not None:
+        if block is not None:
             if held.request_block is None:
-                self._track_block(merged)
+                self._track_block(merged, block)
             else:
-                self._block_bytes += merged.request_block.nbytes
+                self._block_bytes += block.nbytes
         return self._steps[rec.step]
 
     def set_max_request_bytes(self, n: int) -> None:
@@ -105,9 +106,9 @@ class EngineRing:
         self.max_request_bytes = n
         self._evict_blocks()
 
-    def _track_block(self, rec: StepRecord) -> None:
+    def _track_block(self, rec: StepRecord, block: StepRequests) -> None:
         self._with_blocks.append((rec.run, rec.step))
-        self._block_bytes += rec.request_block.nbytes
+        self._block_bytes += block.nbytes
         self._evict_blocks()
 
     def _evict_blocks(self) -> None:

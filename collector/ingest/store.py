@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from collector.channel.blocks import RequestBlock
 from collector.ingest.config import IngestConfig
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.ingest.workload import WorkloadLog
-from collector.model import Event, GpuSample, MetricsScrape
+from collector.model import Event, GpuSample, MetricsScrape, StepRequests
 
 EVENTS_KEPT = 500
 SCRAPES_KEPT = 900
@@ -28,7 +27,7 @@ class EngineRings:
     workload: WorkloadLog
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=SCRAPES_KEPT))
-    last_block: RequestBlock | None = None
+    last_block: StepRequests | None = None
 
 
 class RingStore:

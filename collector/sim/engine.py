@@ -1,6 +1,6 @@
 """One simulated vLLM engine (prefill or decode): its scheduler state, its step records
-(written to ring files exactly as the in-engine recorder writes them), its /metrics and
-/health, and its log."""
+(its running requests and workload written through the in-engine recorder's ``RequestRecorder``,
+as vLLM's scheduler writes them), its /metrics and /health, and its log."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.channel import RingWriter
-from collector.channel.codec import encode, encode_fingerprint, encode_requests, encode_step
+from collector.channel.codec import encode, encode_fingerprint, encode_step
 from collector.channel.naming import ring_file_name
-from collector.model import Fingerprint, RequestRow, StepRecord
+from collector.model import Fingerprint, StepRecord
+from collector.recorder import EngineIdentity, RequestRecorder, status_code
 from collector.sim import deployment, vllm_logs
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
@@ -111,9 +112,11 @@ class SimEngine:
         recorder_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
         self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid), capacity=4 << 20)
-        self.sched_ring = RingWriter(recorder_dir / ring_file_name(name, "sched", pid), capacity=16 << 20)
-        for ring, rrole in ((self.stats_ring, "stats"), (self.sched_ring, "sched")):
-            ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": rrole, "pid": pid, "vllm_version": VERSION}))
+        self.stats_ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": "stats", "pid": pid, "vllm_version": VERSION}))
+        # the scheduler's ring, through the recorder vLLM's RecordingScheduler writes through
+        self.sched = RequestRecorder(EngineIdentity(server_pid=pid, name=name, engine_version=VERSION), directory=recorder_dir, pid=pid)
+        if not self.sched.active:
+            raise OSError(f"recorder of simulated engine {name} failed: {self.sched.failed}")
         self.facts = fingerprint_facts(name, role, scenario, port, gpu_index, fake_pid)
         self.stats_ring.append(encode_fingerprint(Fingerprint(engine=name, ts=time.time(), facts=self.facts)))
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -326,19 +329,7 @@ class SimEngine:
         p, g, since = self._window_tokens
         self._window_tokens = (p + prompt, g + gen, since)
         mirrors = self.last_mirrors
-        rows = [
-            RequestRow(
-                request_id=r.request_id,
-                prompt_len=r.prompt_len,
-                computed_tokens=r.context_len - 1 if self.role == "decode" else r.computed,
-                output_tokens=r.output,
-                preemptions=r.preemptions,
-                status=r.status,
-                mirror_rows=sum(x.num_rows for x in mirrors.get(r.request_id, ())),
-                host_blocks=self.host_blocks(r),
-            )
-            for r in self.running
-        ]
+        running = self.running
         self.last_connector_stats = kvc = self.connector_stats(landed)
         his = kvc["HiSparseConnector"]
         m.host_cache.set(his["host_cache_usage_perc"][-1])
@@ -370,31 +361,29 @@ class SimEngine:
             connector=connector_record(kvc),
         )
         self.stats_ring.append(encode_step(rec))
-        self.sched_ring.append(encode_requests(self.name, self.step_counter, now, rows))
+        self.sched.write_requests(
+            self.step_counter,
+            ts=now,
+            n=len(running),
+            ids=[r.request_id for r in running],
+            prompt_len=[r.prompt_len for r in running],
+            computed=[r.context_len - 1 if self.role == "decode" else r.computed for r in running],
+            output=[r.output for r in running],
+            preemptions=[r.preemptions for r in running],
+            status=[status_code(r.status) for r in running],
+            mirror_rows=[sum(x.num_rows for x in mirrors.get(r.request_id, ())) for r in running],
+            host_blocks=[self.host_blocks(r) for r in running],
+        )
 
     # -- workload (the recorder's ``wl`` records, as the scheduler writes them) ----------------
     def workload_arrive(self, r: SimRequest, *, max_tokens: int, ts: float | None = None) -> None:
-        self.sched_ring.append(
-            encode(
-                {
-                    "t": "wl",
-                    "ev": "arrive",
-                    "id": r.request_id,
-                    "ts": ts or time.time(),
-                    "prompt_len": r.prompt_len,
-                    "max_tokens": max_tokens,
-                    "n": 1,
-                    "ignore_eos": True,
-                    "has_stop": False,
-                }
-            )
+        self.sched.write_arrival(
+            r.request_id, ts=ts or time.time(), prompt_len=r.prompt_len, max_tokens=max_tokens, n=1, ignore_eos=True, has_stop=False
         )
 
     def workload_end(self, r: SimRequest, *, output_len: int, finish: str = "length") -> None:
         # no prefix-cache hits: the incident's prompts did not repeat
-        self.sched_ring.append(
-            encode({"t": "wl", "ev": "end", "id": r.request_id, "ts": time.time(), "output_len": output_len, "finish": finish, "cached_tokens": 0})
-        )
+        self.sched.write_end(r.request_id, ts=time.time(), output_len=output_len, finish=finish, cached_tokens=0)
 
     def dump_step(self) -> vllm_logs.DumpStep:
         """The last step as vLLM's crash dump prints it (``collector.sim.vllm_logs``)."""
@@ -413,6 +402,6 @@ class SimEngine:
 
     def close(self) -> None:
         self.stats_ring.close()
-        self.sched_ring.close()
+        self.sched.close()
         with contextlib.suppress(Exception):
             self.log.close()

@@ -43,6 +43,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from collector.model import StepRequests
+
 SCHEMA = "flightrec.snapshot/v1"
 PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload", "scrapes")
 NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder) = null, not []
@@ -62,7 +64,7 @@ class RequestTable(Sequence[dict[str, Any]]):
     def __init__(self, columns: dict[str, list[Any]] | None = None, sparse: Iterable[str] = ()) -> None:
         self._columns: dict[str, list[Any]] | None = dict(columns or {})
         self.sparse = frozenset(sparse)
-        self._blocks: list[Any] | None = None
+        self._blocks: list[StepRequests] | None = None
         lengths = {len(v) for v in self._columns.values()}
         if len(lengths) > 1:
             raise ValueError(f"request columns differ in length: {sorted(lengths)}")
@@ -79,7 +81,7 @@ class RequestTable(Sequence[dict[str, Any]]):
         return cls({k: [r.get(k) for r in rows] for k in names}, sparse)
 
     @classmethod
-    def from_blocks(cls, blocks: Sequence[Any]) -> RequestTable:
+    def from_blocks(cls, blocks: Sequence[StepRequests]) -> RequestTable:
         """From the rings' request blocks: nothing decoded until read."""
         table = cls()
         table._columns = None
@@ -96,7 +98,7 @@ class RequestTable(Sequence[dict[str, Any]]):
         return self._columns
 
     @property
-    def blocks(self) -> list[Any] | None:
+    def blocks(self) -> list[StepRequests] | None:
         return self._blocks
 
     def stored_blob(self) -> bytes:

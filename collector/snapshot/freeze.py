@@ -9,7 +9,6 @@ snapshot holds and what it says.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import gc
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collector.channel.blocks import RequestBlock
 from collector.ingest.view import IngestView
 from collector.model import CRASH_KINDS, HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
@@ -78,30 +76,8 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
 
 
 def request_table(steps: Iterable[StepRecord]) -> RequestTable:
-    """The per-request rows of the steps: the recorder's blocks, decoded only when read. Steps
-    built by hand with row objects (tests, tools) are encoded into blocks here (the records are
-    not changed)."""
-    blocks: list[RequestBlock] = []
-    for rec in steps:
-        block = rec.request_block
-        if block is None and rec.requests is not None:
-            block = RequestBlock.from_rows(rec.step, rec.ts, rec.requests, blocks[-1] if blocks else None)
-        if block is not None:
-            blocks.append(block)
-    return RequestTable.from_blocks(blocks)
-
-
-def _with_blocks(steps: Sequence[StepRecord]) -> Sequence[StepRecord]:
-    if not any(rec.request_block is None and rec.requests is not None for rec in steps):
-        return steps
-    out: list[StepRecord] = []
-    last: RequestBlock | None = None
-    for rec in steps:
-        if rec.request_block is None and rec.requests is not None:
-            rec = dataclasses.replace(rec, request_block=RequestBlock.from_rows(rec.step, rec.ts, rec.requests, last), requests=None)
-        last = rec.request_block if rec.request_block is not None else last
-        out.append(rec)
-    return out
+    """The per-request rows of the steps: the recorder's blocks, decoded only when read."""
+    return RequestTable.from_blocks([rec.request_block for rec in steps if rec.request_block is not None])
 
 
 def _step_at(steps: Sequence[StepRecord], ts: float) -> int | None:
@@ -179,14 +155,14 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
                 "num_padded_tokens": g.get("num_padded_tokens"),
                 "num_unpadded_tokens": g.get("num_unpadded_tokens"),
             }
-        with_reqs = next((s for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
+        with_reqs = next(((s.step, s.request_block) for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
         if with_reqs is not None:
-            block = with_reqs.request_block
+            at_step, block = with_reqs
             cols = block.column  # decodes this one block only
             ctx = cols("computed_tokens")
             mirror = cols("mirror_rows")
             out["requests_at_last_step"] = {
-                "step": with_reqs.step,
+                "step": at_step,
                 "count": len(ctx),
                 "context_len_min": min(ctx),
                 "context_len_max": max(ctx),
@@ -375,7 +351,6 @@ def _build(
     extra_summary: dict[str, Any] | None,
     created_at: float | None,
 ) -> SnapshotDoc:
-    steps = _with_blocks(steps)  # first: steps given as row objects (tests, tools) get blocks
     requests = request_table(steps)
     summary = summarize(steps, events)
     if extra_summary:

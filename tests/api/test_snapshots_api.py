@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 
 from collector.api.app import create_app
 from collector.api.schemas import SnapshotDocOut
-from collector.model import Event, EventKind, GpuSample, LogLine, RequestRow, Severity, StepRecord
+from collector.model import Event, EventKind, GpuSample, LogLine, Severity, StepRecord
 from collector.snapshot.document import SCHEMA, SnapshotDoc
 from collector.snapshot.freeze import build_snapshot
 from collector.storage.repo import Repository
+from tests.request_columns import Row, with_rows
 
 PG_SECRET = "postgresql+psycopg://flight:hunter2-pw@db.internal:5432/flightrec"
 HF_SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
@@ -37,14 +38,9 @@ def make_doc(
 ) -> SnapshotDoc:
     ts = time.time() if ts is None else ts
     recs = [
-        StepRecord(
-            engine=engine,
-            ts=ts - steps + i,
-            step=1000 + i,
-            running=reqs,
-            waiting=1,
-            kv_cache_usage=0.032,
-            requests=[RequestRow(f"req-{j}", 32000, 32000 + i, i, mirror_rows=400 + i) for j in range(reqs)],
+        with_rows(
+            StepRecord(engine=engine, ts=ts - steps + i, step=1000 + i, running=reqs, waiting=1, kv_cache_usage=0.032),
+            [Row(f"req-{j}", 32000, 32000 + i, i, mirror_rows=400 + i) for j in range(reqs)],
         )
         for i in range(steps)
     ]

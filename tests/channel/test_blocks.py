@@ -4,14 +4,14 @@ import pytest
 
 from collector.channel.blocks import RequestBlock, decode_columns, pack_blocks, unpack_blocks
 from collector.channel.codec import CodecError
-from collector.model import RequestRow
+from tests.request_columns import Row, make_block
 
 
 def _blocks() -> list[RequestBlock]:
     out: list[RequestBlock] = []
     for step in range(3):
-        rows = [RequestRow("cmpl-a-0", 100, 10 + step, step, 0, "running", 2, 5), RequestRow("cmpl-b-0", 50, 5, 0, 1, "preempted", None, None)]
-        out.append(RequestBlock.from_rows(step, float(step), rows, out[-1] if out else None))
+        rows = [Row("cmpl-a-0", 100, 10 + step, step, 0, "running", 2, 5), Row("cmpl-b-0", 50, 5, 0, 1, "preempted", None, None)]
+        out.append(make_block(step, float(step), rows, out[-1] if out else None))
     return out
 
 

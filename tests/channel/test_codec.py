@@ -11,15 +11,14 @@ from collector.channel.codec import (
     CodecError,
     decode,
     decode_many,
-    decode_request_rows,
     encode,
     encode_event,
     encode_fingerprint,
-    encode_requests,
     encode_step,
     encode_step_fields,
 )
-from collector.model import Event, EventKind, Fingerprint, RequestRow, Severity, StepRecord
+from collector.model import HALF_REQUESTS, Event, EventKind, Fingerprint, Severity, StepRecord
+from tests.request_columns import Row, encode_rows, rows_of
 
 
 def test_binary_step_round_trip_without_extras() -> None:
@@ -33,7 +32,7 @@ def test_binary_step_round_trip_without_extras() -> None:
     assert (step.prompt_tokens, step.generation_tokens, step.finished) == (300, 16, 2)
     assert (step.prefix_cache_queries, step.prefix_cache_hits) == (640, 128)
     assert step.waiting_by_reason == {"capacity": 5, "deferred": 2}
-    assert step.requests is None and step.connector == {} and step.finished_requests == []
+    assert step.request_block is None and step.connector == {} and step.finished_requests == []
 
 
 def test_step_record_round_trip_with_extras() -> None:
@@ -60,32 +59,36 @@ def test_step_record_round_trip_with_extras() -> None:
     assert back.mirror_rows == 12
 
 
-def test_request_rows_round_trip_with_and_without_mirror_rows() -> None:
+def _decoded(raw: bytes, engine: str = "d") -> StepRecord:
+    _, step = decode(raw, engine=engine)
+    assert isinstance(step, StepRecord) and step.halves == HALF_REQUESTS
+    return step
+
+
+def test_request_rows_round_trip_with_and_without_the_optional_columns() -> None:
     rows = [
-        RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 8),
-        RequestRow("cmpl-é-1", 300, 0, 0, 2, "preempted", None),
-        RequestRow("x", 5, 5, 1, 0, "waiting_for_remote_kvs", 0),
+        Row("cmpl-a-0", 32000, 32512, 512, 0, "running", 8, 500),
+        Row("cmpl-é-1", 300, 0, 0, 2, "preempted", None, None),
+        Row("x", 5, 5, 1, 0, "waiting_for_remote_kvs", 0, 3),
     ]
-    step = decode_request_rows("decode-0", encode_requests("d", 77, 3.5, rows))
-    assert step is not None and step.requests == rows
+    step = _decoded(encode_rows(77, 3.5, rows), "decode-0")
+    assert rows_of(step.request_block) == rows
     assert (step.engine, step.step, step.ts, step.running) == ("decode-0", 77, 3.5, 1)
-    plain = [RequestRow("a", 1, 2, 3, 4), RequestRow("b", 5, 6)]
-    step = decode_request_rows("d", encode_requests("d", 1, 0.0, plain))
-    assert step is not None and step.requests == plain
-    empty = decode_request_rows("d", encode_requests("d", 2, 0.0, []))
-    assert empty is not None and empty.requests == [] and empty.running == 0
+    plain = [Row("a", 1, 2, 3, 4), Row("b", 5, 6)]
+    assert rows_of(_decoded(encode_rows(1, 0.0, plain)).request_block) == plain
+    empty = _decoded(encode_rows(2, 0.0, []))
+    assert rows_of(empty.request_block) == [] and empty.running == 0
 
 
 def test_unknown_status_survives_as_unknown() -> None:
-    step = decode_request_rows("d", encode_requests("d", 1, 0.0, [RequestRow("a", 1, 1, status="made_up")]))
-    assert step is not None and step.requests is not None
-    assert step.requests[0].status == "unknown"
+    step = _decoded(encode_rows(1, 0.0, [Row("a", 1, 1, status="made_up")]))
+    assert rows_of(step.request_block)[0].status == "unknown"
 
 
 @given(
     st.lists(
         st.builds(
-            RequestRow,
+            Row,
             request_id=st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=40),
             prompt_len=st.integers(0, 2**32 - 1),
             computed_tokens=st.integers(0, 2**32 - 1),
@@ -93,14 +96,15 @@ def test_unknown_status_survives_as_unknown() -> None:
             preemptions=st.integers(0, 2**32 - 1),
             status=st.sampled_from(STATUSES),
             mirror_rows=st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+            host_blocks=st.one_of(st.none(), st.integers(0, 2**31 - 1)),
         ),
         max_size=40,
     ),
     st.integers(0, 2**63),
 )
-def test_request_rows_round_trip_property(rows: list[RequestRow], step: int) -> None:
-    back = decode_request_rows("d", encode_requests("d", step, 1.0, rows))
-    assert back is not None and back.requests == rows and back.step == step
+def test_request_rows_round_trip_property(rows: list[Row], step: int) -> None:
+    back = _decoded(encode_rows(step, 1.0, rows))
+    assert rows_of(back.request_block) == rows and back.step == step
 
 
 def test_json_records_decode() -> None:
@@ -131,8 +135,8 @@ def test_json_records_decode() -> None:
         b'J{"t":"step","engine":"e"}',
         b"S\x01\x02",
         encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[1]",
-        encode_requests("e", 1, 0.0, [RequestRow("a", 1, 1), RequestRow("b", 1, 1)])[:-3],
-        encode_requests("e", 1, 0.0, [RequestRow("a", 1, 1)]) + b"\0extra",
+        encode_rows(1, 0.0, [Row("a", 1, 1), Row("b", 1, 1)])[:-3],
+        encode_rows(1, 0.0, [Row("a", 1, 1)]) + b"\0extra",
     ],
 )
 def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
@@ -141,10 +145,10 @@ def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
 
 
 def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
-    rows = [RequestRow("cmpl-a-0", 32000, 32512, 512, 0, "running", 7), RequestRow("cmpl-b-0", 100, 5, 1, 2, "preempted", None)]
-    _, step = decode(encode_requests("d", 77, 3.5, rows), engine="decode-0")
-    assert step is not None and step.requests is None
+    rows = [Row("cmpl-a-0", 32000, 32512, 512, 0, "running", 7), Row("cmpl-b-0", 100, 5, 1, 2, "preempted", None)]
+    step = _decoded(encode_rows(77, 3.5, rows), "decode-0")
     block = step.request_block
+    assert block is not None
     assert (block.step, block.n, block.running, block.mirror_rows) == (77, 2, 1, 7)
     assert step.running == 1 and step.kv_cache_usage is None  # the stats half is unknown, not 0
     assert block.column("request_id") == ["cmpl-a-0", "cmpl-b-0"]
@@ -243,7 +247,7 @@ def test_a_read_decoded_together_is_what_each_record_decodes_to_alone_in_the_sam
     plain = [encode_step_fields(n, 10.0 + n, 1, 8, 3, 1, 0.25, 0, 64, 8, 0, 100, 40) for n in range(5)]
     with_nulls = encode_step_fields(5, 15.0, 1, 8, None, None, None, 0, 64, 8, 0, None, None)
     with_extras = encode_step_fields(6, 16.0, 1, 8, 3, 1, 0.5, 0, 64, 8, 1, 100, 40, {"connector": {"X.pending": 2}})
-    reqs = encode_requests("d", 6, 16.0, [RequestRow("r1", 10, 5)])
+    reqs = encode_rows(6, 16.0, [Row("r1", 10, 5)])
     payloads = [
         plain[0],
         encode({"t": "meta", "engine": "d", "role": "stats"}),

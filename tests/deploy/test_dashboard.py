@@ -268,7 +268,6 @@ def sidecar_names(tmp_path: Path) -> set[str]:
         EventKind,
         GpuSample,
         MetricsScrape,
-        RequestRow,
         Severity,
         SourceStatus,
         StepRecord,
@@ -282,6 +281,7 @@ def sidecar_names(tmp_path: Path) -> set[str]:
     settings = Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=64, database=url, host_name="node-a")
     repo = Repository(make_engine(url), host="node-a")
     writer = BatchWriter(repo, interval=0.5)
+    from tests.request_columns import Row, with_rows
     from tests.wiring import with_committer
 
     hub, committer = with_committer(settings, repo, rows=writer, clock=lambda: 1000.0, spool_dir=tmp_path / "spool", settle_s=0.2, window_s=30.0)
@@ -317,15 +317,9 @@ def sidecar_names(tmp_path: Path) -> set[str]:
             )
         )
         hub.emit(
-            StepRecord(
-                engine="decode-0",
-                ts=999.5,
-                step=1,
-                running=1,
-                waiting=0,
-                kv_cache_usage=0.1,
-                halves=HALF_STATS,
-                requests=[RequestRow(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)],
+            with_rows(
+                StepRecord(engine="decode-0", ts=999.5, step=1, running=1, waiting=0, kv_cache_usage=0.1, halves=HALF_STATS),
+                [Row(request_id="r", prompt_len=10, computed_tokens=10, mirror_rows=3)],
             )
         )
         rates = {"generation_tokens_total": 10.0, "prompt_tokens_total": 5.0, "num_preemptions_total": 0.0}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from collector.model import GpuSample, MetricsScrape, RequestRow, StepRecord
+from collector.model import GpuSample, MetricsScrape, StepRecord
+from tests.request_columns import Row, with_rows
 
 
 def steps(
@@ -39,7 +40,7 @@ def steps(
         if mirror_rows is not None:
             rows = mirror_rows(rel)
             k = max(1, record.running)
-            record.requests = [RequestRow(f"r{j}", 1000, 1000, mirror_rows=rows // k) for j in range(k)]
+            record = with_rows(record, [Row(f"r{j}", 1000, 1000, mirror_rows=rows // k) for j in range(k)])
         out.append(record)
     return out
 

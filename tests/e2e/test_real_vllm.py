@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import TAG_REQS, decode_many, decode_request_rows
+from collector.channel.codec import TAG_REQS, decode, decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
 from collector.model import StepRecord
@@ -103,8 +103,14 @@ class SchedRing:
         if self.reader is not None:
             for payload in self.reader.read():
                 if payload[:1] == TAG_REQS:
-                    self.steps.append(decode_request_rows(ENGINE, payload))
+                    step = decode(payload, engine=ENGINE)[1]
+                    assert isinstance(step, StepRecord)
+                    self.steps.append(step)
         return self.steps
+
+
+def ids_of(step: StepRecord) -> list[str]:
+    return [] if step.request_block is None else step.request_block.column("request_id")
 
 
 def stats_ring(recorder_dir: Path) -> dict[int, StepRecord]:
@@ -279,9 +285,9 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
         matched += 1
     last_rows = [r for r in rows if r["step"] == reached]
     assert len(last_rows) == recorded[-1].running >= 1
-    assert {r["request_id"] for r in last_rows} == {r.request_id for r in recorded[-1].requests or []}
+    assert {r["request_id"] for r in last_rows} == set(ids_of(recorded[-1]))
     # every request the engine core ran is in the snapshot's rows
-    ran = {r.request_id for s in recorded if s.step >= numbers[0] for r in s.requests or []}
+    ran = {rid for s in recorded if s.step >= numbers[0] for rid in ids_of(s)}
     assert ran <= {r["request_id"] for r in rows} and len(ran) >= 4
     # and every request sent reached the snapshot's workload, with the prompt length sent
     cols = ((snap.get("workload") or {}).get("requests") or {}).get("columns") or {}

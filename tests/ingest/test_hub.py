@@ -135,17 +135,17 @@ def test_a_steps_finished_request_list_is_not_held_but_its_count_is(tmp_path: Pa
 
 
 def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_joins_takes_its_share(tmp_path: Path) -> None:
-    from collector.model import RequestRow  # noqa: PLC0415
+    from tests.request_columns import Row, with_rows  # noqa: PLC0415
 
     settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20, ring_request_bytes_total=3 << 19)
     h = hub_for(settings, clock=lambda: 1000.0)
     assert h.intake.store.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
-    rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
+    rows = [Row(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
     for n in range(1, 2001):
-        h.emit(StepRecord(engine="e0", ts=float(n), step=n, requests=rows))
+        h.emit(with_rows(StepRecord(engine="e0", ts=float(n), step=n), rows))
     before = h.intake.store.engines["e0"].ring.request_bytes
     assert (1 << 20) - 4096 < before <= 1 << 20
-    h.emit(StepRecord(engine="e1", ts=1.0, step=1, requests=rows))  # a second engine joins
+    h.emit(with_rows(StepRecord(engine="e1", ts=1.0, step=1), rows))  # a second engine joins
     for st in h.intake.store.engines.values():
         assert st.ring.max_request_bytes == 3 << 18  # half the node's budget each
     ring = h.intake.store.engines["e0"].ring

@@ -2,16 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from collector.channel.blocks import RequestBlock
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
     GpuSample,
     LogLine,
-    RequestRow,
     StepRecord,
 )
+from tests.request_columns import Row, make_block
 
 
 def step(n: int, **kw: object) -> StepRecord:
@@ -34,8 +33,8 @@ def test_ring_rejects_a_zero_size() -> None:
         EngineRing(0)
 
 
-def reqs_half(n: int, rows: list[RequestRow]) -> StepRecord:
-    block = RequestBlock.from_rows(n, float(n), rows)
+def reqs_half(n: int, rows: list[Row]) -> StepRecord:
+    block = make_block(n, float(n), rows)
     return step(n, running=block.running, request_block=block, halves=HALF_REQUESTS)
 
 
@@ -43,13 +42,13 @@ def reqs_half(n: int, rows: list[RequestRow]) -> StepRecord:
 def test_two_halves_of_a_step_merge_whichever_comes_first(stats_first: bool) -> None:
     ring = EngineRing(8)
     stats = step(5, running=3, waiting=2, kv_cache_usage=0.25, halves=HALF_STATS)
-    reqs = reqs_half(5, [RequestRow("a", 10, 11), RequestRow("b", 20, 21)])
+    reqs = reqs_half(5, [Row("a", 10, 11), Row("b", 20, 21)])
     for rec in (stats, reqs) if stats_first else (reqs, stats):
         ring.add(rec)
     (held,) = ring.steps()
     assert (held.running, held.waiting, held.kv_cache_usage) == (3, 2, 0.25)  # the stats win
     assert held.request_block is not None and held.request_block.column("request_id") == ["a", "b"]
-    assert held.requests is None and held.request_count == 2
+    assert held.request_count == 2
     assert held.halves == HALF_STATS | HALF_REQUESTS
     assert held.preemptions is None  # no half carried it: unknown, not 0
     assert ring.request_bytes == held.request_block.nbytes
@@ -57,7 +56,7 @@ def test_two_halves_of_a_step_merge_whichever_comes_first(stats_first: bool) -> 
 
 def test_a_step_with_only_its_requests_half_has_unknown_stats() -> None:
     ring = EngineRing(8)
-    held = ring.add(reqs_half(7, [RequestRow("a", 10, 11, status="running"), RequestRow("b", 5, 5, status="waiting")]))
+    held = ring.add(reqs_half(7, [Row("a", 10, 11, status="running"), Row("b", 5, 5, status="waiting")]))
     assert held.halves == HALF_REQUESTS
     assert held.running == 1  # counted from the block's rows
     assert (held.waiting, held.kv_cache_usage, held.preemptions, held.generation_tokens) == (None, None, None, None)
@@ -80,7 +79,7 @@ def test_a_new_run_reusing_step_numbers_replaces_the_old_step() -> None:
 
 
 def test_request_blocks_are_bounded_by_bytes_and_their_steps_kept() -> None:
-    rows = [RequestRow(f"r{i}", 10, 11) for i in range(16)]
+    rows = [Row(f"r{i}", 10, 11) for i in range(16)]
     size = reqs_half(0, rows).request_block.nbytes  # type: ignore[union-attr]
     ring = EngineRing(64, max_request_bytes=size * 3)
     for n in range(10):
@@ -115,7 +114,7 @@ def test_line_ring_is_bounded() -> None:
 
 def test_steps_fold_into_one_record_per_second_for_the_detectors() -> None:
     ring = EngineRing(4096)
-    block = RequestBlock.from_rows(3, 10.7, [RequestRow("r1", 10, 10, 1), RequestRow("r2", 10, 10, 1, status="preempted")])
+    block = make_block(3, 10.7, [Row("r1", 10, 10, 1), Row("r2", 10, 10, 1, status="preempted")])
     ring.add(
         StepRecord(
             engine="d",

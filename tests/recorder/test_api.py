@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import STEP_HEAD, decode, decode_request_rows
+from collector.channel.codec import STEP_HEAD, decode
 from collector.channel.ringfile import RingReader
 from collector.model import Event, Fingerprint, StepRecord, WorkloadRecord
 from collector.recorder import EngineIdentity, RequestRecorder, StatsRecorder, engine_name, status_code
+from tests.request_columns import rows_of
 
 STEP = {
     "running": 4,
@@ -93,9 +94,7 @@ def test_request_columns_from_lists_and_from_bytes_are_the_same_record(tmp_path:
     rec.write_requests(77, ts=3.5, n=2, ids="\0".join(cols["ids"]).encode(), status=bytes(cols["status"]), **as_bytes)
     raw = RingReader(rec.channel.path).read()
     assert raw[1] == raw[2]
-    step = decode_request_rows("e", raw[1])
-    assert step.requests is not None
-    assert [(r.request_id, r.prompt_len, r.computed_tokens, r.preemptions, r.status, r.mirror_rows) for r in step.requests] == [
+    assert [(r.request_id, r.prompt_len, r.computed_tokens, r.preemptions, r.status, r.mirror_rows) for r in rows_of(raw[1])] == [
         ("cmpl-a-0", 32000, 32512, 0, "running", 8),
         ("cmpl-é-1", 300, 0, 2, "preempted", None),
     ]

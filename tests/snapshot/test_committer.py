@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from collector.ingest.hub import Hub
-from collector.model import HALF_STATS, Event, EventKind, Fingerprint, GpuSample, LogLine, RequestRow, Severity, StepRecord
+from collector.model import HALF_STATS, Event, EventKind, Fingerprint, GpuSample, LogLine, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot import intent, spool
 from collector.snapshot.committer import SnapshotCommitter
@@ -17,6 +17,7 @@ from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter
 from collector.storage.writer import BatchWriter
+from tests.request_columns import Row, with_rows
 from tests.wiring import with_committer
 
 
@@ -228,8 +229,8 @@ def test_database_down_spools_and_commits_when_back_with_the_fault_time_rings(tm
 
 def test_a_spooled_snapshot_survives_a_restart_and_garbage_in_the_spool_is_set_aside(migrated_url: str, tmp_path: Path) -> None:
     hub, repo, c, _ = setup(migrated_url, tmp_path)
-    rows = [RequestRow(request_id=f"r{i}", prompt_len=100, computed_tokens=10 + i) for i in range(3)]
-    hub.emit(StepRecord(engine="decode-0", ts=time.time(), step=7, requests=rows))
+    rows = [Row(request_id=f"r{i}", prompt_len=100, computed_tokens=10 + i) for i in range(3)]
+    hub.emit(with_rows(StepRecord(engine="decode-0", ts=time.time(), step=7), rows))
     cap = c.policy.capture_one("decode-0", fault(EventKind.MANUAL, "api", "before the restart"))
     from collector.snapshot.commit import _build
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.channel.blocks import RequestBlock
 from collector.ingest.hub import Hub, hub_for
 from collector.model import (
     HALF_REQUESTS,
@@ -22,7 +21,6 @@ from collector.model import (
     Event,
     EventKind,
     GpuSample,
-    RequestRow,
     Severity,
     StepRecord,
 )
@@ -48,6 +46,7 @@ from collector.snapshot.freeze import (
 )
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
+from tests.request_columns import Row, make_block, with_rows
 from tests.wiring import with_committer
 
 
@@ -56,8 +55,8 @@ def steps(n: int, reqs: int, *, t0: float = 1000.0) -> list[StepRecord]:
     out: list[StepRecord] = []
     prev = None
     for i in range(n):
-        rows = [RequestRow(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)]
-        prev = RequestBlock.from_rows(i, t0 + i, rows, prev)
+        rows = [Row(f"r{j}", 32000, 32000 + i, i, mirror_rows=j) for j in range(reqs)]
+        prev = make_block(i, t0 + i, rows, prev)
         out.append(
             StepRecord(engine="decode-0", ts=t0 + i, step=i, running=reqs, waiting=16 - reqs, request_block=prev, halves=HALF_STATS | HALF_REQUESTS)
         )
@@ -280,18 +279,18 @@ def test_one_fault_seen_by_four_sources_is_one_snapshot_per_engine(migrated_url:
 def test_a_capture_built_after_the_ring_gave_up_its_oldest_blocks_still_holds_them() -> None:
     from collector.snapshot.freeze import capture  # noqa: PLC0415
 
-    rows = [RequestRow(f"cmpl-{i:04d}", 100, 50) for i in range(32)]
-    size = RequestBlock.from_rows(1, 1.0, rows).nbytes
+    rows = [Row(f"cmpl-{i:04d}", 100, 50) for i in range(32)]
+    size = make_block(1, 1.0, rows).nbytes
     settings = Settings(engines=[EngineConfig(name="d0", url="http://d")], ring_request_bytes=1 << 16, ring_request_bytes_total=1 << 16)
     hub = hub_for(settings, clock=lambda: 1000.0)
     for n in range(1, 201):
-        hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
+        hub.emit(with_rows(StepRecord(engine="d0", ts=900.0 + n, step=n), rows))
     held = [s.step for s in hub.view.steps("d0") if s.request_block is not None]
     assert 0 < len(held) <= (1 << 16) // size < 200
     trigger = Event(kind=EventKind.XID, ts=1000.0, source="kmsg", message="Xid 79", severity=Severity.CRITICAL, engine="d0", xid=79)
     cap = capture(hub.view, "d0", trigger, gpu_seconds=60.0)
     for n in range(201, 401):  # the engine steps on while the snapshot waits to be built
-        hub.emit(StepRecord(engine="d0", ts=900.0 + n, step=n, requests=rows))
+        hub.emit(with_rows(StepRecord(engine="d0", ts=900.0 + n, step=n), rows))
     assert all(s.request_block is None for s in hub.view.steps("d0") if s.step in held)  # the ring gave them up
     assert all(s.request_block is not None for s in cap.steps if s.step in held)  # its records were not changed
     doc = cap.build()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.channel.codec import encode, encode_requests, encode_step_fields
+from collector.channel.codec import encode, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.ingest.hub import hub_for
@@ -18,12 +18,12 @@ from collector.model import (
     Event,
     EventKind,
     Observation,
-    RequestRow,
     StepRecord,
 )
 from collector.settings import EngineConfig, Settings
 from collector.sources.join import EngineJoin
 from collector.sources.recorder import RecorderSource
+from tests.request_columns import Row, encode_rows, make_block
 
 
 class ListSink:
@@ -61,7 +61,7 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     stats = writer(tmp_path, "decode-0", "stats", 11)
     sched = writer(tmp_path, "decode-0", "sched", 12)
     stats.append(step(1, 999.0))
-    sched.append(encode_requests("decode-0", 1, 999.0, [RequestRow("r1", 300, 300, 1)]))
+    sched.append(encode_rows(1, 999.0, [Row("r1", 300, 300, 1)]))
     sink = ListSink()
     src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: True)
     assert src.poll(sink) == 2
@@ -69,13 +69,13 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     [rec] = [o for o in sink.items if isinstance(o, StepRecord)]
     assert (rec.engine, rec.step, rec.halves) == ("decode-0", 1, HALF_STATS | HALF_REQUESTS)
     # the scheduler's half carries the recorder's bytes, decoded only when read
-    assert rec.requests is None
+    assert rec.request_block is not None
     assert rec.request_block.column("request_id") == ["r1"]
     assert rec.request_block.column("computed_tokens") == [300] and rec.request_block.column("output_tokens") == [1]
     assert (rec.running, rec.waiting, rec.kv_cache_usage) == (2, 1, 0.25)  # the stats half's figures
 
     # read in two polls, each half is handed on alone (ingest's ring merges them)
-    sched.append(encode_requests("decode-0", 2, 999.5, [RequestRow("r1", 300, 301, 2)]))
+    sched.append(encode_rows(2, 999.5, [Row("r1", 300, 301, 2)]))
     sink = ListSink()
     assert src.poll(sink) == 1
     [req] = sink.items
@@ -90,13 +90,12 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
 
 
 def test_pairing_keeps_the_first_halfs_place_and_pairs_only_one_engines_run_and_step() -> None:
-    from collector.channel.blocks import RequestBlock
     from collector.sources.recorder import pair_halves
 
     def half(engine: str, n: int, *, stats: bool, run: int = 7) -> StepRecord:
         if stats:
             return StepRecord(engine=engine, ts=1.0, step=n, running=3, halves=HALF_STATS, run=run)
-        block = RequestBlock.from_rows(n, 1.0, [RequestRow("r", 1, 1)])
+        block = make_block(n, 1.0, [Row("r", 1, 1)])
         return StepRecord(engine=engine, ts=1.0, step=n, running=1, request_block=block, halves=HALF_REQUESTS, run=run)
 
     r1, s2, s1, r1b, s1_other_run = (
@@ -142,7 +141,7 @@ def test_silent_ring_of_a_dead_writer_is_reported_once_after_its_last_steps(tmp_
     src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: alive[0], silent_after=1.0)
     sink = ListSink()
     for n in range(1, 6):
-        w.append(encode_requests("decode-0", n, clock.now, [RequestRow("r", 5, n)]))
+        w.append(encode_rows(n, clock.now, [Row("r", 5, n)]))
         src.poll(sink)
         clock.now += 0.1
     alive[0] = False  # SIGKILL: no more records, process gone
@@ -188,7 +187,7 @@ def test_restarted_sidecar_picks_up_what_the_ring_holds(tmp_path: Path) -> None:
 def test_ring_of_an_engine_that_died_long_ago_is_history_not_news(tmp_path: Path) -> None:
     clock = Clock(now=100_000.0)
     w = writer(tmp_path, "e", "sched", 51)
-    w.append(encode_requests("e", 1, 1000.0, [RequestRow("r", 5, 5)]))
+    w.append(encode_rows(1, 1000.0, [Row("r", 5, 5)]))
     src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: False)
     sink = ListSink()
     src.poll(sink)
@@ -256,7 +255,7 @@ def test_a_restarted_sidecar_reports_the_same_death_with_the_same_id(tmp_path: P
     not make a second trigger of the same death (a new death of a new writer is a new id)."""
     w = writer(tmp_path, "decode-0", "sched", 41)
     for n in range(1, 4):
-        w.append(encode_requests("decode-0", n, 1000.0, [RequestRow("r", 5, n)]))
+        w.append(encode_rows(n, 1000.0, [Row("r", 5, n)]))
 
     def report(now: float) -> list[Event]:
         clock, sink = Clock(now), ListSink()
@@ -270,7 +269,7 @@ def test_a_restarted_sidecar_reports_the_same_death_with_the_same_id(tmp_path: P
     assert [e.kind for e in first] == [e.kind for e in again] == [EventKind.RECORDER_SILENT]
     assert first[0].uid and first[0].uid == again[0].uid
     other = writer(tmp_path, "decode-0", "sched", 42)
-    other.append(encode_requests("decode-0", 1, 1031.0, [RequestRow("r", 5, 1)]))
+    other.append(encode_rows(1, 1031.0, [Row("r", 5, 1)]))
     uids = {e.uid for e in report(1032.0)}
     assert len(uids) == 2 and first[0].uid in uids
 
@@ -303,7 +302,7 @@ def test_a_paired_step_counts_as_its_two_halves_in_ingest(tmp_path: Path) -> Non
     sched = writer(tmp_path, "decode-0", "sched", 12)
     for n in range(1, 4):
         stats.append(step(n, 999.0 + n))
-        sched.append(encode_requests("decode-0", n, 999.0 + n, [RequestRow("r1", 300, 300, n)]))
+        sched.append(encode_rows(n, 999.0 + n, [Row("r1", 300, 300, n)]))
     hub = hub_for(Settings(), clock=lambda: 1000.0)
     src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
     assert src.poll(hub) == 6

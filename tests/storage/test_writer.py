@@ -8,13 +8,14 @@ import pytest
 from sqlalchemy import func, select
 
 from collector.ingest.hub import Hub, hub_for
-from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, RequestRow, StepRecord
+from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.storage.db import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.models import EngineStepRow
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
+from tests.request_columns import Row, with_rows
 
 
 class Clock:
@@ -67,10 +68,10 @@ def test_a_steps_two_halves_in_different_flushes_are_one_row_with_both(tmp_path:
     url = f"sqlite:///{tmp_path / 'f.db'}"
     upgrade(url)
     hub, repo, writer, clock = _setup(url, hold_s=1.0)
-    rows = [RequestRow(request_id="a", prompt_len=10, computed_tokens=5, mirror_rows=7)]
+    rows = [Row(request_id="a", prompt_len=10, computed_tokens=5, mirror_rows=7)]
 
     async def scenario() -> None:
-        hub.emit(StepRecord(engine="decode-0", ts=1.0, step=1, requests=rows))  # the scheduler's half
+        hub.emit(with_rows(StepRecord(engine="decode-0", ts=1.0, step=1), rows))  # the scheduler's half
         await writer.flush()  # within hold_s: nothing written yet
         assert _count(repo) == 0
         clock.t += 0.3
@@ -100,8 +101,8 @@ def test_a_step_whose_stats_half_never_came_is_stored_with_nulls_not_zeros(tmp_p
     url = f"sqlite:///{tmp_path / 'f.db'}"
     upgrade(url)
     hub, repo, writer, clock = _setup(url, hold_s=0.0)
-    rows = [RequestRow(request_id="a", prompt_len=10, computed_tokens=5)]
-    hub.emit(StepRecord(engine="decode-0", ts=1.0, step=1, requests=rows, halves=HALF_REQUESTS))
+    rows = [Row(request_id="a", prompt_len=10, computed_tokens=5)]
+    hub.emit(with_rows(StepRecord(engine="decode-0", ts=1.0, step=1, halves=HALF_REQUESTS), rows))
     asyncio.run(writer.flush())
     [row] = repo.recent_steps("decode-0", since=0)
     assert row["running"] == 1  # counted from the request block

@@ -26,7 +26,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from collector.channel.codec import decode, decode_request_rows  # noqa: E402
+from collector.channel.codec import decode  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord, WorkloadRecord  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
@@ -101,11 +101,20 @@ def output_for(so: Any, token: int) -> ModelRunnerOutput:
     )
 
 
+ROW_COLUMNS = ("request_id", "prompt_len", "computed_tokens", "output_tokens", "status")
+
+
+def block_rows(o: StepRecord) -> list[list[Any]]:
+    """The rows of a scheduler's step as lists of ``ROW_COLUMNS``, decoded from its block."""
+    b = o.request_block
+    return [] if b is None else [list(r) for r in zip(*(b.column(c) for c in ROW_COLUMNS), strict=True)]
+
+
 def ring(tag: str, role: str) -> list[Any]:
     out = []
     for path in sorted((work / "rec").glob(f"{tag}.{role}.*.ring")):
-        for p in RingReader(path).read():  # R records as row objects (decode keeps their bytes)
-            o = decode_request_rows(tag, p) if p[:1] == b"R" else decode(p, engine=tag)[1]
+        for p in RingReader(path).read():
+            o = decode(p, engine=tag)[1]
             if o is not None:
                 out.append(o)
     return out
@@ -155,10 +164,7 @@ def drive(async_scheduling: bool) -> dict[str, Any]:
         "is_async": isinstance(sched, AsyncScheduler),
         "placeholders": placeholders,
         "stamps": stamps,
-        "rows": [
-            {"step": o.step, "reqs": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status] for r in o.requests or []]}
-            for o in rows
-        ],
+        "rows": [{"step": o.step, "reqs": block_rows(o)} for o in rows],
         "stats_steps": [o.step for o in stats],
         "order": order,
         "stats_raw_extras": _stats_extras(tag),

@@ -8,6 +8,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 MARKER = "FLIGHTREC-RESULT "
 work = Path(tempfile.mkdtemp(prefix="flightrec-inside-"))
@@ -23,7 +24,7 @@ from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from collector.channel.codec import decode, decode_request_rows  # noqa: E402
+from collector.channel.codec import decode  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
@@ -64,11 +65,19 @@ cfg = EngineArgs(
 cfg.kv_transfer_config = kvt  # set after validation: its connectors need a GPU to be created
 
 
+ROW_COLUMNS = ("request_id", "prompt_len", "computed_tokens", "output_tokens", "status")
+
+
+def block_rows(o: StepRecord) -> list[list[Any]]:
+    """The rows of a scheduler's step as lists of ``ROW_COLUMNS``, decoded from its block."""
+    b = o.request_block
+    return [] if b is None else [list(r) for r in zip(*(b.column(c) for c in ROW_COLUMNS), strict=True)]
+
+
 def ring_records(role: str) -> list[object]:
     out = []
     for path in (work / "rec").glob(f"*.{role}.*.ring"):
-        # R records as row objects (decode keeps them as the recorder's bytes, for ingest)
-        out.extend((None, decode_request_rows("inside", p)) if p[:1] == b"R" else decode(p, engine="inside") for p in RingReader(path).read())
+        out.extend(decode(p, engine="inside") for p in RingReader(path).read())
     return out
 
 
@@ -155,10 +164,7 @@ sched.stamp(st2)
 req_steps = [o for m, o in ring_records("sched") if isinstance(o, StepRecord)]
 result["sched"] = {
     "stamps": [st1.step_counter, st2.step_counter],
-    "steps": [
-        {"step": o.step, "rows": [[r.request_id, r.prompt_len, r.computed_tokens, r.output_tokens, r.status] for r in o.requests or []]}
-        for o in req_steps
-    ],
+    "steps": [{"step": o.step, "rows": block_rows(o)} for o in req_steps],
 }
 result["files"] = sorted(p.name for p in (work / "rec").glob("*.ring"))
 print(MARKER + json.dumps(result, default=str))  # vLLM logs to stdout too

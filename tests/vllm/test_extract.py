@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import decode_request_rows, encode_request_columns
-from collector.model import RequestRow
+from collector.channel.codec import encode_request_columns
 from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, step_extras
+from tests.request_columns import Row
+from tests.request_columns import rows_of as decoded_rows
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -31,22 +32,19 @@ class Req:
     _output_token_ids: list[int] = field(default_factory=list)
 
 
-def rows_of(cols: RequestColumns, running: list[Any], *, changed: bool = False) -> list[RequestRow]:
+def rows_of(cols: RequestColumns, running: list[Any], *, changed: bool = False) -> list[Row]:
     computed, output = cols.read(running, changed=changed)
-    payload = encode_request_columns(1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status)
-    step = decode_request_rows("e", payload)
-    assert step is not None and step.requests is not None
-    return step.requests
+    return decoded_rows(encode_request_columns(1, 0.0, len(running), cols.ids, cols.prompt, computed, output, cols.preempt, cols.status))
 
 
 def test_columns_follow_the_requests_step_by_step() -> None:
     reqs = [Req("a", 300, 300), Req("b", 40, 12)]
     cols = RequestColumns()
-    assert rows_of(cols, reqs) == [RequestRow("a", 300, 300), RequestRow("b", 40, 12)]
+    assert rows_of(cols, reqs) == [Row("a", 300, 300), Row("b", 40, 12)]
     for r in reqs:  # a decode step
         r.num_computed_tokens += 1
         r._output_token_ids.append(5)
-    assert rows_of(cols, reqs) == [RequestRow("a", 300, 301, 1), RequestRow("b", 40, 13, 1)]
+    assert rows_of(cols, reqs) == [Row("a", 300, 301, 1), Row("b", 40, 13, 1)]
 
 
 def test_a_changed_running_list_rereads_ids_and_preemptions() -> None:
