@@ -115,7 +115,11 @@ class Alerter:
 
     # Ingest consumer: runs on the loop, after the trigger policy has opened any snapshot.
     def on_event(self, ev: Event, is_new: bool) -> None:
-        if not is_new or ev.kind is EventKind.ANOMALY:
+        if not is_new:  # a second witness merged into an Xid: a held alert pages the merged event
+            for name, waiting in self._held.items():
+                self._held[name] = [(since, ev if e.uid == ev.uid else e) for since, e in waiting]
+            return
+        if ev.kind is EventKind.ANOMALY:
             return  # anomalies page through their detector transitions
         if not is_trigger(ev):
             self._fire(ev)

@@ -100,6 +100,11 @@ class FleetRows:
         self._events.append(ev)
         self.events_offered += 1
 
+    def amend_event(self, ev: Event) -> None:
+        for i, queued in enumerate(self._events):
+            if queued.uid == ev.uid:
+                self._events[i] = ev
+
     # -- the barrier the kernel log's resume mark waits for (``sources/kmsg_mark.py``) ------------
     def ticket(self) -> int:
         """The events offered so far: ``passed(ticket)`` once every one of them is durable (in the

@@ -2,6 +2,10 @@
 event, and each event is filed with the engines it belongs to and passed to the consumers
 given at construction (the trigger policy, then the alert router).
 
+A second witness of an Xid is merged into a new event under the first one's id
+(``collector.xid.merge``): the rings and the writer's queue replace the one they hold, and the
+consumers get it as not new, to replace theirs. No event is changed once filed.
+
 Events are handled one at a time, in arrival order: an event filed while one is being handed
 out (a consumer that reads the recorder before it captures, which may find a dead ring) waits
 its turn in ``Intake.events`` instead of re-entering the consumers.
@@ -84,11 +88,15 @@ class EventRouter:
             intake.engines.went_down(ev.engine)
         if is_new:
             intake.rows.offer_event(ev)
+        else:
+            intake.rows.amend_event(ev)
         targets = route(ev, intake.engines, intake.store)
         for name in targets.engines:
             intake.engine(name)
         if is_new:
             intake.store.add_event(ev, targets.engines)
+        else:
+            intake.store.replace_event(ev)
         for consumer in self.consumers:
             try:
                 consumer(ev, is_new)

@@ -83,6 +83,13 @@ class RingStore:
         for name in engines:
             self.of(name).events.append(ev)
 
+    def replace_event(self, ev: Event) -> None:
+        """Hold ``ev`` where the event with its id is held (a later witness merged into it)."""
+        for events in (self.host_events, *(r.events for r in self.engines.values())):
+            for i, held in enumerate(events):
+                if held.uid == ev.uid:
+                    events[i] = ev
+
     def gpu_index(self, gpu: str | None) -> int | None:
         """The index of the GPU an event names (its NVML id or PCI bus id), when sampled."""
         if gpu is None:

@@ -198,18 +198,18 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
 
 
 def own_copy(ev: Event) -> Event:
-    """An event the build may read in its worker thread: ingest merges a later witness of the
-    same fault into the event it published (``XidMerger``: new keys in ``data``, lines, sources),
-    on the loop. ``to_dict`` walks ``data`` in Python, and a key added meanwhile ended the build
-    with "dictionary changed size during iteration" (``tests/snapshot/test_commit_race.py``)."""
+    """An event the build may read in its worker thread, as its own copy. Ingest changes no
+    event it filed (a later witness of an Xid is merged into a new event, ``XidMerger``), but
+    ``to_dict`` walks ``data`` in Python, and a key added meanwhile by anyone sharing it would
+    end the build with "dictionary changed size during iteration" (``tests/snapshot/test_commit_race.py``)."""
     return replace(ev, data=copy.deepcopy(ev.data), frames=list(ev.frames), lines=list(ev.lines), sources=list(ev.sources))
 
 
 @dataclass
 class Capture:
     """What a snapshot is made of, taken on the event loop: references, copied lists, nothing
-    decoded or encoded (milliseconds at any load); the events are copies (``own_copy``), as the
-    loop may merge a later witness into them. ``build`` makes the document, off the loop."""
+    decoded or encoded (milliseconds at any load); the events are copies (``own_copy``).
+    ``build`` makes the document, off the loop."""
 
     host: str
     engine: str

@@ -66,6 +66,14 @@ class SnapshotLedger:
         self._recent.append(o)
         del self._recent[:-RECENT_KEPT]
 
+    def amend(self, ev: Event) -> None:
+        """Hold ``ev`` in place of the event with its id (a later witness of an Xid merged into
+        it): the snapshots commit, amend and link the merged event."""
+        for o in self._recent:
+            if o.trigger.uid == ev.uid:
+                o.trigger = ev
+            o.late = [ev if e.uid == ev.uid else e for e in o.late]
+
     def holding_gpu(self, engine: str, gpu: str, now: float) -> OpenSnapshot | None:
         """The engine's newest snapshot still open that holds a fault of ``gpu``."""
         for o in reversed(self._recent):

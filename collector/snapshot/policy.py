@@ -84,8 +84,12 @@ class TriggerPolicy:
 
     # -- deciding (a consumer of ingest's events) ------------------------------------------------
     def on_event(self, ev: Event, is_new: bool) -> None:
-        if not is_trigger(ev) or not is_new:
-            return  # not new: a second witness of a merged Xid, the first already decided
+        if not is_new:  # a second witness merged into an Xid: the first decided, the merged one is held
+            if ev.uid:
+                self.ledger.amend(ev)
+            return
+        if not is_trigger(ev):
+            return
         if ev.kind is EventKind.MANUAL and ev.engine is None:
             route = Route(tuple(sorted(self.view.engine_names())), "all")
         else:

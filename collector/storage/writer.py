@@ -110,6 +110,13 @@ def event_row(ev: Event) -> dict[str, Any]:
     }
 
 
+def _replace_queued(events: list[Event], ev: Event) -> None:
+    """``ev`` in place of the queued event with its id, if any (a merge is rare: a scan)."""
+    for i, queued in enumerate(events):
+        if queued.uid == ev.uid:
+            events[i] = ev
+
+
 @dataclass
 class _Queue:
     steps: OrderedDict[tuple[str, int, int], tuple[float, StepRecord]] = field(default_factory=OrderedDict)
@@ -183,6 +190,9 @@ class BatchWriter:
         self._bounded(self._q.events).append(ev)
         self.events_offered += 1
 
+    def amend_event(self, ev: Event) -> None:
+        _replace_queued(self._q.events, ev)
+
     def ticket(self) -> int:
         """The events offered so far: ``passed(ticket)`` once every one of them is written."""
         return self.events_offered
@@ -253,9 +263,7 @@ class BatchWriter:
             self._written_through(through, given_back)
             return
         t0 = time.perf_counter()
-        # on the loop: ingest merges a later witness of a fault into the event it published (new
-        # keys in its data), and a walk of that data in the writer's thread could end in
-        # "dictionary changed size during iteration", losing the whole batch
+        # on the loop, where the events were offered
         events = [event_row(e) for e in batch.events]
         self._in_flight += 1
         try:

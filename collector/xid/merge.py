@@ -4,10 +4,15 @@ On the H200 both witnesses of a fault arrive within 2 ms of each other (gpu-fact
 kernel line carrying pid and process name, the NVML event only the code. The hub offers
 every event to ``XidMerger.offer``:
 
-- ``(event, True)``: a new fault (or not an Xid at all): publish it;
-- ``(earlier, False)``: the same fault seen by another witness: ``earlier`` (the event
-  already published) has gained the new source in ``sources``, its missing pid, name,
-  UUID and the witness's own time in ``data["witnesses"]``: update it, publish nothing new.
+- ``(event, True)``: a new fault (or not an Xid at all): publish it. An Xid's event is given
+  its witness's time in ``data["witnesses"]`` first (as routing gives it its id: before it is
+  filed);
+- ``(merged, False)``: the same fault seen by another witness: ``merged`` is a new event, the
+  one published with the new source in ``sources``, its missing pid, name, UUID and the
+  witness's own time in ``data["witnesses"]``, under the same ``uid``: whoever holds the
+  published one replaces it, nothing new is published.
+
+Events are never changed once published: a merge builds a new one.
 
 Two reports are one fault when they name the same GPU (canonical bus id; a UUID is
 mapped to its bus id through ``alias``) and the same Xid, within ``window_s`` of each
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from collector.model import Event, EventKind, Severity
 
@@ -70,10 +75,10 @@ class XidMerger:
                 continue
             if fault != _LOST and event.source in prior.sources:
                 continue  # the same witness twice: a second fault
-            _merge_into(prior, event)
-            return prior, False
+            seen.event = merged = _merged(prior, event)
+            return merged, False
         self._recent.append(_Seen(event, event.ts))
-        event.data.setdefault("witnesses", {})[event.source] = event.ts
+        event.data.setdefault("witnesses", {})[event.source] = event.ts  # not filed yet
         return event, True
 
     def _expire(self) -> None:
@@ -82,30 +87,33 @@ class XidMerger:
         self._recent = [s for s in self._recent if s.first_ts >= horizon]
 
 
-def _merge_into(prior: Event, new: Event) -> None:
-    if new.source not in prior.sources:
-        prior.sources.append(new.source)
-    witnesses = prior.data.setdefault("witnesses", {})
+def _merged(prior: Event, new: Event) -> Event:
+    """``prior`` with what ``new``, another witness of its fault, adds: a new event."""
+    sources = prior.sources if new.source in prior.sources else [*prior.sources, new.source]
+    data = dict(prior.data)
+    data["witnesses"] = witnesses = dict(data.get("witnesses") or {})
     witnesses.setdefault(new.source, new.ts)
-    if prior.pid is None:
-        prior.pid = new.pid
-    if prior.xid is None:
-        prior.xid = new.xid
-    if prior.process is None:
-        prior.process = new.process
     for key, value in new.data.items():
-        if key == "witnesses":
-            continue
-        if prior.data.get(key) is None and value is not None:
-            prior.data[key] = value
+        if key != "witnesses" and data.get(key) is None and value is not None:
+            data[key] = value
+    lines = list(prior.lines)
     for line in new.lines:
-        if line not in prior.lines:
-            prior.lines.append(line)
-    if new.kind is EventKind.GPU_LOST:
-        prior.kind = EventKind.GPU_LOST
-    if _RANK[new.severity] > _RANK[prior.severity]:
-        prior.severity = new.severity
+        if line not in lines:
+            lines.append(line)
+    message = prior.message
     # the kernel's line says more than NVML's summary
     if new.source == "kmsg" and prior.source != "kmsg":
-        prior.data.setdefault("nvml_message", prior.message)
-        prior.message = new.message
+        data.setdefault("nvml_message", prior.message)
+        message = new.message
+    return replace(
+        prior,
+        kind=EventKind.GPU_LOST if new.kind is EventKind.GPU_LOST else prior.kind,
+        severity=new.severity if _RANK[new.severity] > _RANK[prior.severity] else prior.severity,
+        message=message,
+        pid=prior.pid if prior.pid is not None else new.pid,
+        xid=prior.xid if prior.xid is not None else new.xid,
+        process=prior.process if prior.process is not None else new.process,
+        data=data,
+        lines=lines,
+        sources=list(sources),
+    )

@@ -5,9 +5,11 @@ that opens."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -243,3 +245,20 @@ def test_a_trigger_retaken_at_start_pages_with_its_retaken_snapshot(migrated_url
     assert len(committed) == 1 and len(client.fired) == 1
     alert = client.fired[0][1]
     assert alert.generator_url == f"http://fr.example/snapshots/{committed[0][1]}" and alert.starts_at == ev.ts
+
+
+def test_an_alert_held_for_its_snapshot_pages_the_event_a_later_witness_merged_into() -> None:
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
+    links: dict[str, int | None] = {"decode-0": None}
+    client = RecordingClient()
+    alerter = Alerter(settings, host="node-a", snapshots_for=lambda ev: dict(links), engine_up=lambda n: None, port=lambda: 8787, client=client)  # type: ignore[arg-type]
+    first = Event(kind=EventKind.XID, ts=1000.0, source="nvml", message="Xid 43", xid=43, gpu="0000:00:06.0", severity=Severity.CRITICAL, uid="u1")
+    alerter.on_event(first, True)
+    assert client.fired == []  # held until its snapshot commits
+    merged = dataclasses.replace(first, message=XID_LINE, pid=415, sources=["nvml", "kmsg"])
+    alerter.on_event(merged, False)
+    links["decode-0"] = 7
+    alerter.snapshot_committed(SimpleNamespace(engine="decode-0"), first)  # type: ignore[arg-type]
+    [(_, alert)] = client.fired
+    assert any(XID_LINE in text for text in alert.annotations.values())
+    assert first.message == "Xid 43" and first.sources == ["nvml"]  # the first report is not changed

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,46 @@ def test_one_xid_from_two_sources_is_one_trigger_for_the_engine_on_that_gpu(tmp_
     assert [is_new for _, is_new in due.seen] == [True, False]
     assert due.seen[0][0].uid and due.seen[0][0].uid == due.seen[1][0].uid
     assert h.view.route(due.seen[0][0]).engines == ("decode-0",)
+
+
+class QueuedEvents:
+    """The writer's queue of events, as ``BatchWriter`` keeps it (steps and samples not kept)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_gpu(self, s: GpuSample) -> None: ...
+    def offer_scrape(self, s: Any) -> None: ...
+    def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
+
+    def offer_event(self, ev: Event) -> None:
+        self.events.append(ev)
+
+    def amend_event(self, ev: Event) -> None:
+        self.events = [ev if e.uid == ev.uid else e for e in self.events]
+
+
+def test_a_second_witness_changes_no_filed_event_and_every_holder_holds_the_merged_one(tmp_path: Path) -> None:
+    engines = [EngineConfig(name="decode-0", url="http://d", gpus=[1])]
+    rows = QueuedEvents()
+    intake = Intake(Settings(engines=engines, ring_steps=64), rows=rows, clock=lambda: 1000.0)
+    due = Due(LiveView(intake), tmp_path)
+    h = Hub(intake, consumers=due.consumers())
+    h.emit(GpuSample(gpu="GPU-b", index=1, ts=999.0, bus_id="0000:00:06.0"))
+    h.emit(xid("nvml"))
+    [(first, _)] = due.seen
+    filed = copy.deepcopy(first)
+    h.emit(dataclasses.replace(xid("kmsg"), pid=415, lines=["NVRM: Xid (PCI:0000:00:06): 43, pid=415"]))
+    merged, is_new = due.seen[-1]
+    assert not is_new and merged is not first and merged.uid == first.uid
+    assert first == filed and first.sources == ["nvml"] and first.pid is None  # as it was filed
+    assert merged.sources == ["nvml", "kmsg"] and merged.pid == 415
+    # one event, the merged one, wherever the first was held: the rings, the writer's queue, the
+    # open snapshot (which commits and links it)
+    assert h.view.events("decode-0", since=0.0) == [merged]
+    assert rows.events == [merged]
+    assert [o.trigger for o in due.committer.ledger.recent()] == [merged]
 
 
 def test_gpu_fault_with_no_mapping_goes_to_every_engine(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from collector.model import Event, EventKind, Severity
 from collector.xid.merge import XidMerger
 
@@ -38,7 +40,7 @@ def test_nvml_then_kmsg_within_window_is_one_event() -> None:
     first, new = m.offer(nvml(43, 1000.000))
     assert new
     merged, new2 = m.offer(kmsg(43, 1000.002))
-    assert not new2 and merged is first
+    assert not new2 and merged is not first and merged.uid == first.uid
     assert merged.sources == ["nvml", "kmsg"]
     assert merged.pid == 415 and merged.data["name"] == "python3" and merged.data["uuid"] == "GPU-1"
     assert set(merged.data["witnesses"]) == {"nvml", "kmsg"}
@@ -49,8 +51,21 @@ def test_kmsg_then_nvml_keeps_kernel_message() -> None:
     m = XidMerger(2.0, clock=Clock())
     first, _ = m.offer(kmsg(31, 1000.0))
     merged, new = m.offer(nvml(31, 1000.01))
-    assert not new and merged is first and merged.pid == 415
+    assert not new and merged.pid == 415 and merged.sources == ["kmsg", "nvml"]
     assert merged.message.startswith("NVRM: Xid")
+
+
+def test_a_merge_changes_no_event_it_published_or_was_given() -> None:
+    m = XidMerger(2.0, clock=Clock())
+    first, _ = m.offer(nvml(43, 1000.0))
+    published = copy.deepcopy(first)
+    second = kmsg(43, 1000.002)
+    merged, new = m.offer(second)
+    assert not new and merged.sources == ["nvml", "kmsg"] and merged.pid == 415
+    # the event published first is as it was published: the merge made a new one
+    assert first == published and first.sources == ["nvml"] and first.pid is None
+    assert first.data == published.data and set(first.data["witnesses"]) == {"nvml"}
+    assert second == kmsg(43, 1000.002)
 
 
 def test_outside_window_is_two_events() -> None:
@@ -90,7 +105,7 @@ def test_gpu_lost_lines_merge_and_upgrade() -> None:
     # the kernel's second line for the same loss, then NVML's GpuIsLost (no Xid)
     assert not m.offer(kmsg(79, 1000.1, pid=None, kind=EventKind.GPU_LOST))[1]
     merged, new = m.offer(nvml(None, 1000.5, kind=EventKind.GPU_LOST, severity=Severity.CRITICAL))
-    assert not new and merged is first
+    assert not new and merged.uid == first.uid and first.severity is Severity.WARNING
     assert merged.severity is Severity.CRITICAL and merged.sources == ["kmsg", "nvml"]
 
 
