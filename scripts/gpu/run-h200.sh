@@ -6,7 +6,8 @@
 #   bash scripts/gpu/run-h200.sh stage PART        # copy one part of the bundle to /tmp/stage
 #   bash scripts/gpu/run-h200.sh unpack            # unpack the staged parts into /tmp/site
 #   bash scripts/gpu/run-h200.sh recorder OUTDIR   # phases 1 and 2 (about 8 minutes on an H200)
-#   bash scripts/gpu/run-h200.sh fault OUTDIR      # phase 3 (about 5 minutes)
+#   bash scripts/gpu/run-h200.sh fault OUTDIR      # phase 3 (about 2 minutes)
+#   bash scripts/gpu/run-h200.sh profile OUTDIR PY_SPY   # sampled stacks, R against N (4 minutes)
 #
 # Results: OUTDIR/gpu-tier-<phase>.json, plus the ends of the sidecar's and each vLLM's log.
 set -euo pipefail
@@ -37,8 +38,12 @@ recorder | fault)
     done
     exit $rc
     ;;
+profile)
+    mkdir -p "$2"
+    PYTHONUNBUFFERED=1 PYTHONPATH="$SITE" "$PY" scripts/gpu/profile_recorder.py --out "$2" --py-spy "$3" --site "$SITE" "${@:4}"
+    ;;
 *)
-    sed -n '2,12p' "$0"
+    sed -n '2,13p' "$0"
     exit 2
     ;;
 esac
