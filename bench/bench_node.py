@@ -298,7 +298,9 @@ def has_simulate(tree: Path) -> bool:
 
 
 def reads_workload_records(tree: Path) -> bool:
-    return '"wl"' in (tree / "collector" / "channel" / "codec.py").read_text()
+    """The tree's sidecar reads workload records: binary ``W`` ones, or the JSON ``wl`` ones before."""
+    codec = (tree / "collector" / "channel" / "codec.py").read_text()
+    return "TAG_WORK" in codec or '"wl"' in codec
 
 
 def run_once(cfg: RunConfig) -> dict[str, Any]:

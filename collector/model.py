@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 class EventKind(str, enum.Enum):
@@ -275,14 +275,38 @@ class LogLine:
     line: str
 
 
+class WorkloadArrival(NamedTuple):
+    """A request the engine saw for the first time, with what shapes its work (None: the
+    recorder did not know it)."""
+
+    request_id: str
+    ts: float  # when it arrived, unix s
+    prompt_len: int | None
+    max_tokens: int | None
+    n: int | None
+    ignore_eos: bool | None
+    has_stop: bool | None
+
+
+class WorkloadEnd(NamedTuple):
+    """A request that left the engine: how it finished (None: not known)."""
+
+    request_id: str
+    ts: float
+    output_len: int | None
+    finish: str | None
+    cached_tokens: int | None
+
+
 @dataclass(slots=True)
-class WorkloadRecord:
-    """A request arriving at or leaving an engine (``wl`` records of the recorder channel), for
-    the workload log that replay reproduces. ``data`` is the record's body less ``t``."""
+class WorkloadBatch:
+    """Requests arriving at or leaving one engine, in the order its recorder wrote them (the
+    ``W`` records of one read of its ring), for the workload log that replay reproduces. One
+    batch a read, a tuple a request: no dict or record object per request."""
 
     engine: str
-    ts: float
-    data: dict[str, Any]
+    ts: float  # the newest record's time
+    records: list[WorkloadArrival | WorkloadEnd]
 
 
 @dataclass(slots=True)
@@ -298,7 +322,7 @@ class SourceStatus:
     details: dict[str, Any] = field(default_factory=dict)  # source-specific figures (durations...)
 
 
-Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine | WorkloadRecord
+Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine | WorkloadBatch
 
 
 def now() -> float:

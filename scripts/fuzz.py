@@ -176,7 +176,8 @@ def _codec_seeds_bytes() -> list[bytes]:
         codec.encode_event(event),
         codec.encode_fingerprint(Fingerprint(engine="d", ts=1.0, facts={"block_size": 64, "tp": 2})),
         codec.encode({"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234}),
-        codec.encode({"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": 1.0, "prompt_len": 32000}),
+        codec.encode_arrival("cmpl-1", 1.0, 32000, 2000, None, True, None),
+        codec.encode_end("cmpl-1", 2.0, 2000, "length", None),
     ]
 
 

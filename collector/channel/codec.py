@@ -33,20 +33,31 @@ In an ``S`` record's JSON extras, ``"null": ["prefix_cache_queries", ...]`` name
 fields the recorder could not read (their binary slots hold 0): the sidecar stores them as
 null, never as 0.
 
+``W``: a request arriving at or leaving the engine (once each, never per step), the workload a
+replay reproduces::
+
+    <BBBHdqqq       event (0 arrive, 1 end), nulls, flags, id length, ts (unix s; an arrival's
+                    is when the request arrived), then three counts:
+                    arrive: prompt_len, max_tokens, n;  end: output_len, cached_tokens, 0
+    the request id, UTF-8 without NUL (id length bytes); an end then its finish reason, UTF-8,
+    to the record's end ("stopped" | "length" | "aborted" | "error" | another vLLM status name)
+
+``nulls`` names what the recorder did not know (bit i: count i, its slot 0; bit 3: an
+arrival's ``ignore_eos`` or an end's finish reason, which is then absent; bit 4: an arrival's
+``has_stop``): the sidecar keeps them as null, never as 0. ``flags`` holds an arrival's
+``ignore_eos`` (bit 0) and ``has_stop`` (bit 1). Any other bit set, a length that does not add
+up, a negative count or an id with a NUL is a ``CodecError``.
+
 ``J``: a JSON object with a ``t`` field, for everything else::
 
     {"t": "meta", "engine": "decode-0", "engine_index": 0, "role": "stats", "pid": 1234,
      "vllm_version": "0.32.0"}
     {"t": "fp", "engine": ..., "ts": ..., "facts": {...}}           deployment fingerprint
     {"t": "ev", "engine": ..., "kind": "cuda_error", "ts": ..., ...Event fields}
-    {"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": <arrival, unix s>, "prompt_len": 32000,
-     "max_tokens": 2000, "n": 1, "ignore_eos": true, "has_stop": false}
-    {"t": "wl", "ev": "end", "id": "cmpl-1", "ts": ..., "output_len": 2000,
-     "finish": "stopped" | "length" | "aborted" | "error" | ..., "cached_tokens": 0 | null}
-                                                                     the workload, for replay
 
-Steps and request rows travel only as ``S`` and ``R`` records; a JSON record of another type is
-set aside and counted, as any record that is not one of ours.
+Steps, request rows and the workload travel only as ``S``, ``R`` and ``W`` records (the JSON
+``wl`` records of format 2 recorders were two JSON parses per step at a node's load); a JSON
+record of another type is set aside and counted, as any record that is not one of ours.
 
 Every field of a JSON record is checked against the column it ends in (``channel.fields``): a
 wrong type, a number out of range or a NaN is a ``CodecError``, so the reader sets the record
@@ -56,6 +67,7 @@ aside and counts it instead of handing the writer a value the database refuses.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +83,9 @@ from collector.model import (
     Observation,
     Severity,
     StepRecord,
-    WorkloadRecord,
+    WorkloadArrival,
+    WorkloadBatch,
+    WorkloadEnd,
 )
 
 if TYPE_CHECKING:  # blocks imports this module
@@ -80,8 +94,13 @@ if TYPE_CHECKING:  # blocks imports this module
 TAG_JSON = b"J"
 TAG_STEP = b"S"
 TAG_REQS = b"R"
+TAG_WORK = b"W"
 STEP_HEAD = struct.Struct("<QdHIIIdIIIIQQ")
 REQS_HEAD = struct.Struct("<QdIB")
+WORK_HEAD = struct.Struct("<BBBHdqqq")
+WORK_ARRIVE, WORK_END = 0, 1
+WORK_ID_MAX = 1024  # bytes of a request id (a longer one is cut, the same way in both records)
+WORK_FINISH_MAX = 64  # bytes of a finish reason
 FLAG_MIRROR = 1
 FLAG_HOST_BLOCKS = 2
 # Request status codes on the wire. Ours, not vLLM's enum values, which may be renumbered.
@@ -263,6 +282,74 @@ def encode_request_columns(
     return b"".join(parts)
 
 
+def encode_arrival(
+    request_id: str,
+    ts: float,
+    prompt_len: int | None,
+    max_tokens: int | None,
+    n: int | None,
+    ignore_eos: bool | None,
+    has_stop: bool | None,
+) -> bytes:
+    """A ``W`` arrival: the recorder's once-per-request path (None: not known, kept as null)."""
+    nulls, counts = _work_counts(prompt_len, max_tokens, n)
+    flags = 0
+    if ignore_eos is None:
+        nulls |= _NULL_FLAG3
+    elif ignore_eos:
+        flags |= 1
+    if has_stop is None:
+        nulls |= _NULL_FLAG4
+    elif has_stop:
+        flags |= 2
+    rid = _work_id(request_id)
+    return TAG_WORK + WORK_HEAD.pack(WORK_ARRIVE, nulls, flags, len(rid), ts, *counts) + rid
+
+
+def encode_end(request_id: str, ts: float, output_len: int | None, finish: str | None, cached_tokens: int | None) -> bytes:
+    """A ``W`` end: how the request left the engine (None: not known, kept as null)."""
+    nulls, counts = _work_counts(output_len, cached_tokens, 0)
+    reason = b""
+    if finish is None:
+        nulls |= _NULL_FLAG3
+    else:
+        reason = finish.encode()
+        if len(reason) > WORK_FINISH_MAX or b"\0" in reason:
+            reason = _cut(reason.replace(b"\0", b""), WORK_FINISH_MAX)
+    rid = _work_id(request_id)
+    return TAG_WORK + WORK_HEAD.pack(WORK_END, nulls, 0, len(rid), ts, *counts) + rid + reason
+
+
+_NULL_FLAG3, _NULL_FLAG4 = 8, 16
+_WORK_NULLS = (0b11111, 0b01011)  # the null bits an arrival and an end may set
+_WORK_FLAGS = (0b11, 0)
+
+
+def _work_counts(*values: int | None) -> tuple[int, list[int]]:
+    """The three count slots and their null bits: None, or a value the slot cannot hold (not an
+    int, negative, beyond 64 bits), is unknown."""
+    nulls = 0
+    out = [0, 0, 0]
+    for i, v in enumerate(values):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= f.INT64_MAX:
+            out[i] = int(v)
+        else:
+            nulls |= 1 << i
+    return nulls, out
+
+
+def _cut(raw: bytes, limit: int) -> bytes:
+    """At most ``limit`` bytes of UTF-8, cut at a character's start."""
+    return raw[:limit].decode("utf-8", "ignore").encode()
+
+
+def _work_id(request_id: str) -> bytes:
+    rid = request_id.encode()
+    if len(rid) > WORK_ID_MAX or b"\0" in rid:
+        rid = _cut(rid.replace(b"\0", b""), WORK_ID_MAX)
+    return rid
+
+
 def encode_fingerprint(fp: Fingerprint) -> bytes:
     return encode({"t": "fp", "engine": fp.engine, "ts": fp.ts, "facts": fp.facts})
 
@@ -289,6 +376,9 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
         return None, _decode_step_binary(name, payload)
     if tag == TAG_REQS:
         return None, _decode_request_block(name, payload)
+    if tag == TAG_WORK:
+        rec = decode_work(payload)
+        return None, WorkloadBatch(engine=name, ts=rec.ts, records=[rec])
     if tag != TAG_JSON:
         raise CodecError(f"unknown record tag {tag!r}")
     try:
@@ -309,13 +399,6 @@ def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, 
             return None, Fingerprint(engine=name, ts=f.timestamp(body, default=0.0), facts=facts)
         if kind == "ev":
             return None, _decode_event(name, body)
-        if kind == "wl":
-            # the parsed body is ours alone: it becomes the record's data as it is (a copy of
-            # each of the two workload records of a step was a tenth of the reading's time)
-            del body["t"]
-            if body.get("ev") not in ("arrive", "end") or not isinstance(body.get("id"), str):
-                raise CodecError("workload record needs ev arrive|end and a string id")
-            return None, WorkloadRecord(engine=name, ts=f.timestamp(body), data=body)
     except (KeyError, TypeError, ValueError) as exc:  # FieldError included
         raise CodecError(f"malformed {str(kind)[:40]!r} record: {exc}") from exc
     raise CodecError(f"unknown record type {str(kind)[:40]!r}")
@@ -332,14 +415,32 @@ def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Dec
 
     The S records without extras (most steps) are decoded together: one ``struct.iter_unpack``
     over their joined bytes and a step record built from each tuple, with none of ``decode``'s
-    per-record dispatch; every other record goes through ``decode``."""
+    per-record dispatch. The read's W records become one ``WorkloadBatch``, in their order, at
+    the place of the first (a bad one is its own error, in its place). Every other record goes
+    through ``decode``."""
     plain = [p for p in payloads if len(p) == _STEP_SIZE and p[0] == _STEP_TAG]
     heads = _PLAIN_STEP.iter_unpack(b"".join(plain)) if plain else iter(())
     name = engine or "unknown"
     out: list[Decoded] = []
+    work: WorkloadBatch | None = None
     for payload in payloads:
-        if len(payload) == _STEP_SIZE and payload[0] == _STEP_TAG:
+        tag = payload[0] if payload else -1
+        if tag == _STEP_TAG and len(payload) == _STEP_SIZE:
             out.append((None, _step_of(name, next(heads), None), None))
+            continue
+        if tag == _WORK_TAG:
+            try:
+                rec = decode_work(payload)
+            except CodecError as exc:
+                out.append((None, None, exc))
+                continue
+            if work is None:
+                work = WorkloadBatch(engine=name, ts=rec.ts, records=[rec])
+                out.append((None, work, None))
+            else:
+                work.records.append(rec)
+                if rec.ts > work.ts:
+                    work.ts = rec.ts
             continue
         try:
             meta, obs = decode(payload, engine=engine)
@@ -348,6 +449,60 @@ def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Dec
             continue
         out.append((meta, obs, None))
     return out
+
+
+_WORK_TAG = TAG_WORK[0]
+_WORK_SIZE = 1 + WORK_HEAD.size
+_unpack_work = WORK_HEAD.unpack_from
+_isfinite = math.isfinite
+
+
+def decode_work(payload: bytes) -> WorkloadArrival | WorkloadEnd:
+    """A ``W`` record as its arrival or end; anything that does not add up is a ``CodecError``."""
+    if len(payload) < _WORK_SIZE or payload[0] != _WORK_TAG:
+        raise CodecError("short workload record")
+    event, nulls, flags, id_len, ts, c0, c1, c2 = _unpack_work(payload, 1)
+    if event > WORK_END:
+        raise CodecError(f"unknown workload event {event}")
+    if nulls & ~_WORK_NULLS[event] or flags & ~_WORK_FLAGS[event] or (event == WORK_END and c2):
+        raise CodecError("workload record with bits or a slot its event does not use")
+    if not 0 < id_len <= WORK_ID_MAX:
+        raise CodecError(f"workload record's id of {id_len} bytes (1..{WORK_ID_MAX})")
+    end = _WORK_SIZE + id_len
+    size = len(payload)
+    if size < end or (event == WORK_ARRIVE and size != end):
+        raise CodecError(f"workload record of {size} bytes for an id of {id_len}")
+    if not _isfinite(ts) or ts < 0:
+        raise CodecError("workload record's ts is not a time")
+    if c0 < 0 or c1 < 0 or c2 < 0:
+        raise CodecError("workload record with a negative count")
+    try:
+        rid = payload[_WORK_SIZE:end].decode()
+        reason = payload[end:].decode() if event == WORK_END else ""
+    except UnicodeDecodeError as exc:
+        raise CodecError(f"workload record's text is not UTF-8: {exc}") from exc
+    if "\0" in rid or "\0" in reason or len(reason) > WORK_FINISH_MAX:
+        raise CodecError("workload record's id or finish reason holds a NUL or is too long")
+    if nulls:
+        if (nulls & 1 and c0) or (nulls & 2 and c1) or (nulls & 4 and c2) or (nulls & _NULL_FLAG3 and (reason or flags & 1)):
+            raise CodecError("workload record with a value where it says unknown")
+        if nulls & _NULL_FLAG4 and flags & 2:
+            raise CodecError("workload record with a value where it says unknown")
+    if event == WORK_ARRIVE:
+        if not nulls:
+            return WorkloadArrival(rid, ts, c0, c1, c2, bool(flags & 1), bool(flags & 2))
+        return WorkloadArrival(
+            rid,
+            ts,
+            None if nulls & 1 else c0,
+            None if nulls & 2 else c1,
+            None if nulls & 4 else c2,
+            None if nulls & _NULL_FLAG3 else bool(flags & 1),
+            None if nulls & _NULL_FLAG4 else bool(flags & 2),
+        )
+    if not nulls:
+        return WorkloadEnd(rid, ts, c0, reason, c1)
+    return WorkloadEnd(rid, ts, None if nulls & 1 else c0, None if nulls & _NULL_FLAG3 else reason, None if nulls & 2 else c1)
 
 
 def _decode_step_binary(engine: str, payload: bytes) -> StepRecord:

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", type=int, default=1024, help="mean prompt tokens (default 1024)")
     p.add_argument("--osl", type=int, default=256, help="mean output tokens (default 256)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the simulated requests (default 0)")
-    p.add_argument("--no-workload-records", action="store_true", help="omit the wl records (for older sidecars)")
+    p.add_argument("--no-workload-records", action="store_true", help="omit the workload records (for older sidecars)")
     p.add_argument("--start-delay", type=float, default=0.0, help="seconds between writing the config and the first step")
     p.add_argument("--linger", action="store_true", help="after --duration, stay up idle (rings, /metrics) until interrupted")
     p.add_argument("--summary-json", help="write the final figures as JSON to this file")

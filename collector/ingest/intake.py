@@ -29,7 +29,7 @@ from collector.model import (
     MetricsScrape,
     Observation,
     StepRecord,
-    WorkloadRecord,
+    WorkloadBatch,
 )
 from collector.xid.merge import XidMerger
 
@@ -118,7 +118,7 @@ class Intake:
                 self.engine(item.engine)
                 self.engines.set_fingerprint(item.engine, item.facts)
                 self.rows.offer_fingerprint(item.engine, self.engines.fingerprint(item.engine))
-            elif isinstance(item, WorkloadRecord):
+            elif isinstance(item, WorkloadBatch):
                 self.engine(item.engine)
                 self.store.of(item.engine).workload.add(item)
         except Exception:  # a bad record must never stop the sources feeding us

@@ -7,11 +7,10 @@ content (no prompt, no output text): arrival time, prompt length, max tokens, th
 settings that change the work (``n``, ``ignore_eos``, whether stop conditions were set), and
 how it ended (output length reached, finish reason, prefix-cache hits).
 
-It is fed the recorder's ``wl`` records (``collector.channel.codec``)::
-
-    arrive: {"ev": "arrive", "id", "ts" (arrival), "prompt_len", "max_tokens", "n",
-             "ignore_eos", "has_stop"}
-    end:    {"ev": "end", "id", "ts", "output_len", "finish", "cached_tokens"}
+It is fed the recorder's ``W`` records (``collector.channel.codec``), one ``WorkloadBatch`` a
+read of a ring: each request's ``WorkloadArrival`` (arrival time, prompt length, max tokens,
+``n``, ``ignore_eos``, ``has_stop``) and ``WorkloadEnd`` (time, output length, finish reason,
+cached tokens), None where the recorder did not know.
 
 Bounded twice: at most ``max_requests`` requests (the oldest go first), and a request that
 ended more than ``max_age_s`` before the newest record is dropped. A request still in flight
@@ -42,7 +41,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
-from collector.model import WorkloadRecord
+from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
 
 SCHEMA = "flightrec.workload/v1"
 DEFAULT_MAX_REQUESTS = 10_000
@@ -75,22 +74,6 @@ COLUMNS = (
 
 _NONE = -(1 << 63)  # an unknown integer in the integer columns
 _NAN = float("nan")  # an unknown time in the float columns
-
-
-def _int(v: Any) -> int:
-    """A count as its column holds it; ``_NONE`` for anything that is not a finite number in
-    range (JSON allows NaN and numbers beyond 64 bits)."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        try:
-            i = int(v)
-        except (ValueError, OverflowError):
-            return _NONE
-        return i if _NONE < i < 1 << 63 else _NONE
-    return _NONE
-
-
-def _bool(v: Any) -> int:
-    return int(v) if isinstance(v, bool) else -1
 
 
 def _opt(v: int) -> int | None:
@@ -132,7 +115,7 @@ class WorkloadLog:
         self._cached = array("q")
         self._names: dict[str, str] = {}  # one copy of each engine name and finish reason
         self._open: dict[tuple[str, str], int] = {}  # (engine, id) of requests without an end
-        self._early_ends: OrderedDict[tuple[str, str], WorkloadRecord] = OrderedDict()
+        self._early_ends: OrderedDict[tuple[str, str], WorkloadEnd] = OrderedDict()
         self._newest = float("-inf")
         self._deaths: list[float] = []
         self.dropped_by_count = 0
@@ -145,40 +128,43 @@ class WorkloadLog:
     def _intern(self, name: str) -> str:
         return self._names.setdefault(name, name) if len(self._names) < 4096 else name
 
-    def add(self, rec: WorkloadRecord) -> None:
+    def add(self, batch: WorkloadBatch) -> None:
+        """One read's arrivals and ends, in the order the recorder wrote them."""
         if not self.max_requests:  # the log is turned off (workload_requests: 0)
             return
-        d = rec.data
-        key = (rec.engine, str(d.get("id")))
-        if rec.ts > self._newest:
-            self._newest = rec.ts
-        ev = d.get("ev")
-        if ev == "arrive":
-            self._arrive(key, rec)
-        elif ev == "end":
-            self._end_of(key, rec)
+        engine = self._intern(batch.engine)
+        if batch.ts > self._newest:
+            self._newest = batch.ts
+        for rec in batch.records:
+            if type(rec) is WorkloadArrival:
+                self._arrive(engine, rec)
+            else:
+                assert isinstance(rec, WorkloadEnd)
+                self._end_of((engine, rec.request_id), rec)
         self._prune()
 
-    def _arrive(self, key: tuple[str, str], rec: WorkloadRecord) -> None:
-        d = rec.data
-        self._id.append(key[1])
-        self._engine.append(self._intern(rec.engine))
-        self._arrival.append(rec.ts)
-        self._prompt_len.append(_int(d.get("prompt_len")))
-        self._max_tokens.append(_int(d.get("max_tokens")))
-        self._n.append(_int(d.get("n")))
-        self._ignore_eos.append(_bool(d.get("ignore_eos")))
-        self._has_stop.append(_bool(d.get("has_stop")))
+    def _arrive(self, engine: str, rec: WorkloadArrival) -> None:
+        rid, ts, prompt_len, max_tokens, n, ignore_eos, has_stop = rec
+        key = (engine, rid)
+        self._id.append(rid)
+        self._engine.append(engine)
+        self._arrival.append(ts)
+        self._prompt_len.append(_NONE if prompt_len is None else prompt_len)
+        self._max_tokens.append(_NONE if max_tokens is None else max_tokens)
+        self._n.append(_NONE if n is None else n)
+        self._ignore_eos.append(-1 if ignore_eos is None else ignore_eos)
+        self._has_stop.append(-1 if has_stop is None else has_stop)
         self._end.append(_NAN)
         self._output_len.append(_NONE)
         self._finish.append(None)
         self._cached.append(_NONE)
         self._open[key] = self._base + len(self._id) - 1
-        early = self._early_ends.pop(key, None)
-        if early is not None:
-            self._end_of(key, early)
+        if self._early_ends:
+            early = self._early_ends.pop(key, None)
+            if early is not None:
+                self._end_of(key, early)
 
-    def _end_of(self, key: tuple[str, str], rec: WorkloadRecord) -> None:
+    def _end_of(self, key: tuple[str, str], rec: WorkloadEnd) -> None:
         seq = self._open.pop(key, None)
         if seq is None or seq - self._base < self._head:
             # the arrival may still be on its way (another ring), or before the log began
@@ -187,13 +173,12 @@ class WorkloadLog:
                 self._early_ends.popitem(last=False)
                 self.ends_without_arrival += 1
             return
-        d = rec.data
         i = seq - self._base
         self._end[i] = rec.ts
-        self._output_len[i] = _int(d.get("output_len"))
-        finish = d.get("finish")
-        self._finish[i] = self._intern(str(finish)) if finish is not None else None
-        self._cached[i] = _int(d.get("cached_tokens"))
+        self._output_len[i] = _NONE if rec.output_len is None else rec.output_len
+        finish = rec.finish
+        self._finish[i] = self._intern(finish) if finish is not None else None
+        self._cached[i] = _NONE if rec.cached_tokens is None else rec.cached_tokens
 
     def _drop_first(self) -> None:
         i = self._head

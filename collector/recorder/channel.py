@@ -26,7 +26,7 @@ log = logging.getLogger("collector.recorder")
 
 STATS_RING_BYTES = 4 * 1024 * 1024  # ~35,000 steps of binary step records
 SCHED_RING_BYTES = 16 * 1024 * 1024  # ~1,000 steps at 256 running requests, more at fewer
-RECORD_FORMAT = 2  # binary S/R records (collector.channel.codec)
+RECORD_FORMAT = 3  # binary S/R/W records (collector.channel.codec); 2 wrote the workload as JSON
 
 
 class RecorderChannel:

@@ -1,5 +1,5 @@
 """``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
-call), and the workload records a replay is built from (``wl`` arrive/end, once per request).
+call), and the workload records a replay is built from (``W`` arrive/end, once per request).
 
 What vLLM's ``RecordingScheduler`` writes through; any other engine or a load simulator writes
 the same way. Columns go in as ``bytes`` of an ``array`` (what a hot path builds with ``map``
@@ -21,10 +21,10 @@ None leaves the column out (the engine has no such connector), -1 marks one unkn
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
-from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_request_columns
+from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_arrival, encode_end, encode_request_columns
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import SCHED_RING_BYTES
 
@@ -112,21 +112,7 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request the engine saw for the first time; ``ts`` is when it arrived (unix s),
         the sampling parameters a replay needs as the client sent them (None: not known)."""
-        self._json(
-            "wl",
-            {
-                "t": "wl",
-                "engine": self.engine,
-                "ev": "arrive",
-                "id": request_id,
-                "ts": ts,
-                "prompt_len": prompt_len,
-                "max_tokens": max_tokens,
-                "n": n,
-                "ignore_eos": ignore_eos,
-                "has_stop": has_stop,
-            },
-        )
+        self._write("write_arrival", encode_arrival, request_id, ts, prompt_len, max_tokens, n, ignore_eos, has_stop)
 
     def write_end(
         self,
@@ -139,16 +125,15 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request that left the engine: output tokens, how it finished (``FINISHES``, or
         another vLLM status name), prompt tokens served from a cache (None: not known)."""
-        self._json(
-            "wl",
-            {
-                "t": "wl",
-                "engine": self.engine,
-                "ev": "end",
-                "id": request_id,
-                "ts": self.clock() if ts is None else ts,
-                "output_len": output_len,
-                "finish": finish,
-                "cached_tokens": cached_tokens,
-            },
-        )
+        self._write("write_end", encode_end, request_id, self.clock() if ts is None else ts, output_len, finish, cached_tokens)
+
+    def _write(self, what: str, encoder: Callable[..., bytes], *args: Any) -> None:
+        channel = self.channel
+        if not channel.active:
+            return
+        try:
+            payload = encoder(*args)
+        except Exception as exc:  # noqa: BLE001
+            channel.fail(f"{what} raised {exc!r}")
+            return
+        channel.write(payload)

@@ -375,7 +375,7 @@ class SimEngine:
             host_blocks=[self.host_blocks(r) for r in running],
         )
 
-    # -- workload (the recorder's ``wl`` records, as the scheduler writes them) ----------------
+    # -- workload (the recorder's ``W`` records, as the scheduler writes them) -----------------
     def workload_arrive(self, r: SimRequest, *, max_tokens: int, ts: float | None = None) -> None:
         self.sched.write_arrival(
             r.request_id, ts=ts or time.time(), prompt_len=r.prompt_len, max_tokens=max_tokens, n=1, ignore_eos=True, has_stop=False

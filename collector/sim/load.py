@@ -59,7 +59,7 @@ class LoadConfig:
     name: str | None = None  # engine name base (FLIGHTREC_ENGINE_NAME); None: vllm-<pid>
     model: str = MODEL
     seed: int = 0
-    workload_records: bool = True  # "wl" arrive/end records (readers before them count them bad)
+    workload_records: bool = True  # workload arrive/end records (readers before them count them bad)
 
     def engine_name(self, index: int) -> str:
         if self.name is None:

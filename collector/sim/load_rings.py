@@ -150,7 +150,8 @@ class _Ring:
 
 
 class ChannelRings:
-    """The same records for a recorder version before ``collector.recorder``'s API."""
+    """The same records for a recorder version before ``collector.recorder``'s API (the
+    workload as the JSON ``wl`` records those versions read)."""
 
     def __init__(self, channel_cls: Any, directory: Path, *, server_pid: int, core_pid: int, name: str, version: str, workload_records: bool) -> None:
         self.engine = name

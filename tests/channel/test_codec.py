@@ -8,16 +8,21 @@ from hypothesis import strategies as st
 
 from collector.channel.codec import (
     STATUSES,
+    WORK_HEAD,
+    WORK_ID_MAX,
     CodecError,
     decode,
     decode_many,
+    decode_work,
     encode,
+    encode_arrival,
+    encode_end,
     encode_event,
     encode_fingerprint,
     encode_step,
     encode_step_fields,
 )
-from collector.model import HALF_REQUESTS, Event, EventKind, Fingerprint, Severity, StepRecord
+from collector.model import HALF_REQUESTS, Event, EventKind, Fingerprint, Severity, StepRecord, WorkloadArrival, WorkloadBatch, WorkloadEnd
 from tests.request_columns import Row, encode_rows, rows_of
 
 
@@ -164,6 +169,7 @@ _EVENT = {"t": "ev", "engine": "e", "kind": "cuda_error", "ts": 3.0, "source": "
     [
         {"t": "step", "engine": "e", "step": 5, "ts": 2.0, "running": 3},
         {"t": "req", "engine": "e", "step": 4, "ts": 1.0, "cols": ["id", "prompt_len", "computed"], "rows": [["r", 10, 11]]},
+        {"t": "wl", "ev": "arrive", "id": "cmpl-1", "ts": 1.0, "prompt_len": 32000},  # a format 2 recorder's
     ],
 )
 def test_steps_travel_only_as_binary_records(body: dict) -> None:
@@ -274,3 +280,98 @@ def test_a_read_decoded_together_is_what_each_record_decodes_to_alone_in_the_sam
     assert [s.step for s in steps] == [0, 1, 5, 2, 6, 3, 4]  # arrival order, plain or not
     assert steps[2].waiting is None and steps[2].kv_cache_usage is None and steps[2].prefix_cache_hits is None  # unknown, not 0
     assert steps[0].waiting_by_reason == {"capacity": 2, "deferred": 1} and steps[0].kv_cache_usage == 0.25
+
+
+# -- W: the workload records ---------------------------------------------------------------------
+_counts = st.one_of(st.none(), st.integers(0, 2**63 - 1))
+_flags = st.one_of(st.none(), st.booleans())
+_ids = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), min_size=1, max_size=60)
+
+
+@given(_ids, st.floats(0, 2e9), _counts, _counts, _counts, _flags, _flags)
+def test_an_arrival_round_trips_with_unknowns_as_none(
+    rid: str, ts: float, prompt: int | None, mx: int | None, n: int | None, eos: bool | None, stop: bool | None
+) -> None:
+    _, batch = decode(encode_arrival(rid, ts, prompt, mx, n, eos, stop), engine="decode-0")
+    assert isinstance(batch, WorkloadBatch) and batch.engine == "decode-0" and batch.ts == ts
+    assert batch.records == [WorkloadArrival(rid, ts, prompt, mx, n, eos, stop)]
+
+
+@given(
+    _ids,
+    st.floats(0, 2e9),
+    _counts,
+    st.one_of(st.none(), st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=16)),
+    _counts,
+)
+def test_an_end_round_trips_with_unknowns_as_none(rid: str, ts: float, out: int | None, finish: str | None, cached: int | None) -> None:
+    assert decode_work(encode_end(rid, ts, out, finish, cached)) == WorkloadEnd(rid, ts, out, finish, cached)
+
+
+def test_counts_a_record_cannot_hold_are_written_as_unknown_and_ids_are_made_fit() -> None:
+    got = decode_work(encode_arrival("a\0b", 1.0, -1, 1 << 64, True, None, False))  # type: ignore[arg-type]
+    assert got == WorkloadArrival("ab", 1.0, None, None, None, None, False)  # True is not a count
+    long = "é" * WORK_ID_MAX  # 2 bytes each: cut to whole characters within the limit
+    got_end = decode_work(encode_end(long, 2.0, 0, "x" * 100, 0))
+    assert isinstance(got_end, WorkloadEnd) and got_end.request_id == "é" * (WORK_ID_MAX // 2) and got_end.finish == "x" * 64
+    assert got_end.output_len == 0 and got_end.cached_tokens == 0  # a measured 0 stays 0
+
+
+def _work(
+    event: int = 0,
+    nulls: int = 0,
+    flags: int = 0,
+    id_len: int | None = None,
+    ts: float = 1.0,
+    counts: tuple[int, int, int] = (1, 2, 3),
+    rid: bytes = b"cmpl-1",
+    rest: bytes = b"",
+) -> bytes:
+    return b"W" + WORK_HEAD.pack(event, nulls, flags, len(rid) if id_len is None else id_len, ts, *counts) + rid + rest
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"W",
+        _work()[:-1],  # truncated id
+        _work()[:20],  # truncated head
+        _work(rest=b"x"),  # an arrival with bytes after its id
+        _work(id_len=7),  # longer than the bytes there
+        _work(id_len=0, rid=b""),  # no id
+        _work(id_len=0xFFFF),  # a huge length
+        _work(id_len=WORK_ID_MAX + 1, rid=b"a" * (WORK_ID_MAX + 1)),
+        _work(rid=b"cmpl\x001"),  # NUL in the id
+        _work(rid=b"\xff\xfe"),  # not UTF-8
+        _work(event=1, counts=(1, 2, 0), rest=b"len\x00gth"),  # NUL in the finish reason
+        _work(event=1, counts=(1, 2, 0), rest=b"x" * 65),  # a finish reason too long
+        _work(event=2),  # no such event
+        _work(nulls=0x20),  # a null bit no field has
+        _work(flags=4),  # a flag no field has
+        _work(event=1, flags=1, counts=(1, 2, 0)),  # an end has no flags
+        _work(event=1, counts=(1, 2, 3)),  # an end's third slot is unused
+        _work(nulls=1),  # unknown, yet a value in its slot
+        _work(nulls=8, flags=1),
+        _work(event=1, nulls=8, counts=(1, 2, 0), rest=b"length"),  # unknown finish, yet one there
+        _work(counts=(-1, 2, 3)),  # a negative count
+        _work(ts=float("nan")),
+        _work(ts=-1.0),
+    ],
+)
+def test_hostile_workload_records_are_codec_errors(payload: bytes) -> None:
+    with pytest.raises(CodecError):
+        decode(payload)
+    ((meta, obs, error),) = decode_many([payload])
+    assert meta is None and obs is None and isinstance(error, CodecError)
+
+
+def test_a_reads_workload_records_are_one_batch_in_order_at_the_first_ones_place() -> None:
+    a = encode_arrival("a", 1.0, 10, 5, 1, True, False)
+    b = encode_arrival("b", 3.0, 20, None, 1, None, None)
+    e = encode_end("a", 2.0, 5, "length", None)
+    step = encode_step_fields(1, 1.5, 0, 8, 3, 1, 0.25, 0, 64, 8, 0, 100, 40)
+    out = decode_many([step, a, b"W short", e, step, b], engine="d")
+    assert [type(obs).__name__ if obs else type(err).__name__ for _, obs, err in out] == ["StepRecord", "WorkloadBatch", "CodecError", "StepRecord"]
+    batch = out[1][1]
+    assert isinstance(batch, WorkloadBatch) and batch.engine == "d" and batch.ts == 3.0  # the newest record's time
+    assert batch.records == [decode_work(a), decode_work(e), decode_work(b)]

@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import pytest
 
+from collector.channel.codec import decode, encode_arrival, encode_end
 from collector.ingest.workload import WorkloadLog, concurrency_series
-from collector.model import WorkloadRecord
+from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
 
 
-def arrive(rid: str, ts: float, *, prompt_len: int = 32000, max_tokens: int = 2000, engine: str = "decode-0", **extra: object) -> WorkloadRecord:
-    data = {
-        "ev": "arrive",
-        "id": rid,
-        "ts": ts,
-        "prompt_len": prompt_len,
-        "max_tokens": max_tokens,
-        "n": 1,
-        "ignore_eos": True,
-        "has_stop": False,
-        **extra,
-    }
-    return WorkloadRecord(engine=engine, ts=ts, data=data)
+def arrive(
+    rid: str,
+    ts: float,
+    *,
+    prompt_len: int | None = 32000,
+    max_tokens: int | None = 2000,
+    engine: str = "decode-0",
+    n: int | None = 1,
+    ignore_eos: bool | None = True,
+    has_stop: bool | None = False,
+) -> WorkloadBatch:
+    return WorkloadBatch(engine=engine, ts=ts, records=[WorkloadArrival(rid, ts, prompt_len, max_tokens, n, ignore_eos, has_stop)])
 
 
-def end(rid: str, ts: float, *, output_len: int = 2000, finish: str = "length", cached: int | None = 0, engine: str = "decode-0") -> WorkloadRecord:
-    data = {"ev": "end", "id": rid, "ts": ts, "output_len": output_len, "finish": finish, "cached_tokens": cached}
-    return WorkloadRecord(engine=engine, ts=ts, data=data)
+def end(rid: str, ts: float, *, output_len: int = 2000, finish: str = "length", cached: int | None = 0, engine: str = "decode-0") -> WorkloadBatch:
+    return WorkloadBatch(engine=engine, ts=ts, records=[WorkloadEnd(rid, ts, output_len, finish, cached)])
 
 
 def rows(export: dict) -> list[dict]:
@@ -131,7 +130,7 @@ def test_an_end_read_before_its_arrival_is_matched_and_ids_may_be_reused() -> No
 def test_engines_are_apart_and_unknown_values_are_null() -> None:
     log = WorkloadLog()
     log.add(arrive("a", 1.0, engine="prefill-0", max_tokens=1))
-    log.add(WorkloadRecord(engine="decode-0", ts=2.0, data={"ev": "arrive", "id": "a", "ts": 2.0, "prompt_len": 5}))
+    log.add(arrive("a", 2.0, prompt_len=5, max_tokens=None, n=None, ignore_eos=None, has_stop=None))
     out = log.export(3.0, crashed=True, engine="decode-0")
     (row,) = rows(out)
     assert row["prompt_len"] == 5 and row["max_tokens"] is None and row["n"] is None and row["ignore_eos"] is None
@@ -195,9 +194,15 @@ def test_records_just_after_a_fault_time_to_the_second_are_before_the_death() ->
 
 
 def test_numbers_a_column_cannot_hold_are_null_not_an_error() -> None:
+    # the recorder's record says so (its null bits), and the log keeps them as null
     log = WorkloadLog()
-    log.add(arrive("a", 1.0, prompt_len=float("nan"), max_tokens=1 << 70, n=float("inf")))  # type: ignore[arg-type]
-    log.add(end("a", 2.0, output_len=-(1 << 63)))
+    for payload in (
+        encode_arrival("a", 1.0, float("nan"), 1 << 70, float("inf"), True, False),  # type: ignore[arg-type]
+        encode_end("a", 2.0, -(1 << 63), "length", None),
+    ):
+        _, batch = decode(payload, engine="decode-0")
+        assert isinstance(batch, WorkloadBatch)
+        log.add(batch)
     (row,) = rows(log.export(3.0, crashed=False))
     assert (row["prompt_len"], row["max_tokens"], row["n"], row["output_len"]) == (None, None, None, None)
     assert row["outcome"] == "finished" and row["finish"] == "length"
@@ -216,3 +221,13 @@ def test_a_long_run_keeps_its_bounds_and_its_order_across_the_columns_cut() -> N
     assert all(r["output_len"] == r["prompt_len"] for r in got if r["outcome"] == "finished")
     assert {r["outcome"] for r in got if r["prompt_len"] % 7 == 0} == {"in_flight"}
     assert log.dropped_by_count + log.dropped_by_age == 4500
+
+
+def test_one_batch_is_what_its_records_one_at_a_time_make() -> None:
+    one, many = WorkloadLog(), WorkloadLog()
+    records = [*arrive("a", 1.0).records, *arrive("b", 1.5).records, *end("a", 2.0).records, *end("c", 2.5).records, *arrive("c", 0.9).records]
+    for rec in records:
+        one.add(WorkloadBatch(engine="decode-0", ts=rec.ts, records=[rec]))
+    many.add(WorkloadBatch(engine="decode-0", ts=2.5, records=records))
+    assert one.export(3.0, crashed=False) == many.export(3.0, crashed=False)
+    assert [(r["id"], r["outcome"]) for r in rows(many.export(3.0, crashed=False))] == [("a", "finished"), ("b", "in_flight"), ("c", "finished")]

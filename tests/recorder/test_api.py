@@ -11,7 +11,7 @@ import pytest
 
 from collector.channel.codec import STEP_HEAD, decode
 from collector.channel.ringfile import RingReader
-from collector.model import Event, Fingerprint, StepRecord, WorkloadRecord
+from collector.model import Event, Fingerprint, StepRecord, WorkloadArrival, WorkloadBatch, WorkloadEnd
 from collector.recorder import EngineIdentity, RequestRecorder, StatsRecorder, engine_name, status_code
 from tests.request_columns import rows_of
 
@@ -122,19 +122,9 @@ def test_workload_and_event_records(tmp_path: Path) -> None:
     _, arrive = records(rec.channel.path)[1]
     _, end = records(rec.channel.path)[2]
     _, ev = records(rec.channel.path)[3]
-    assert isinstance(arrive, WorkloadRecord) and isinstance(end, WorkloadRecord)
-    assert arrive.data == {
-        "ev": "arrive",
-        "id": "cmpl-1",
-        "ts": 1.0,
-        "prompt_len": 32000,
-        "max_tokens": 2000,
-        "n": 1,
-        "ignore_eos": True,
-        "has_stop": False,
-        "engine": "vllm-1",
-    }
-    assert (end.ts, end.data["output_len"], end.data["finish"], end.data["cached_tokens"]) == (9.0, 2000, "length", None)
+    assert isinstance(arrive, WorkloadBatch) and isinstance(end, WorkloadBatch)
+    assert arrive.records == [WorkloadArrival("cmpl-1", 1.0, 32000, 2000, 1, True, False)]
+    assert end.records == [WorkloadEnd("cmpl-1", 9.0, 2000, "length", None)]  # cached tokens unknown: null, not 0
     assert isinstance(ev, Event) and (ev.kind.value, ev.pid, ev.ts) == ("cuda_error", 3107, 9.0)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from collector.ingest.workload import WorkloadLog
-from collector.model import WorkloadRecord
+from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
 
 
 def ramp_workload(
@@ -37,22 +37,7 @@ def ramp_workload(
                 rid = f"cmpl-{seq}"
                 # the level's first requests start 0.01 s apart, the next one when one returns
                 start = t + (0.01 * len(in_flight) if sent < conc else 0.0)
-                log.add(
-                    WorkloadRecord(
-                        "decode-0",
-                        start,
-                        {
-                            "ev": "arrive",
-                            "id": rid,
-                            "ts": start,
-                            "prompt_len": prompt_len,
-                            "max_tokens": max_tokens,
-                            "n": 1,
-                            "ignore_eos": True,
-                            "has_stop": False,
-                        },
-                    )
-                )
+                log.add(WorkloadBatch("decode-0", start, [WorkloadArrival(rid, start, prompt_len, max_tokens, 1, True, False)]))
                 in_flight.append((start + duration, rid))
                 sent += 1
             in_flight.sort()
@@ -60,20 +45,7 @@ def ramp_workload(
             if last and crash_in_last_after is not None and done == crash_in_last_after:
                 fault = t_end - 0.001
                 break
-            log.add(
-                WorkloadRecord(
-                    "decode-0",
-                    t_end,
-                    {
-                        "ev": "end",
-                        "id": rid,
-                        "ts": t_end,
-                        "output_len": max_tokens,
-                        "finish": "length",
-                        "cached_tokens": 0 if rid == "cmpl-1" else cached,
-                    },
-                )
-            )
+            log.add(WorkloadBatch("decode-0", t_end, [WorkloadEnd(rid, t_end, max_tokens, "length", 0 if rid == "cmpl-1" else cached)]))
             done += 1
             t = t_end
         if fault is not None:

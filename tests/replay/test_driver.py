@@ -12,7 +12,7 @@ import httpx
 from replay_helpers import ramp_workload
 
 from collector.ingest.workload import WorkloadLog
-from collector.model import WorkloadRecord
+from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
 from collector.replay.driver import Driver, target_model
 from collector.replay.plan import build_plan
 from collector.replay.report import LineProgress, TtyProgress, result_table, verdict_text
@@ -125,8 +125,8 @@ def test_an_open_loop_phase_keeps_its_recorded_offsets() -> None:
     log = WorkloadLog()
     for i in range(6):
         a = 1000.0 + 0.5 * i
-        log.add(WorkloadRecord("decode-0", a, {"ev": "arrive", "id": f"r{i}", "ts": a, "prompt_len": 10, "max_tokens": 5}))
-        log.add(WorkloadRecord("decode-0", a + 0.1, {"ev": "end", "id": f"r{i}", "ts": a + 0.1, "output_len": 5, "finish": "length"}))
+        log.add(WorkloadBatch("decode-0", a, [WorkloadArrival(f"r{i}", a, 10, 5, None, None, None)]))
+        log.add(WorkloadBatch("decode-0", a + 0.1, [WorkloadEnd(f"r{i}", a + 0.1, 5, "length", None)]))
     plan = build_plan(log.export(1004.0, crashed=False))
     assert [p.closed_loop for p in plan.phases] == [False]
 

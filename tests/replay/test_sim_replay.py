@@ -12,7 +12,7 @@ import httpx
 from collector.channel import RingReader
 from collector.channel.codec import decode
 from collector.ingest.workload import WorkloadLog
-from collector.model import WorkloadRecord
+from collector.model import WorkloadBatch
 from collector.replay.compare import compare
 from collector.replay.driver import Driver
 from collector.replay.plan import Plan, build_plan
@@ -30,7 +30,7 @@ async def record(pair: SimPair, engine: str) -> WorkloadLog:
         for rd in readers:
             for payload in rd.read():
                 _, obs = decode(payload, engine=engine)
-                if isinstance(obs, WorkloadRecord):
+                if isinstance(obs, WorkloadBatch):
                     log.add(obs)
 
     run = asyncio.create_task(pair.run())

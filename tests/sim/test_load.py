@@ -19,7 +19,7 @@ from collector.channel.codec import decode
 from collector.channel.naming import parse_ring_file_name
 from collector.cli import build_parser
 from collector.cli.simulate import main as simulate_main
-from collector.model import HALF_REQUESTS, Fingerprint, StepRecord, WorkloadRecord
+from collector.model import HALF_REQUESTS, Fingerprint, StepRecord, WorkloadArrival, WorkloadBatch, WorkloadEnd
 from collector.settings import load_settings
 from collector.sim.load import EngineLoad, Lanes, LoadConfig, Pacer, api_pid
 
@@ -68,7 +68,8 @@ def test_the_rings_hold_every_step_with_requests_growing_and_finishing(tmp_path:
     assert all(s.running == 8 and 0 < s.kv_cache_usage < 1 for s in steps)
     # every finish is counted in the step record (as vLLM's stat logger counts it, without
     # listing it), ends in one workload record, and its slot is refilled
-    finished_ids = [o.data["id"] for o in by_role["sched"][1] if isinstance(o, WorkloadRecord) and o.data["ev"] == "end"]
+    wl = [rec for o in by_role["sched"][1] if isinstance(o, WorkloadBatch) for rec in o.records]
+    finished_ids = [w.request_id for w in wl if isinstance(w, WorkloadEnd)]
     assert not any(s.finished_requests for s in steps)
     assert sum(s.finished for s in steps) == len(finished_ids) > 8
     seen: dict[str, list[tuple[int, int, int]]] = {}
@@ -86,11 +87,9 @@ def test_the_rings_hold_every_step_with_requests_growing_and_finishing(tmp_path:
         outs = [o for _, _, o in history if o]
         assert outs == list(range(outs[0], outs[0] + len(outs))) if outs else len(history) <= 2
     assert set(finished_ids) <= set(seen)
-    wl = [o for o in by_role["sched"][1] if isinstance(o, WorkloadRecord)]
-    ends = [w.data["id"] for w in wl if w.data["ev"] == "end"]
-    arrivals = [w.data["id"] for w in wl if w.data["ev"] == "arrive"]
-    assert ends == finished_ids and len(arrivals) == len(ends)
-    assert all(w.data["max_tokens"] > 0 and w.data["prompt_len"] > 0 for w in wl if w.data["ev"] == "arrive")
+    arrivals = [w for w in wl if isinstance(w, WorkloadArrival)]
+    assert len(arrivals) == len(finished_ids)
+    assert all(w.max_tokens and w.max_tokens > 0 and w.prompt_len and w.prompt_len > 0 for w in arrivals)
 
 
 def test_the_pacer_keeps_absolute_deadlines() -> None:

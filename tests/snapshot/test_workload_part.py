@@ -7,7 +7,7 @@ import json
 import time
 
 from collector.ingest.workload import WorkloadLog
-from collector.model import WorkloadRecord
+from collector.model import WorkloadArrival, WorkloadBatch
 from collector.snapshot.document import PARTS, SnapshotDoc, export_gzip, pack
 from collector.storage.db import make_engine
 from collector.storage.repo import Repository
@@ -15,7 +15,7 @@ from collector.storage.repo import Repository
 
 def workload() -> dict:
     log = WorkloadLog()
-    log.add(WorkloadRecord("decode-0", 1.0, {"ev": "arrive", "id": "a", "ts": 1.0, "prompt_len": 32000, "max_tokens": 2000}))
+    log.add(WorkloadBatch("decode-0", 1.0, [WorkloadArrival("a", 1.0, 32000, 2000, None, None, None)]))
     return log.export(5.0, crashed=True)
 
 

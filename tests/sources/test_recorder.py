@@ -402,3 +402,22 @@ def test_a_poll_reads_no_further_ring_once_its_time_is_spent_and_the_rings_take_
         seen.append([o.engine for o in sink.items if isinstance(o, StepRecord)])
     assert sorted(seen) == [["a"], ["b"]]  # one ring each poll, each ring in its turn
     assert all(t.short_last is False for t in src._tails.values())
+
+
+def test_workload_records_reach_the_workload_log_one_batch_a_read_and_a_bad_one_is_counted(tmp_path: Path) -> None:
+    from collector.channel.codec import encode_arrival, encode_end
+
+    sched = writer(tmp_path, "decode-0", "sched", 12)
+    sched.append(encode_arrival("a", 990.0, 300, 16, 1, True, False))
+    sched.append(encode_arrival("b", 991.0, 200, None, None, None, None))
+    sched.append(encode_arrival("c", 991.5, 100, 8, 1, False, True)[:-1] + b"\0")  # a NUL in its id
+    sched.append(encode_end("a", 995.0, 16, "length", None))
+    hub = hub_for(Settings(), clock=lambda: 1000.0)
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    assert src.poll(hub) == 1  # one batch
+    assert src.bad_records == 1
+    out = hub.view.workload("decode-0", 999.0, crashed=False)
+    cols = out["requests"]["columns"]
+    assert cols["id"] == ["a", "b"] and cols["outcome"] == ["finished", "in_flight"]
+    assert cols["max_tokens"] == [16, None] and cols["ignore_eos"] == [True, None]  # unknown is null, not 0
+    assert cols["output_len"] == [16, None] and cols["finish"] == ["length", None] and cols["cached_tokens"] == [None, None]

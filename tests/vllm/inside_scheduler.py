@@ -28,7 +28,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from collector.channel.codec import decode  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
-from collector.model import Fingerprint, StepRecord, WorkloadRecord  # noqa: E402
+from collector.model import Fingerprint, StepRecord, WorkloadArrival, WorkloadBatch  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
 
 BLOCK = 16
@@ -157,7 +157,7 @@ def drive(async_scheduling: bool) -> dict[str, Any]:
     rows = [o for o in ring(tag, "sched") if isinstance(o, StepRecord)]
     stats = [o for o in ring(tag, "stats") if isinstance(o, StepRecord)]
     fps = [o for o in ring(tag, "sched") if isinstance(o, Fingerprint)]
-    wl = [o.data for o in ring(tag, "sched") if isinstance(o, WorkloadRecord)]
+    wl = workload(tag)
     return {
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "instance_mro": [c.__name__ for c in type(sched).__mro__],
@@ -172,6 +172,16 @@ def drive(async_scheduling: bool) -> dict[str, Any]:
         "async_fact": fps[0].facts.get("async_scheduling") if fps else None,
         "workload": wl,
     }
+
+
+def workload(tag: str) -> list[dict[str, Any]]:
+    """The ring's workload records, each as a dict with its event ("arrive" or "end") and id."""
+    return [
+        {"ev": "arrive" if isinstance(w, WorkloadArrival) else "end", "id": w.request_id, **w._asdict()}
+        for o in ring(tag, "sched")
+        if isinstance(o, WorkloadBatch)
+        for w in o.records
+    ]
 
 
 def _stats_extras(tag: str) -> list[Any]:
@@ -208,7 +218,7 @@ def drive_prefix() -> list[Any]:
             so = sched.schedule()
             if so.num_scheduled_tokens:
                 sched.update_from_output(so, output_for(so, 7))
-    return [o.data for o in ring(tag, "sched") if isinstance(o, WorkloadRecord) and o.data["ev"] == "end"]
+    return [w for w in workload(tag) if w["ev"] == "end"]
 
 
 result = {"async": drive(True), "sync": drive(False), "prefix_ends": drive_prefix()}
