@@ -20,6 +20,7 @@ RANK = {
     "redact": 0,
     "procfs": 0,
     "malloc": 0,
+    "heap": 0,
     "durable": 0,
     "__init__": 0,
     "channel": 1,

@@ -108,16 +108,25 @@ def _preflight(settings: Settings) -> None:
 
 
 async def _run_service(svc: Any) -> None:
+    from collector import heap
+
+    async def freeze_when_started() -> None:
+        await svc.started.wait()
+        heap.freeze_startup()
+
+    freezing = asyncio.create_task(freeze_when_started())
     try:
         await svc.run()
     except SystemExit as exc:  # the service's own "cannot serve" exit
         if exc.code in (None, 0):
             raise
         raise CliError(str(exc.code) if isinstance(exc.code, str) else "the HTTP server did not start", EXIT_FAILURE) from None
+    finally:
+        freezing.cancel()
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from collector import malloc
+    from collector import heap, malloc
     from collector.service import Service
 
     settings = settings_from(args, host=args.host, port=args.port)
@@ -125,6 +134,7 @@ def run_serve(args: argparse.Namespace) -> int:
         settings = fleet_role(settings)
     _preflight(settings)
     malloc.tune()  # before the rings and the threads allocate
+    heap.tune()
     svc = Service(settings)
     asyncio.run(_run_service(svc))
     if svc.lost_snapshots:  # each logged at CRITICAL with its engine, trigger and time
