@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 from typing import Any, NamedTuple, Protocol
 
 
@@ -159,6 +160,12 @@ class StepRecord:
     halves: int = field(default=0, compare=False)
     run: int = field(default=0, compare=False)  # the writing engine's server pid: step numbers restart with a new run
 
+    def copy(self) -> StepRecord:
+        """A shallow copy, what ``copy.copy`` makes in a fifth of its time (0.9 us against 4.5):
+        the rings copy a held step each time one gives up its request block, ~800 a second at a
+        node's load, rather than change a record a capture or the writer's queue may hold."""
+        return StepRecord(*_step_fields(self))
+
     @property
     def mirror_rows(self) -> int | None:
         block = self.request_block
@@ -182,6 +189,9 @@ class StepRecord:
         out["mirror_rows"] = self.mirror_rows
         out["host_blocks"] = self.host_blocks
         return out
+
+
+_step_fields = attrgetter(*(f.name for f in fields(StepRecord)))  # every field, in the constructor's order
 
 
 @dataclass(slots=True)

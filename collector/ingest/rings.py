@@ -15,7 +15,6 @@ a capture taken at a fault, or a row queued for the database, holds what it held
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
@@ -77,7 +76,7 @@ class EngineRing:
             else:
                 self._out_of_order = True
             return self._steps.get(rec.step, rec)
-        merged = copy.copy(held)
+        merged = held.copy()
         if rec.halves & HALF_STATS:
             for name in STAT_FIELDS:
                 setattr(merged, name, getattr(rec, name))
@@ -117,7 +116,7 @@ class EngineRing:
             old = self._steps.get(step)
             if old is not None and old.run == run and old.request_block is not None:
                 self._block_bytes -= old.request_block.nbytes
-                self._steps[step] = bare = copy.copy(old)  # the held record is not changed
+                self._steps[step] = bare = old.copy()  # the held record is not changed
                 bare.request_block = None
                 if self._last is old:
                     self._last = bare

@@ -163,3 +163,13 @@ def test_per_second_aggregates_keep_the_last_two_minutes() -> None:
     held = ring.seconds.all()
     assert len(held) == 120 and int(held[0].ts) == 1180 and int(held[-1].ts) == 1299
     assert all(s.generation_tokens == 20 for s in held)
+
+
+def test_a_step_copy_holds_every_field_of_the_original_in_a_new_record() -> None:
+    import dataclasses
+
+    block = make_block(7, 1.5, [Row("r1", 10, 11)])
+    rec = StepRecord(engine="d", ts=1.5, step=7, running=1, kv_cache_usage=None, connector={"x": 1}, request_block=block, halves=3, run=42)
+    twin = rec.copy()
+    assert twin is not rec
+    assert all(getattr(twin, f.name) is getattr(rec, f.name) for f in dataclasses.fields(StepRecord))  # compare=False ones too
