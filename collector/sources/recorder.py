@@ -44,7 +44,18 @@ from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import TAG_REQS, TAG_STEP, decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.secure import ensure_private_dir
-from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, GpuSample, Observation, Severity, SourceStatus, StepRecord
+from collector.model import (
+    HALF_REQUESTS,
+    HALF_STATS,
+    Event,
+    EventKind,
+    GpuSample,
+    Observation,
+    Severity,
+    SourceStatus,
+    StepRecord,
+    WorkloadBatch,
+)
 from collector.sources.base import Sink
 from collector.sources.join import EngineJoin, Joined
 
@@ -382,16 +393,18 @@ class RecorderSource:
         if out and (tail.joined is not None or self._resolve(tail, now, wait=self.alive(info.pid))):
             engine = tail.engine or "unknown"
             run = tail.run or info.pid
+            emitted = len(out)
             for obs in out:
                 if not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
                     obs.engine = engine
                 if isinstance(obs, StepRecord):
                     obs.run = run
+                elif type(obs) is WorkloadBatch:  # one observation, a record each request's arrival or end
+                    emitted += len(obs.records) - 1
                 ts = getattr(obs, "ts", 0.0)
                 if isinstance(ts, float) and ts > tail.newest_ts:
                     tail.newest_ts = ts
             batch.extend(out)
-            emitted = len(out)
             self.records += emitted
             tail.held = []
         if gap is not None:
