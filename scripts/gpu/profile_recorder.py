@@ -9,7 +9,7 @@ and the recorder runs in them); at each concurrency, for each server in turn, a 
 ``--seconds`` while ``py-spy record --nonblocking`` (the processes are never paused) samples
 the engine core and the API server for all but the loop's first and last second. Writes one
 raw collapsed-stack file per server, level and process (``<server>-c<level>-<core|api>.txt``,
-threads apart), each run's tokens/s and CPU seconds (``profile.json``), and prints the shares
+threads apart; all in ``stacks.tgz`` at the end), each run's tokens/s and CPU seconds (``profile.json``), and prints the shares
 of the stacks that pass through this package, by process. Finishes in about 4 minutes on an
 H200 (the servers' start is most of it).
 """
@@ -40,10 +40,19 @@ from gpu_tier_lib import (  # noqa: E402
     write_model,
 )
 
+# The recorder's hooks in vLLM's own methods: their frames sit above vLLM's work (super().schedule()
+# runs under RecordingScheduler.schedule), so a sample under them alone is vLLM's, not ours.
+HOOKS = ("RecordingScheduler.", "FlightRecorderStatLogger.record ", "guarded ")
+
+
+def _own(frame: str) -> bool:
+    return "collector/" in frame and not frame.startswith(HOOKS)
+
 
 def shares(raw: Path) -> dict[str, Any]:
-    """Samples in a raw py-spy file, and the share of them whose stack holds this package's
-    frames (``collector/``), split by the outermost such function."""
+    """Samples in a raw py-spy file, and the share whose stack runs the recorder's own code: a
+    frame of this package below its hooks into vLLM (reading the requests, encoding, writing the
+    ring), counted by the outermost such frame."""
     total = 0
     ours = 0
     by_fn: dict[str, int] = {}
@@ -58,14 +67,13 @@ def shares(raw: Path) -> dict[str, Any]:
         except ValueError:
             continue
         total += n
-        frames = stack.split(";")
-        mine = [f for f in frames if "collector/" in f]
+        mine = [f for f in stack.split(";") if _own(f)]
         if mine:
             ours += n
             key = mine[0].split(" (")[0]
             by_fn[key] = by_fn.get(key, 0) + n
     top = sorted(by_fn.items(), key=lambda kv: -kv[1])[:8]
-    return {"samples": total, "collector_share": round(ours / total, 4) if total else None, "top": top}
+    return {"samples": total, "recorder_share": round(ours / total, 4) if total else None, "top": top}
 
 
 def main() -> int:
@@ -141,6 +149,12 @@ def main() -> int:
             stop(p)
         shutil.rmtree(rings, ignore_errors=True)
         (args.out / "profile.json").write_text(json.dumps(result, indent=1))
+        # one archive of the raw stacks: a copy back from a lent machine may take few files
+        raws = sorted(args.out.glob("*-c*-*.txt"))
+        if raws:
+            subprocess.run(["tar", "-czf", str(args.out / "stacks.tgz"), "-C", str(args.out), *[f.name for f in raws]], check=False)
+            for f in raws:
+                f.unlink()
     return 0
 
 
