@@ -12,6 +12,7 @@ running set is stable for many steps), which halves what a ring of blocks holds.
 
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 from array import array
@@ -29,10 +30,13 @@ from collector.channel.codec import (
 )
 from collector.model import StepRequests
 
+log = logging.getLogger(__name__)
+
 RUNNING = STATUS_CODE["running"]
 # the export's request columns, in order (``collector.snapshot.document.REQUEST_COLUMNS``)
 COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions", "status", "mirror_rows", "host_blocks")
 _HEAD = 1 + REQS_HEAD.size
+_TAG = TAG_REQS[0]
 _LAST_STATUS = len(STATUSES) - 1
 _STATUS_OF_BYTE = [STATUSES[min(c, _LAST_STATUS)] for c in range(256)]  # any wire byte -> a name
 
@@ -59,9 +63,8 @@ class RequestBlock:
         self.n = n
         self.flags = flags
         self.cols = cols  # the u32/u8/i32 columns, in wire order
-        self.ids = ids  # the ids, UTF-8, NUL-joined
-        status = cols[16 * n : 17 * n]
-        self.running = status.count(RUNNING)
+        self.ids = ids  # the ids, UTF-8, NUL-joined (their count is checked when decoded)
+        self.running = cols.count(RUNNING, 16 * n, 17 * n)
         pos = 17 * n
         self.mirror_rows: int | None = None
         self.host_blocks: int | None = None
@@ -72,25 +75,28 @@ class RequestBlock:
             self.host_blocks = _known_sum(cols[pos : pos + 4 * n]) if n else None
 
     @classmethod
-    def from_payload(cls, payload: bytes, prev: StepRequests | None = None) -> RequestBlock:
-        """From an ``R`` payload (tag included). ``prev``: the same engine's previous block,
-        whose ids bytes are reused when equal (one copy held for a stable running set)."""
-        if len(payload) < _HEAD or payload[:1] != TAG_REQS:
+    def from_payload(cls, payload: bytes | memoryview, prev: StepRequests | None = None) -> RequestBlock:
+        """From an ``R`` payload (tag included), its parts copied once out of it (a view of a
+        ring read's copy is not kept). ``prev``: the same engine's previous block, whose ids
+        bytes are reused when equal (one copy held for a stable running set).
+
+        The ids are not counted here: that scan of ~10 kB cost more than the record's CRC, at
+        every step, for rows decoded only when a snapshot is read. ``decode_columns`` checks
+        them, and a block whose ids do not match its rows gets unknown ids there."""
+        if len(payload) < _HEAD or payload[0] != _TAG:
             raise CodecError("short or untagged request record")
         step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
         width = 17 + (4 if flags & FLAG_MIRROR else 0) + (4 if flags & FLAG_HOST_BLOCKS else 0)
         end = _HEAD + width * n
-        if len(payload) < end:
+        size = len(payload)
+        if size < end:
             raise CodecError(f"request record of {n} rows is truncated")
-        ids = payload[end:]
-        seps = ids.count(b"\0")
-        if n and seps != n - 1:
-            raise CodecError(f"request record has {seps + 1} ids for {n} rows")
-        if not n and ids:
+        if not n and size > end:
             raise CodecError("request record with no rows carries ids")
+        ids = bytes(payload[end:])
         if prev is not None and prev.ids == ids:
             ids = prev.ids
-        return cls(step, ts, n, flags, payload[_HEAD:end], ids)
+        return cls(step, ts, n, flags, bytes(payload[_HEAD:end]), ids)
 
     @property
     def nbytes(self) -> int:
@@ -106,8 +112,12 @@ class RequestBlock:
 
 def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
     """The blocks' rows as the export's columns: per-block C work (``array.tolist``, ``split``,
-    ``map`` over a table for the status names); per-row Python only for -1 (unknown) values."""
+    ``map`` over a table for the status names); per-row Python only for -1 (unknown) values.
+
+    A block whose ids do not number its rows (a writer's bug: the ring's CRC vouches for the
+    bytes, not for what they say) gets null ids, and a warning names its steps."""
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+    bad: list[int] = []
     has_mirror = any(b.flags & FLAG_MIRROR for b in blocks)
     has_host = any(b.flags & FLAG_HOST_BLOCKS for b in blocks)
     for b in blocks:
@@ -116,7 +126,11 @@ def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
             continue
         raw = b.cols
         cols["step"].extend([b.step] * n)
-        cols["request_id"].extend(b.ids.decode("utf-8", "replace").split("\0"))
+        ids: list[str] | list[None] = b.ids.decode("utf-8", "replace").split("\0")
+        if len(ids) != n:
+            bad.append(b.step)
+            ids = [None] * n
+        cols["request_id"].extend(ids)
         for i, name in enumerate(("prompt_len", "computed_tokens", "output_tokens", "preemptions")):
             a = array("I")
             a.frombytes(raw[4 * n * i : 4 * n * (i + 1)])
@@ -135,6 +149,8 @@ def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
         cols["mirror_rows"] = [None] * len(cols["step"])
     if not has_host:
         cols["host_blocks"] = [None] * len(cols["step"])
+    if bad:
+        log.warning("%d request blocks' ids do not match their rows (steps %s): their request ids are null", len(bad), bad[:5])
     return cols
 
 

@@ -69,6 +69,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from collector.channel import fields as f
@@ -410,14 +411,16 @@ _STEP_TAG = TAG_STEP[0]
 _PLAIN_STEP = struct.Struct("<x" + STEP_HEAD.format.lstrip("<"))  # a whole S record without extras
 
 
-def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Decoded]:
+def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = None) -> list[Decoded]:
     """Every payload of one read, in order, as (meta, observation, error): exactly one is set.
+    A payload may be a view of the ring read's copy (``RingReader.read_views``): nothing
+    returned holds one.
 
     The S records without extras (most steps) are decoded together: one ``struct.iter_unpack``
     over their joined bytes and a step record built from each tuple, with none of ``decode``'s
-    per-record dispatch. The read's W records become one ``WorkloadBatch``, in their order, at
-    the place of the first (a bad one is its own error, in its place). Every other record goes
-    through ``decode``."""
+    per-record dispatch. R records become request blocks straight from their views. The read's
+    W records become one ``WorkloadBatch``, in their order, at the place of the first (a bad
+    one is its own error, in its place). Every other record goes through ``decode``."""
     plain = [p for p in payloads if len(p) == _STEP_SIZE and p[0] == _STEP_TAG]
     heads = _PLAIN_STEP.iter_unpack(b"".join(plain)) if plain else iter(())
     name = engine or "unknown"
@@ -427,6 +430,12 @@ def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Dec
         tag = payload[0] if payload else -1
         if tag == _STEP_TAG and len(payload) == _STEP_SIZE:
             out.append((None, _step_of(name, next(heads), None), None))
+            continue
+        if tag == _REQS_TAG:
+            try:
+                out.append((None, _decode_request_block(name, payload), None))
+            except CodecError as exc:
+                out.append((None, None, exc))
             continue
         if tag == _WORK_TAG:
             try:
@@ -443,7 +452,7 @@ def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Dec
                     work.ts = rec.ts
             continue
         try:
-            meta, obs = decode(payload, engine=engine)
+            meta, obs = decode(bytes(payload), engine=engine)
         except CodecError as exc:
             out.append((None, None, exc))
             continue
@@ -452,12 +461,13 @@ def decode_many(payloads: list[bytes], *, engine: str | None = None) -> list[Dec
 
 
 _WORK_TAG = TAG_WORK[0]
+_REQS_TAG = TAG_REQS[0]
 _WORK_SIZE = 1 + WORK_HEAD.size
 _unpack_work = WORK_HEAD.unpack_from
 _isfinite = math.isfinite
 
 
-def decode_work(payload: bytes) -> WorkloadArrival | WorkloadEnd:
+def decode_work(payload: bytes | memoryview) -> WorkloadArrival | WorkloadEnd:
     """A ``W`` record as its arrival or end; anything that does not add up is a ``CodecError``."""
     if len(payload) < _WORK_SIZE or payload[0] != _WORK_TAG:
         raise CodecError("short workload record")
@@ -477,8 +487,8 @@ def decode_work(payload: bytes) -> WorkloadArrival | WorkloadEnd:
     if c0 < 0 or c1 < 0 or c2 < 0:
         raise CodecError("workload record with a negative count")
     try:
-        rid = payload[_WORK_SIZE:end].decode()
-        reason = payload[end:].decode() if event == WORK_END else ""
+        rid = str(payload[_WORK_SIZE:end], "utf-8")
+        reason = str(payload[end:], "utf-8") if event == WORK_END else ""
     except UnicodeDecodeError as exc:
         raise CodecError(f"workload record's text is not UTF-8: {exc}") from exc
     if "\0" in rid or "\0" in reason or len(reason) > WORK_FINISH_MAX:
@@ -603,7 +613,7 @@ _NULL_NAMES = frozenset(_NULLABLE_STEP_FIELDS) - {"deferred"}
 _block_type: type[RequestBlock] | None = None
 
 
-def _decode_request_block(engine: str, payload: bytes) -> StepRecord:
+def _decode_request_block(engine: str, payload: bytes | memoryview) -> StepRecord:
     """An ``R`` record as a step half holding the record's bytes: no row objects."""
     global _block_type  # noqa: PLW0603 - imported once, on first use (requests imports this module)
     if _block_type is None:

@@ -47,6 +47,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from collector.channel.secure import FILE_MODE, open_private_file
 from collector.errors import FlightrecError
@@ -238,9 +239,20 @@ class RingReader:
         return int(_U64.unpack(self._pread(8, _TAIL_AT))[0])
 
     def read(self, max_records: int = 100_000) -> list[bytes]:
+        """The records published since the last call, each its own bytes."""
+        return cast("list[bytes]", self._read(max_records, views=False))
+
+    def read_views(self, max_records: int = 100_000) -> list[memoryview]:
+        """The records published since the last call, as views of this read's copies of the
+        file: no record is copied again here (an ``R`` record at 256 running requests is 14.6
+        kB; it was sliced out of its copy and sliced again into its parts). A view holds its
+        whole copy (up to 1 MiB) alive: take what is kept out of it, then drop the views."""
+        return cast("list[memoryview]", self._read(max_records, views=True))
+
+    def _read(self, max_records: int, *, views: bool) -> list[bytes | memoryview]:
         info = self.info()
         cap = info.capacity
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         if self.pos < info.tail:
             self.lost_bytes += info.tail - self.pos
             self.pos = info.tail
@@ -261,11 +273,12 @@ class RingReader:
                 self.lost_bytes += tail_now - self.pos
                 self.pos = tail_now
                 continue
-            self._parse(buf, phys, cap, head, out, max_records)
+            self._parse(memoryview(buf) if views else buf, phys, cap, head, out, max_records)
         return out
 
-    def _parse(self, buf: bytes, phys: int, cap: int, head: int, out: list[bytes], max_records: int) -> None:
-        """Take the whole records of ``buf`` (the bytes at ``phys``), moving ``self.pos``."""
+    def _parse(self, buf: bytes | memoryview, phys: int, cap: int, head: int, out: list[bytes | memoryview], max_records: int) -> None:
+        """Take the whole records of ``buf`` (the bytes at ``phys``), moving ``self.pos``: each
+        a slice of ``buf`` (its own bytes, or a view of them)."""
         off = 0
         while off + REC.size <= len(buf) and len(out) < max_records:
             at = phys + off
@@ -290,7 +303,7 @@ class RingReader:
                         self.corrupt_records += 1
                         self.pos = head
                         return
-                    self._parse_one(phys, length, crc, out)
+                    self._parse_one(phys, length, crc, out, views=isinstance(buf, memoryview))
                     self.pos += size
                 return
             payload = buf[off + REC.size : off + REC.size + length]
@@ -303,14 +316,14 @@ class RingReader:
         if off < len(buf) and self.pos % cap + REC.size > cap:
             self.pos += cap - self.pos % cap
 
-    def _parse_one(self, phys: int, length: int, crc: int, out: list[bytes]) -> None:
+    def _parse_one(self, phys: int, length: int, crc: int, out: list[bytes | memoryview], *, views: bool) -> None:
         payload = self._pread(length, HEADER_SIZE + phys + REC.size)
         if self._tail_now() > self.pos:
             self.lost_bytes += REC.size + length
         elif zlib.crc32(payload) != crc:
             self.corrupt_records += 1
         else:
-            out.append(payload)
+            out.append(memoryview(payload) if views else payload)
 
     def close(self) -> None:
         try:

@@ -293,7 +293,7 @@ class RecorderSource:
         tail.engine = joined.name
         return True
 
-    def _drop_steps(self, path: Path, tail: _Tail, payloads: list[bytes]) -> list[bytes]:
+    def _drop_steps(self, path: Path, tail: _Tail, payloads: list[memoryview]) -> list[memoryview]:
         """While a ring is far behind its writer, its step records (``S`` and ``R``: the
         continuous series) are counted and dropped unread; every other record (events, the
         fingerprint, meta, the workload) is still decoded: the fault path keeps all of its."""
@@ -351,7 +351,7 @@ class RecorderSource:
             # (the first catch-up whole: the engines' fingerprints, which map a fault's pid to its
             # engine, must be in before the kernel log's first fault is)
             budget = _WHOLE if first else max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
-            payloads = tail.reader.read(budget)
+            payloads = tail.reader.read_views(budget)
             unread = info.head - tail.reader.pos
             tail.short_last = unread > 0
             if payloads:

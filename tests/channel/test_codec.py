@@ -140,13 +140,33 @@ def test_json_records_decode() -> None:
         b'J{"t":"step","engine":"e"}',
         b"S\x01\x02",
         encode_step_fields(1, 0.0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0) + b"[1]",
-        encode_rows(1, 0.0, [Row("a", 1, 1), Row("b", 1, 1)])[:-3],
-        encode_rows(1, 0.0, [Row("a", 1, 1)]) + b"\0extra",
+        encode_rows(1, 0.0, [Row("a", 1, 1), Row("b", 1, 1)])[:-12],
+        encode_rows(1, 0.0, []) + b"a",
     ],
 )
 def test_malformed_payloads_raise_codec_error(payload: bytes) -> None:
     with pytest.raises(CodecError):
         decode(payload)
+    assert decode_many([memoryview(payload)])[0][2] is not None  # a view of a ring read: the same
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        encode_rows(7, 0.0, [Row("a", 1, 1), Row("b", 1, 1)])[:-3],  # no ids for two rows
+        encode_rows(7, 0.0, [Row("a", 1, 1)]) + b"\0extra",  # two ids for one row
+    ],
+)
+def test_request_ids_that_do_not_match_the_rows_are_null_when_read(payload: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    # Counting the ids of every step's record cost more than its CRC; they are counted when the
+    # rows are decoded (a snapshot read), and a block whose ids do not match says so there.
+    step = _decoded(payload, "decode-0")
+    block = step.request_block
+    assert block is not None
+    with caplog.at_level("WARNING"):
+        cols = block.column("request_id"), block.column("prompt_len")
+    assert cols == ([None] * block.n, [1] * block.n)
+    assert "ids do not match their rows (steps [7])" in caplog.text
 
 
 def test_request_records_reach_ingest_as_blocks_without_row_objects() -> None:
@@ -375,3 +395,16 @@ def test_a_reads_workload_records_are_one_batch_in_order_at_the_first_ones_place
     batch = out[1][1]
     assert isinstance(batch, WorkloadBatch) and batch.engine == "d" and batch.ts == 3.0  # the newest record's time
     assert batch.records == [decode_work(a), decode_work(e), decode_work(b)]
+
+
+def test_a_request_block_from_a_view_of_a_read_holds_its_own_bytes_not_the_read() -> None:
+    # A ring read's copy is up to 1 MiB: a block that kept a view of it would pin it for as long
+    # as the engine's ring holds the step.
+    rows = [Row("cmpl-a-0", 3, 4, 5, 0, "running", 7), Row("cmpl-b-0", 1, 2, 3, 0, "preempted", None)]
+    payload = encode_rows(5, 1.5, rows)
+    read = memoryview(b"\0" * 64 + payload + b"\0" * 64)
+    [(_, obs, error)] = decode_many([read[64 : 64 + len(payload)]], engine="decode-0")
+    assert error is None and isinstance(obs, StepRecord) and obs.request_block is not None
+    block = obs.request_block
+    assert type(block.cols) is bytes and type(block.ids) is bytes
+    assert block.payload() == payload and block.column("request_id") == ["cmpl-a-0", "cmpl-b-0"]

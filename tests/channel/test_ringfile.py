@@ -281,3 +281,12 @@ def test_record_longer_than_one_copy(tmp_path: Path) -> None:
         w.append(rec(i, 3 << 20))
         assert seqs(r.read()) == [i]
     assert r.corrupt_records == 0
+
+
+def test_views_of_a_read_are_the_records_as_read_copies_them(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "v.ring", capacity=4096)
+    for i in range(5):
+        w.append(rec(i, i * 7))
+    views = RingReader(tmp_path / "v.ring").read_views()
+    assert all(isinstance(v, memoryview) for v in views)
+    assert [v.tobytes() for v in views] == [rec(i, i * 7) for i in range(5)]
