@@ -55,7 +55,7 @@ class RequestBlock:
     """One step's running requests: the ``R`` record's bytes plus its aggregates (the
     ``collector.model.StepRequests`` every stage reads)."""
 
-    __slots__ = ("step", "ts", "n", "flags", "cols", "ids", "running", "mirror_rows", "host_blocks")
+    __slots__ = ("step", "ts", "n", "flags", "cols", "ids", "running", "mirror_rows", "host_blocks", "nbytes")
 
     def __init__(self, step: int, ts: float, n: int, flags: int, cols: bytes, ids: bytes) -> None:
         self.step = step
@@ -65,6 +65,9 @@ class RequestBlock:
         self.cols = cols  # the u32/u8/i32 columns, in wire order
         self.ids = ids  # the ids, UTF-8, NUL-joined (their count is checked when decoded)
         self.running = cols.count(RUNNING, 16 * n, 17 * n)
+        # what holding it costs, for the rings' byte bound (read three times a step there); the
+        # same when ingest points the ids at an equal earlier copy
+        self.nbytes = len(cols) + len(ids) + 96
         pos = 17 * n
         self.mirror_rows: int | None = None
         self.host_blocks: int | None = None
@@ -97,10 +100,6 @@ class RequestBlock:
         if prev is not None and prev.ids == ids:
             ids = prev.ids
         return cls(step, ts, n, flags, bytes(payload[_HEAD:end]), ids)
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.cols) + len(self.ids) + 96
 
     def payload(self) -> bytes:
         return b"".join((TAG_REQS, REQS_HEAD.pack(self.step, self.ts, self.n, self.flags), self.cols, self.ids))

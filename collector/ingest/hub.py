@@ -38,6 +38,13 @@ class Hub:
         if self.intake.events:
             self.router.drain()
 
+    def emit_many(self, items: Sequence[Observation]) -> None:
+        """A source's poll of records in one call (``Intake.file_many``); any event among them
+        is routed after all are filed."""
+        self.intake.file_many(items)
+        if self.intake.events:
+            self.router.drain()
+
 
 def hub_for(
     config: IngestConfig,

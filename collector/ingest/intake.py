@@ -12,9 +12,9 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from collector.ingest.config import IngestConfig
 from collector.ingest.engines import EngineRegistry
@@ -124,10 +124,32 @@ class Intake:
         except Exception:  # a bad record must never stop the sources feeding us
             self.set_aside(item)
 
+    def file_many(self, items: Sequence[Observation]) -> None:
+        """``file`` for each, in order; a run of one engine's steps (a recorder poll reads an
+        engine's rings one after another) is filed together: the engine's registry record and
+        rings looked up once, its counters moved once (``_steps``)."""
+        i, end = 0, len(items)
+        while i < end:
+            item = items[i]
+            if type(item) is not StepRecord:
+                self.file(item)
+                i += 1
+                continue
+            engine = item.engine
+            j = i + 1
+            while j < end and type(nxt := items[j]) is StepRecord and nxt.engine == engine:
+                j += 1
+            self._steps(engine, cast("Sequence[StepRecord]", items[i:j]))
+            i = j
+
     def emit(self, item: Observation) -> None:
         """Filing as a source's sink (the trigger policy reads the recorder this way before a
         capture): data is filed at once, an event waits for the router's next turn."""
         self.file(item)
+
+    def emit_many(self, items: Sequence[Observation]) -> None:
+        """``emit`` for a source's poll in one call (``file_many``)."""
+        self.file_many(items)
 
     def set_aside(self, item: Observation) -> None:
         self.dropped += 1
@@ -137,32 +159,50 @@ class Intake:
             log.exception("ingest set aside a %s (further ones are counted, not logged)", kind)
 
     def _step(self, rec: StepRecord) -> None:
-        # Records come from other processes: a wrong type must not poison the ring's order.
-        if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or not isinstance(rec.ts, float):
-            rec = dataclasses.replace(rec, step=int(rec.step), ts=float(rec.ts))
-            if not 0 <= rec.step < 1 << 62:
-                raise ValueError(f"step {rec.step} out of range")
-        self.engine(rec.engine)
-        rings = self.store.of(rec.engine)
-        # a step's two halves may come as one record (paired by the recorder source): each counts
-        halves = 2 if rec.halves == HALF_STATS | HALF_REQUESTS else 1
-        if rec.finished_requests:
-            # vLLM's per-request finish figures ride on every step that ended a request: a dict
-            # of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that nothing reads
-            # (the snapshot's steps carry the ``finished`` count; each request's end is in the
-            # workload log, from its own record). Not held.
-            rec = dataclasses.replace(rec, finished_requests=[])
-        block = rec.request_block
-        rows = 0
-        if block is not None:
-            last = rings.last_block
-            if last is not None and last.ids == block.ids:
-                block.ids = last.ids  # one copy of a stable running set's ids (the same values)
-            rings.last_block = block
-            rows = block.n
-        held = rings.ring.add(rec)
-        self.engines.saw_step(rec.engine, rec.ts, rows, halves)
-        self.rows.offer_step(held)
+        self._steps(rec.engine, (rec,))
+
+    def _steps(self, engine: str, recs: Sequence[StepRecord]) -> None:
+        """One engine's steps, in order. A step that raises is set aside alone."""
+        try:
+            self.engine(engine)
+            rings = self.store.of(engine)
+        except Exception:
+            for rec in recs:
+                self.set_aside(rec)
+            return
+        ring, offer = rings.ring, self.rows.offer_step
+        halves = rows = 0
+        last_ts: float | None = None
+        for rec in recs:
+            try:
+                # Records come from other processes: a wrong type must not poison the ring's order.
+                if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or type(rec.ts) is not float:
+                    rec = dataclasses.replace(rec, step=int(rec.step), ts=float(rec.ts))
+                    if not 0 <= rec.step < 1 << 62:
+                        raise ValueError(f"step {rec.step} out of range")
+                if rec.finished_requests:
+                    # vLLM's per-request finish figures ride on every step that ended a request:
+                    # a dict of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that
+                    # nothing reads (the snapshot's steps carry the ``finished`` count; each
+                    # request's end is in the workload log, from its own record). Not held.
+                    rec = dataclasses.replace(rec, finished_requests=[])
+                block = rec.request_block
+                if block is not None:
+                    last = rings.last_block
+                    if last is not None and last.ids == block.ids:
+                        block.ids = last.ids  # one copy of a stable running set's ids (the same values)
+                    rings.last_block = block
+                offer(ring.add(rec))
+            except Exception:  # a bad record must never stop the sources feeding us
+                self.set_aside(rec)
+                continue
+            if block is not None:
+                rows += block.n
+            # a step's two halves may come as one record (paired by the recorder source): each counts
+            halves += 2 if rec.halves == HALF_STATS | HALF_REQUESTS else 1
+            last_ts = rec.ts
+        if last_ts is not None:
+            self.engines.saw_step(engine, last_ts, rows, halves)
 
     def _scrape(self, s: MetricsScrape) -> None:
         self.engine(s.engine)

@@ -10,6 +10,7 @@ A source that cannot work on this machine (no NVML library, no /dev/kmsg) raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from collector.errors import FlightrecError
@@ -28,6 +29,12 @@ class SourceUnsupported(SourceError):
 class Sink(Protocol):
     def emit(self, item: Observation) -> None:
         """Hand one observation to the hub. Must not block."""
+
+
+@runtime_checkable
+class BatchSink(Sink, Protocol):
+    def emit_many(self, items: Sequence[Observation]) -> None:
+        """Hand a poll's data (no events) to the hub in one call, in order. Must not block."""
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ from collector.model import (
     StepRecord,
     WorkloadBatch,
 )
-from collector.sources.base import Sink
+from collector.sources.base import BatchSink, Sink
 from collector.sources.join import EngineJoin, Joined
 
 log = logging.getLogger(__name__)
@@ -262,10 +262,13 @@ class RecorderSource:
         # Events last: one may be a trigger whose capture reads the rings again (the
         # committer's read before a capture), and the records read with it must be in by then.
         events: list[Observation] = []
+        data: list[Observation] = []
         for obs in pair_halves(batch):
-            if type(obs) is Event:
-                events.append(obs)
-            else:
+            (events if type(obs) is Event else data).append(obs)
+        if isinstance(sink, BatchSink):  # the hub: a poll's steps filed per engine, not one by one
+            sink.emit_many(data)
+        else:
+            for obs in data:
                 sink.emit(obs)
         for obs in events:
             sink.emit(obs)

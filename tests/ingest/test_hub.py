@@ -206,3 +206,37 @@ def test_scrapes_are_kept_as_long_as_their_readers_need_and_no_longer() -> None:
             h.emit(MetricsScrape(engine="e0", ts=1000.0 + i, values={"num_requests_running": 1.0}))
     assert [s.ts for s in kept.intake.store.engines["e0"].scrapes] == [1000.0 + i for i in range(139, 200)]  # the last 60 s
     assert len(unbounded.intake.store.engines["e0"].scrapes) == 200  # told nothing: only the count bound (900)
+
+
+def test_a_poll_filed_in_one_call_is_filed_as_one_by_one_and_a_bad_step_is_set_aside_alone(tmp_path: Path) -> None:
+    from tests.request_columns import Row, with_rows  # noqa: PLC0415
+
+    rows = [Row("cmpl-a", 100, 50), Row("cmpl-b", 10, 5, status="preempted")]
+
+    def poll() -> list[Any]:
+        steps: list[Any] = [with_rows(StepRecord(engine="decode-0", ts=1000.0 + n / 100, step=n, run=7), rows) for n in range(1, 6)]
+        steps.insert(2, StepRecord(engine="decode-0", ts=1000.5, step="x"))  # type: ignore[arg-type]
+        steps.insert(4, GpuSample(gpu="GPU-b", index=1, ts=1000.2, bus_id="0000:00:06.0"))
+        steps += [
+            StepRecord(engine="prefill-0", ts=1000.1, step=9, running=3, halves=HALF_STATS),
+            StepRecord(engine="decode-0", ts=1000.3, step=1, running=2, run=7, halves=HALF_STATS),
+        ]
+        return steps
+
+    one, _ = hub(tmp_path / "one")
+    for obs in poll():
+        one.emit(obs)
+    many, _ = hub(tmp_path / "many")
+    many.emit_many(poll())
+    for h in (one, many):
+        assert h.view.dropped == 1
+    for name in ("decode-0", "prefill-0"):
+        a, b = one.view.engine(name), many.view.engine(name)
+        assert a is not None and b is not None
+        assert (b.steps_received, b.requests_received, b.last_seen, b.up) == (a.steps_received, a.requests_received, a.last_seen, a.up)
+        assert [(s.step, s.running, s.halves, s.request_count) for s in many.view.steps(name)] == [
+            (s.step, s.running, s.halves, s.request_count) for s in one.view.steps(name)
+        ]
+    info = many.view.engine("decode-0")
+    assert info is not None and (info.steps_received, info.requests_received, info.last_seen) == (6, 10, 1000.3)
+    assert len(many.intake.store.gpus["GPU-b"]) == 2

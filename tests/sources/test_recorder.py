@@ -4,6 +4,7 @@ recorder writes them."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -421,3 +422,26 @@ def test_workload_records_reach_the_workload_log_one_batch_a_read_and_a_bad_one_
     assert cols["id"] == ["a", "b"] and cols["outcome"] == ["finished", "in_flight"]
     assert cols["max_tokens"] == [16, None] and cols["ignore_eos"] == [True, None]  # unknown is null, not 0
     assert cols["output_len"] == [16, None] and cols["finish"] == ["length", None] and cols["cached_tokens"] == [None, None]
+
+
+class BatchListSink(ListSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[Observation]] = []
+
+    def emit_many(self, items: Sequence[Observation]) -> None:
+        self.calls.append(list(items))
+
+
+def test_a_poll_hands_its_records_to_a_batch_sink_in_one_call_and_its_events_after(tmp_path: Path) -> None:
+    stats = writer(tmp_path, "decode-0", "stats", 11)
+    sched = writer(tmp_path, "decode-0", "sched", 12)
+    for n in range(1, 4):
+        stats.append(step(n, 999.0 + n))
+        sched.append(encode_rows(n, 999.0 + n, [Row("r1", 300, 300 + n, n)]))
+    stats.append(encode({"t": "ev", "engine": "decode-0", "kind": "cuda_error", "ts": 1000.0, "message": "boom", "severity": "critical"}))
+    sink = BatchListSink()
+    assert RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True).poll(sink) == 7
+    [records] = sink.calls
+    assert [(r.step, r.halves) for r in records if isinstance(r, StepRecord)] == [(n, HALF_STATS | HALF_REQUESTS) for n in range(1, 4)]
+    assert [type(o) for o in sink.items] == [Event]  # events one by one, after the records
