@@ -535,6 +535,7 @@ _MAX_SPLITS = 4096
 _NO_CONNECTOR: dict[str, Any] = {}
 _NO_FINISHED: list[dict[str, Any]] = []
 _NO_DETAILS: dict[str, Any] = {}
+_NO_WAITING: dict[str, int] = {}
 
 
 def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) -> StepRecord:
@@ -621,7 +622,20 @@ def _decode_request_block(engine: str, payload: bytes | memoryview) -> StepRecor
 
         _block_type = RequestBlock
     block = _block_type.from_payload(payload)
-    return StepRecord(engine=engine, ts=block.ts, step=block.step, running=block.running, request_block=block, halves=HALF_REQUESTS)
+    # the shared empty containers, as a plain step's (``_step_of``): four fresh ones a step
+    # that nothing fills (a held step's containers are replaced, never edited)
+    return StepRecord(
+        engine=engine,
+        ts=block.ts,
+        step=block.step,
+        running=block.running,
+        waiting_by_reason=_NO_WAITING,
+        connector=_NO_CONNECTOR,
+        finished_requests=_NO_FINISHED,
+        details=_NO_DETAILS,
+        request_block=block,
+        halves=HALF_REQUESTS,
+    )
 
 
 def _decode_event(engine: str, body: dict[str, Any]) -> Event:
