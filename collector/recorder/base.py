@@ -47,15 +47,22 @@ class RecorderBase:
     def failed(self) -> str | None:
         return self.channel.failed
 
-    def _json(self, what: str, body: dict[str, Any]) -> None:
-        if not self.channel.active:
+    def _emit(self, what: str, encoder: Callable[..., bytes], *args: Any) -> None:
+        """One record: ``encoder(*args)`` written to the ring. Every write goes through here, so
+        an input the encoder refuses disables the recorder (said once) instead of reaching the
+        engine; a recorder already off does nothing, not even the encode."""
+        channel = self.channel
+        if not channel.active:
             return
         try:
-            payload = encode(body)
+            payload = encoder(*args)
         except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
-            self.channel.fail(f"{what} raised {exc!r}")
+            channel.fail(f"{what} raised {exc!r}")
             return
-        self.channel.write(payload)
+        channel.write(payload)
+
+    def _json(self, what: str, body: dict[str, Any]) -> None:
+        self._emit(what, encode, body)
 
     def write_fingerprint(self, facts: Mapping[str, Any], *, ts: float | None = None) -> None:
         """The engine's deployment facts (one ``fp`` record). The identity's joining facts

@@ -21,7 +21,7 @@ None leaves the column out (the engine has no such connector), -1 marks one unkn
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_arrival, encode_end, encode_request_columns
@@ -51,6 +51,36 @@ def _ids(ids: bytes | Iterable[str]) -> bytes:
     return ids if isinstance(ids, bytes) else "\0".join(ids).encode()
 
 
+def _encode_columns(
+    step: int,
+    ts: float,
+    n: int,
+    ids: bytes | Iterable[str],
+    prompt_len: Column,
+    computed: Column,
+    output: Column,
+    preemptions: Column,
+    status: Column,
+    mirror_rows: Column | None,
+    host_blocks: Column | None,
+) -> bytes:
+    """One ``R`` payload from columns in any accepted form (converted here, under the write's
+    guard: a column that is not ints disables the recorder, it never raises into the engine)."""
+    return encode_request_columns(
+        step,
+        ts,
+        n,
+        _ids(ids),
+        _col(prompt_len, "I"),
+        _col(computed, "I"),
+        _col(output, "I"),
+        _col(preemptions, "I"),
+        status if isinstance(status, bytes) else bytes(status),
+        None if mirror_rows is None else _col(mirror_rows, "i"),
+        None if host_blocks is None else _col(host_blocks, "i"),
+    )
+
+
 class RequestRecorder(RecorderBase):
     """Writes the ``sched`` ring of one engine (the engine-core side in vLLM)."""
 
@@ -77,27 +107,21 @@ class RequestRecorder(RecorderBase):
         """The ``n`` running requests of ``step``, column by column (the same order in every
         column). ``ids``: the request ids, or their UTF-8 joined by NUL; ``status``: wire codes
         (``status_code``), or their bytes; ``computed`` includes this step's scheduled tokens."""
-        channel = self.channel
-        if not channel.active:
-            return
-        try:
-            payload = encode_request_columns(
-                step,
-                self.clock() if ts is None else ts,
-                n,
-                _ids(ids),
-                _col(prompt_len, "I"),
-                _col(computed, "I"),
-                _col(output, "I"),
-                _col(preemptions, "I"),
-                status if isinstance(status, bytes) else bytes(status),
-                None if mirror_rows is None else _col(mirror_rows, "i"),
-                None if host_blocks is None else _col(host_blocks, "i"),
-            )
-        except Exception as exc:  # noqa: BLE001
-            channel.fail(f"write_requests raised {exc!r}")
-            return
-        channel.write(payload)
+        self._emit(
+            "write_requests",
+            _encode_columns,
+            step,
+            self.clock() if ts is None else ts,
+            n,
+            ids,
+            prompt_len,
+            computed,
+            output,
+            preemptions,
+            status,
+            mirror_rows,
+            host_blocks,
+        )
 
     def write_arrival(
         self,
@@ -112,7 +136,7 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request the engine saw for the first time; ``ts`` is when it arrived (unix s),
         the sampling parameters a replay needs as the client sent them (None: not known)."""
-        self._write("write_arrival", encode_arrival, request_id, ts, prompt_len, max_tokens, n, ignore_eos, has_stop)
+        self._emit("write_arrival", encode_arrival, request_id, ts, prompt_len, max_tokens, n, ignore_eos, has_stop)
 
     def write_end(
         self,
@@ -125,15 +149,4 @@ class RequestRecorder(RecorderBase):
     ) -> None:
         """A request that left the engine: output tokens, how it finished (``FINISHES``, or
         another vLLM status name), prompt tokens served from a cache (None: not known)."""
-        self._write("write_end", encode_end, request_id, self.clock() if ts is None else ts, output_len, finish, cached_tokens)
-
-    def _write(self, what: str, encoder: Callable[..., bytes], *args: Any) -> None:
-        channel = self.channel
-        if not channel.active:
-            return
-        try:
-            payload = encoder(*args)
-        except Exception as exc:  # noqa: BLE001
-            channel.fail(f"{what} raised {exc!r}")
-            return
-        channel.write(payload)
+        self._emit("write_end", encode_end, request_id, self.clock() if ts is None else ts, output_len, finish, cached_tokens)

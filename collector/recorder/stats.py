@@ -58,27 +58,21 @@ class StatsRecorder(RecorderBase):
         """One step. ``waiting`` counts every waiting request, ``deferred`` (vLLM's skipped
         waiting requests) is the part of it held back by a transient constraint;
         ``kv_cache_usage`` is 0..1; the token and preemption counts are this step's."""
-        channel = self.channel
-        if not channel.active:
-            return
-        try:
-            payload = encode_step_fields(
-                step,
-                self.clock() if ts is None else ts,
-                self.identity.engine_index,
-                running,
-                waiting,
-                deferred,
-                kv_cache_usage,
-                preemptions,
-                prompt_tokens,
-                generation_tokens,
-                finished,
-                prefix_cache_queries,
-                prefix_cache_hits,
-                extras,
-            )
-        except Exception as exc:  # noqa: BLE001
-            channel.fail(f"write_step raised {exc!r}")
-            return
-        channel.write(payload)
+        self._emit(
+            "write_step",
+            encode_step_fields,
+            step,
+            self.clock() if ts is None else ts,
+            self.identity.engine_index,
+            running,
+            waiting,
+            deferred,
+            kv_cache_usage,
+            preemptions,
+            prompt_tokens,
+            generation_tokens,
+            finished,
+            prefix_cache_queries,
+            prefix_cache_hits,
+            extras,
+        )
