@@ -489,14 +489,9 @@ def summarise_inside(deltas: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def recorder_step_time(probe: dict[str, Any]) -> dict[str, Any]:
-    """The whole life's figures of one server's probe (every phase)."""
-    out: dict[str, Any] = {}
-    for series, buckets in probe.get("timings", {}).items():
-        out[series] = {b: hist_summary(h, 1e3) for b, h in buckets.items() if h.get("n")}
-    out["step_gap"] = {b: hist_summary(h, 1e6, 3) for b, h in (probe.get("step_gaps_ns") or {}).items() if h.get("n")}
-    out["gc_ms"] = {role: {g: hist_summary(h, 1e6, 3) for g, h in gens.items() if h.get("n")} for role, gens in (probe.get("gc_ns") or {}).items()}
-    out["probe_writes"] = probe.get("writes")
-    return out
+    """The whole life's figures of one server's probe (every phase), in the form of a cost
+    run's window (``summarise_inside``), with the probe's own writes."""
+    return {**summarise_inside([probe_delta(probe, {})]), "probe_writes": probe.get("writes")}
 
 
 def import_time(args: argparse.Namespace, pp: list[Any]) -> dict[str, Any]:
