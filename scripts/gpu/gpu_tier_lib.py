@@ -505,6 +505,14 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
+def cpu_us_per_token(before: float | None, after: float | None, tokens: int) -> float | None:
+    """CPU microseconds a process spent per output token between two ``cpu_seconds`` readings
+    (None: a reading missing or no token)."""
+    if before is None or after is None or not tokens:
+        return None
+    return round(1e6 * (after - before) / tokens, 2)
+
+
 def quantile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None

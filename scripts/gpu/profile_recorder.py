@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_tier_lib import (  # noqa: E402
     REPO,
     cpu_seconds,
+    cpu_us_per_token,
     log,
     machine_facts,
     run_for,
@@ -135,10 +136,7 @@ def main() -> int:
                     "server": s.name,
                     "concurrency": c,
                     **w,
-                    "cpu_us_per_token": {
-                        k: None if cpu0[k] is None or cpu1[k] is None or not tokens else round(1e6 * (cpu1[k] - cpu0[k]) / tokens, 1)  # type: ignore[operator]
-                        for k in cpu0
-                    },
+                    "cpu_us_per_token": {k: cpu_us_per_token(cpu0[k], cpu1[k], tokens) for k in cpu0},
                     "py_spy_errors": errs,
                     "shares": {role: shares(args.out / f"{s.name}-c{c}-{role}.txt") for role in ("core", "api")},
                 }

@@ -58,6 +58,7 @@ from gpu_tier_lib import (  # noqa: E402
     Sidecar,
     Vllm,
     cpu_seconds,
+    cpu_us_per_token,
     get_json,
     hist_merge,
     hist_summary,
@@ -420,7 +421,7 @@ def measure_cost(args: argparse.Namespace, r: Vllm, n: Vllm, probes: dict[str, P
                 tokens = sum(x.tokens for x in res if x.ok)
                 for key, c0, c1 in (("api", cpu0[0], cpu1[0]), ("core", cpu0[1], cpu1[1])):
                     w[f"cpu_s_{key}"] = None if c0 is None or c1 is None else round(c1 - c0, 3)
-                    w[f"cpu_us_per_token_{key}"] = None if c0 is None or c1 is None or not tokens else round(1e6 * (c1 - c0) / tokens, 2)
+                    w[f"cpu_us_per_token_{key}"] = cpu_us_per_token(c0, c1, tokens)
                 runs[c][s.name].append(w)
                 time.sleep(0.35)  # the probe writes every 0.25 s
                 inside[c][s.name].append(probe_delta(read_probe(probes[s.name]), before))
