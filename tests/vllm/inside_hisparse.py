@@ -19,6 +19,7 @@ os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
 os.environ["FLIGHTREC_ENGINE_NAME"] = "hs"
 
 import torch  # noqa: E402
+from tiny_llama import tiny_llama  # noqa: E402 - beside this script (its folder is first on sys.path)
 from vllm.compilation.cuda_graph import CUDAGraphStat  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.config.attention import HiSparseConfig  # noqa: E402
@@ -57,25 +58,7 @@ BLOCK = 64
 result: dict[str, Any] = {}
 
 # -- the config: MultiConnector(NIXL + HiSparse), HiSparse's attention config -----------------
-model = work / "model"
-model.mkdir()
-model.joinpath("config.json").write_text(
-    json.dumps(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 64,
-            "num_hidden_layers": 2,
-            "vocab_size": 1024,
-            "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16",
-        }
-    )
-)
+model = tiny_llama(work / "model")
 cfg = EngineArgs(
     model=str(model), load_format="dummy", skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16", block_size=BLOCK
 ).create_engine_config()

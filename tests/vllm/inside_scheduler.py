@@ -17,6 +17,7 @@ work = Path(tempfile.mkdtemp(prefix="flightrec-sched-"))
 os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
 
 import torch  # noqa: E402
+from tiny_llama import tiny_llama  # noqa: E402 - beside this script (its folder is first on sys.path)
 from vllm.compilation.cuda_graph import CUDAGraphStat  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -32,25 +33,7 @@ from collector.model import Fingerprint, StepRecord, WorkloadArrival, WorkloadBa
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
 
 BLOCK = 16
-model = work / "model"
-model.mkdir()
-model.joinpath("config.json").write_text(
-    json.dumps(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 64,
-            "num_hidden_layers": 2,
-            "vocab_size": 1024,
-            "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16",
-        }
-    )
-)
+model = tiny_llama(work / "model")
 
 
 def build(async_scheduling: bool, tag: str, prefix_caching: bool = False) -> Any:

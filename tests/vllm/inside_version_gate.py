@@ -21,6 +21,7 @@ version = sys.argv[1]
 
 import torch  # noqa: E402
 import vllm.version  # noqa: E402
+from tiny_llama import tiny_llama  # noqa: E402 - beside this script (its folder is first on sys.path)
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
@@ -42,25 +43,7 @@ class Capture(logging.Handler):
 
 logging.getLogger("collector.recorder").addHandler(Capture())
 
-model = work / "model"
-model.mkdir()
-model.joinpath("config.json").write_text(
-    json.dumps(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 64,
-            "num_hidden_layers": 2,
-            "vocab_size": 1024,
-            "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16",
-        }
-    )
-)
+model = tiny_llama(work / "model")
 cfg = EngineArgs(
     model=str(model),
     load_format="dummy",

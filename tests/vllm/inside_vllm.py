@@ -17,6 +17,7 @@ os.environ["FLIGHTREC_ENGINE_NAME"] = "inside"
 os.environ["NCCL_NET_PLUGIN"] = "libnccl-net-test.so"
 os.environ["VLLM_API_KEY"] = "s3cret"
 
+from tiny_llama import tiny_llama  # noqa: E402 - beside this script (its folder is first on sys.path)
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -30,25 +31,7 @@ from collector.model import Fingerprint, StepRecord  # noqa: E402
 from collector.vllm.plugin import FlightRecorderStatLogger  # noqa: E402
 from collector.vllm.scheduler import _SchedRecorder  # noqa: E402
 
-model = work / "model"
-model.mkdir()
-model.joinpath("config.json").write_text(
-    json.dumps(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 64,
-            "num_hidden_layers": 2,
-            "vocab_size": 1024,
-            "max_position_embeddings": 4096,
-            "torch_dtype": "bfloat16",
-        }
-    )
-)
+model = tiny_llama(work / "model")
 kvt = KVTransferConfig(
     kv_connector="MultiConnector",
     kv_role="kv_both",
