@@ -23,6 +23,8 @@ class EventKind(str, enum.Enum):
     ENGINE_FATAL = "engine_fatal"  # "EngineCore encountered a fatal error"
     ENGINE_DEAD = "engine_dead"  # EngineDeadError, or a "died unexpectedly" line
     ENGINE_DOWN = "engine_down"  # /health or /metrics failing K scrapes in a row
+    ENGINE_WEDGED = "engine_wedged"  # requests held, no step for far longer than the engine's own pace
+    ENGINE_RESUMED = "engine_resumed"  # a wedged engine stepped again (the wedge's end and its length)
     RECORDER_SILENT = "recorder_silent"  # the in-engine channel stopped with the process gone
     CRASH_DUMP = "crash_dump"  # vLLM's own "Dumping scheduler output/stats" lines
     ANOMALY = "anomaly"  # a detector's state change

