@@ -27,10 +27,17 @@ from collector import __version__
 from collector.alerting.labels import ENGINE, HOSTNAME, METRIC_GPU_LABELS, gpu_labels
 from collector.context import AppContext
 from collector.ingest.view import IngestView
+from collector.model import Severity
+from collector.snapshot.freeze import TRIGGER_KIND_VALUES
+from collector.xid.catalog import default_catalog
 from collector.xid.catalog import lookup as xid_lookup
 
 COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 COMMIT_LATENCY_NAME = "flightrec_snapshot_commit_duration_seconds"
+# The Xid codes each known GPU exports at 0 before any Xid: the catalog's critical ones, the
+# faults that must never be missed (a warning code seen for the first time is born at 1 and the
+# rule's `unless ... offset` clause catches it). 25 series per GPU.
+CRITICAL_XIDS = tuple(c for c in default_catalog().codes() if default_catalog().lookup(c).severity is Severity.CRITICAL)
 
 
 def commit_latency_histogram() -> Histogram:
@@ -103,11 +110,9 @@ class SidecarCollector(Collector):
             if value is not None:  # unknown is absent, never 0
                 fam.add_metric(key, float(value))
 
-        gone = self._discovery().get("gone", [])
-        for name in sorted(view.engine_names()):
+        for name in self._live_engines(view):
             st = view.engine(name)
-            if st is None or name in gone:  # its pod is deleted: no longer scraped, its last state is stale
-                continue
+            assert st is not None
             key = [host, name]
             up.add_metric(key, 1.0 if st.up else 0.0)
             steps.add_metric(key, st.steps_received)
@@ -140,6 +145,12 @@ class SidecarCollector(Collector):
                 put(waiting, key, v.get("num_requests_waiting"))
                 put(kv, key, v.get("kv_cache_usage_perc"))
         yield from (up, running, waiting, kv, step, mirror, steps, rows, source, gen, prompt, preempt, ttft, itl)
+
+    def _live_engines(self, view: IngestView) -> list[str]:
+        """The engines known and not gone (a deleted pod's engine is no longer scraped: its last
+        state is stale)."""
+        gone = self._discovery().get("gone", [])
+        return [n for n in sorted(view.engine_names()) if n not in gone and view.engine(n) is not None]
 
     def _engine_info(self, view: IngestView, host: str) -> Metric:
         """One series per engine naming where it runs, so that vLLM's own series (which carry
@@ -234,16 +245,31 @@ class SidecarCollector(Collector):
                 remap.add_metric([*key, "uncorrectable"], s.remapped_rows_uncorrectable)
         yield from (temp, power, util, mem, reasons, ecc, remap)
 
-        # severity is the Xid catalog's, so the shipped rule pages each Xid as the sidecar does
+        # severity is the Xid catalog's, so the shipped rule pages each Xid as the sidecar does.
+        # Born at 0: each GPU NVML lists gets its critical codes' series before any Xid (a series
+        # whose first sample is 1 shows no increase() to Prometheus); any other code appears at
+        # 1 when it first comes, which the rule catches with its `unless ... offset` clause.
         xid = CounterMetricFamily("flightrec_xid_events", "Xid errors seen (kernel log and NVML merged)", labels=[*labels, "xid", "severity"])
-        for (gpu, code), n in sorted(view.xid_counts().items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-            key = [host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values()]
-            xid.add_metric([*key, str(code), xid_lookup(code).severity.value], n)
+        # keyed by the labels: the kernel names a GPU by its bus id, NVML by its UUID
+        counts: dict[tuple[str, ...], int] = {}
+        for (gpu, code), n in view.xid_counts().items():
+            key = (host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values(), str(code))
+            counts[key] = counts.get(key, 0) + n
+        for gpu in last_sample:
+            for code in CRITICAL_XIDS:
+                counts.setdefault((host, *gpu_labels(gpu, meta).values(), str(code)), 0)
+        for key, n in sorted(counts.items(), key=lambda kv: (kv[0][:-1], int(kv[0][-1]))):
+            xid.add_metric([*key, xid_lookup(int(key[-1])).severity.value], n)
         yield xid
 
     def _sidecar(self, host: str) -> Iterable[Metric]:
-        snaps = CounterMetricFamily("flightrec_snapshots", "crash snapshots committed", labels=[HOSTNAME, ENGINE, "trigger"])
-        for (engine, trig), n in sorted(self.ctx.snapshot_counts.items()):
+        snaps = CounterMetricFamily("flightrec_snapshots", "snapshots committed, by the kind of their trigger", labels=[HOSTNAME, ENGINE, "trigger"])
+        # born at 0 for every engine the sidecar knows and every kind that can trigger a snapshot
+        counts = dict(self.ctx.snapshot_counts)
+        for name in self._live_engines(self.ctx.view):
+            for trig in TRIGGER_KIND_VALUES:
+                counts.setdefault((name, trig), 0)
+        for (engine, trig), n in sorted(counts.items()):
             snaps.add_metric([host, engine, trig], n)
         yield snaps
         for metric in self.commit_latency.collect():
@@ -251,11 +277,14 @@ class SidecarCollector(Collector):
             metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
             yield metric
 
-        src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=[HOSTNAME, "source"])
-        sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=[HOSTNAME, "source"])
+        # a source of one engine (``vllm_metrics:decode-0``, ``engine_log:decode-0``) carries that
+        # engine, so Alertmanager quiets its FlightrecSourceDown under the engine's own crash page
+        src = GaugeMetricFamily("flightrec_source_up", "1 if the source works, 0 if failing", labels=[HOSTNAME, "source", ENGINE])
+        sup = GaugeMetricFamily("flightrec_source_supported", "0 if the source cannot run on this node", labels=[HOSTNAME, "source", ENGINE])
         for status in self.ctx.source_statuses():
-            src.add_metric([host, status.name], 1.0 if status.up else 0.0)
-            sup.add_metric([host, status.name], 1.0 if status.supported else 0.0)
+            key = [host, status.name, status.name.partition(":")[2]]
+            src.add_metric(key, 1.0 if status.up else 0.0)
+            sup.add_metric(key, 1.0 if status.supported else 0.0)
         yield from (src, sup)
 
         task_up = GaugeMetricFamily("flightrec_task_up", "1 if the sidecar's task runs, 0 while it waits to restart", labels=[HOSTNAME, "task"])

@@ -61,7 +61,7 @@ def test_gpu_series_and_xid_counter_carry_the_same_dcgm_labels(tmp_path) -> None
     [(gauge, value)] = got["flightrec_gpu_utilization_ratio"]
     assert value == pytest.approx(0.87)
     assert gauge == {"Hostname": "node-a", "gpu": "1", "UUID": UUID, "pci_bus_id": "00000000:00:06.0", "modelName": "NVIDIA H200"}
-    [(xid, n)] = got["flightrec_xid_events_total"]
+    [(xid, n)] = [(labels, v) for labels, v in got["flightrec_xid_events_total"] if labels["xid"] == "43"]
     assert n == 1
     assert {k: xid[k] for k in gauge} == gauge
     assert xid["xid"] == "43" and xid["severity"] == "warning"  # the catalog's severity for 43
@@ -159,3 +159,66 @@ def test_vllms_rates_under_the_sidecars_engine_name(tmp_path) -> None:
     assert got["flightrec_engine_preemptions_per_second"].value == 0.5
     assert abs(got["flightrec_engine_time_to_first_token_mean_seconds"].value - 0.3) < 1e-9
     assert "flightrec_engine_inter_token_latency_mean_seconds" not in got  # no token in the interval: unknown
+
+
+def test_counters_are_born_at_zero_for_every_label_set_known_before_the_first_event(tmp_path) -> None:
+    """A counter whose first sample is already 1 shows no increase() to Prometheus: each engine's
+    snapshot counter per trigger kind, and each known GPU's critical Xid codes, are exported at 0
+    before anything happened; an Xid code outside those still appears (at 1) when it comes."""
+    from collector.snapshot.freeze import TRIGGER_KIND_VALUES
+    from collector.xid.catalog import default_catalog
+
+    ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
+    now = time.time()
+    ctx.hub.emit(StepRecord(engine="decode-0", ts=now, step=1, running=1, waiting=0, kv_cache_usage=0.01))
+    ctx.hub.emit(GpuSample(gpu=UUID, index=1, ts=now, bus_id="0000:00:06.0", name="NVIDIA H200", temperature=40.0))
+    got = samples(generate_latest(sidecar_registry(ctx)).decode())
+    snaps = {(s["engine"], s["trigger"]): v for s, v in got["flightrec_snapshots_total"]}
+    engines = {s["engine"] for s, _ in got["flightrec_engine_up"]}
+    assert engines and set(snaps) == {(e, t) for e in engines for t in TRIGGER_KIND_VALUES}
+    assert set(snaps.values()) == {0.0}
+    critical = {str(c) for c in default_catalog().codes() if default_catalog().lookup(c).severity is Severity.CRITICAL}
+    xids = {s["xid"]: (s["severity"], s["gpu"], s["UUID"], v) for s, v in got["flightrec_xid_events_total"]}
+    assert set(xids) == critical and "79" in critical and "43" not in critical
+    assert {(sev, gpu, uuid, v) for sev, gpu, uuid, v in xids.values()} == {("critical", "1", UUID, 0.0)}
+
+    # the first Xid 79 counts 1 on the series that was 0; Xid 43 (a warning) is born at 1
+    for i, (code, sev) in enumerate(((79, Severity.CRITICAL), (43, Severity.WARNING))):
+        ctx.hub.emit(
+            Event(
+                kind=EventKind.XID,
+                ts=now + 10 * i,
+                source="kmsg",
+                message=f"NVRM: Xid (PCI:0000:00:06): {code}",
+                xid=code,
+                gpu="0000:00:06.0",
+                severity=sev,
+            )
+        )
+    ctx.snapshot_counts[("decode-0", "xid")] = 1
+    got = samples(generate_latest(sidecar_registry(ctx)).decode())
+    xids = {s["xid"]: v for s, v in got["flightrec_xid_events_total"]}
+    assert xids["79"] == 1 and xids["43"] == 1 and xids["48"] == 0
+    snaps = {(s["engine"], s["trigger"]): v for s, v in got["flightrec_snapshots_total"]}
+    assert snaps[("decode-0", "xid")] == 1 and snaps[("decode-0", "cuda_error")] == 0
+
+
+def test_a_source_of_one_engine_carries_its_engine(tmp_path) -> None:
+    """FlightrecSourceDown of a dead engine's scrape is inhibited by that engine's crash page:
+    the series names the engine (node-wide sources have none)."""
+    from collector.model import SourceStatus
+    from collector.sources.supervisor import SupervisedSource
+
+    ctx = make_context(f"sqlite:///{tmp_path / 'm.db'}")
+
+    class Scrape:
+        name = "vllm_metrics"
+
+        def status(self) -> list[SourceStatus]:
+            return [SourceStatus(name="vllm_metrics:decode-0", up=False), SourceStatus(name="kmsg", up=True)]
+
+    ctx.supervised.append(SupervisedSource(Scrape()))
+    got = samples(generate_latest(sidecar_registry(ctx)).decode())
+    up = {s["source"]: (s.get("engine", ""), v) for s, v in got["flightrec_source_up"]}
+    assert up["vllm_metrics:decode-0"] == ("decode-0", 0.0)
+    assert up["kmsg"] == ("", 1.0)
