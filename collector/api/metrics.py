@@ -253,13 +253,13 @@ class SidecarCollector(Collector):
         # keyed by the labels: the kernel names a GPU by its bus id, NVML by its UUID
         counts: dict[tuple[str, ...], int] = {}
         for (gpu, code), n in view.xid_counts().items():
-            key = (host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values(), str(code))
-            counts[key] = counts.get(key, 0) + n
+            labelled = (host, *gpu_labels(None if gpu == "unknown" else gpu, meta).values(), str(code))
+            counts[labelled] = counts.get(labelled, 0) + n
         for gpu in last_sample:
             for code in CRITICAL_XIDS:
                 counts.setdefault((host, *gpu_labels(gpu, meta).values(), str(code)), 0)
-        for key, n in sorted(counts.items(), key=lambda kv: (kv[0][:-1], int(kv[0][-1]))):
-            xid.add_metric([*key, xid_lookup(int(key[-1])).severity.value], n)
+        for xid_key, n in sorted(counts.items(), key=lambda kv: (kv[0][:-1], int(kv[0][-1]))):
+            xid.add_metric([*xid_key, xid_lookup(int(xid_key[-1])).severity.value], n)
         yield xid
 
     def _sidecar(self, host: str) -> Iterable[Metric]:
