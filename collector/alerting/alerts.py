@@ -130,23 +130,7 @@ def alert_for_event(
     where = f"engine {engine}" if engine else f"host {host}"
 
     if event.kind in ENGINE_ERROR_KINDS:
-        name = "VllmEngineCrashed"
-        process = f" ({event.process})" if event.process else ""
-        return Alert(
-            name=name,
-            severity=Severity.CRITICAL,
-            labels=base_labels,
-            annotations=_annotations(
-                f"vLLM {where} crashed: {first_line}",
-                f"{event.kind.value} from {event.source}{process}: {event.message[:2000]}",
-                runbook_base,
-                name,
-                **snapshot_note,
-            ),
-            starts_at=event.ts,
-            generator_url=generator,
-            expires_at=event.ts + hold,
-        )
+        return crash_alert(event, engine=engine, host=host, public_url=public_url, snapshot_id=snapshot_id, runbook_base=runbook_base, hold=hold)
     if event.kind is EventKind.XID:
         name = "GpuXidError"
         xid = "" if event.xid is None else str(event.xid)
@@ -228,6 +212,43 @@ def alert_for_event(
         )
         return alert_for_state(state, host=host, public_url=public_url, runbook_base=runbook_base, snapshot_id=snapshot_id, gpus=gpus)
     return None
+
+
+def crash_alert(
+    event: Event,
+    *,
+    engine: str,
+    host: str,
+    public_url: str,
+    snapshot_id: str | int | None = None,
+    runbook_base: str = "",
+    hold: float = 3600.0,
+) -> Alert:
+    """``VllmEngineCrashed`` of ``engine``: from the engine's own error (a CUDA error, a fatal
+    EngineCore error, EngineDeadError), or from any crash snapshot of it, whatever fault opened
+    it (an Xid, a lost GPU, a silent recorder: ``CRASH_KINDS``). One label set per engine, the
+    one the rule over ``flightrec_snapshots_total`` sends, so the engine's death is one page."""
+    name = "VllmEngineCrashed"
+    generator = _link(public_url, f"/snapshots/{quote(str(snapshot_id))}" if snapshot_id is not None else "/")
+    snapshot_note = {"snapshot_url": generator} if (generator and snapshot_id is not None) else {}
+    first_line = event.message.strip().splitlines()[0][:300] if event.message.strip() else event.kind.value
+    where = f"engine {engine}" if engine else f"host {host}"
+    process = f" ({event.process})" if event.process else ""
+    return Alert(
+        name=name,
+        severity=Severity.CRITICAL,
+        labels={HOSTNAME: host, ENGINE: engine},
+        annotations=_annotations(
+            f"vLLM {where} crashed: {first_line}",
+            f"{event.kind.value} from {event.source}{process}: {event.message[:2000]}",
+            runbook_base,
+            name,
+            **snapshot_note,
+        ),
+        starts_at=event.ts,
+        generator_url=generator,
+        expires_at=event.ts + hold,
+    )
 
 
 def _gpu_of_event(event: Event) -> list[GpuSample]:

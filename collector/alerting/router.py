@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from collector.alerting.alertmanager import AlertmanagerClient
-from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition
+from collector.alerting.alerts import Alert, alert_for_event, alerts_for_transition, crash_alert
 from collector.alerting.config import AlertingSettings
 from collector.detectors.base import Transition
-from collector.model import Event, EventKind, GpuSample
+from collector.model import CRASH_KINDS, ENGINE_ERROR_KINDS, Event, EventKind, GpuSample
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import is_trigger
 
@@ -142,6 +142,21 @@ class Alerter:
             self.client.fire(fire)
 
     def snapshot_committed(self, doc: SnapshotDoc, trigger: Event) -> None:
+        if trigger.kind in CRASH_KINDS and trigger.kind not in ENGINE_ERROR_KINDS and doc.engine:
+            # a crash snapshot opened by another fault (the Xid before the CUDA error, a lost
+            # GPU, a silent recorder) is the engine's crash too: the engine's own error, if it
+            # comes, refreshes this same alert
+            self.client.fire(
+                crash_alert(
+                    trigger,
+                    engine=doc.engine,
+                    host=self.host,
+                    public_url=self.public_url,
+                    snapshot_id=doc.id,
+                    runbook_base=self.runbook_base,
+                    hold=self.hold,
+                )
+            )
         waiting = self._held.pop(doc.engine, [])
         keep = []
         for since, ev in waiting:

@@ -135,7 +135,7 @@ def test_shipped_config_merges_the_two_senders_and_inhibits_down() -> None:
     try:
         am.start()
         crash = sidecar_crash()
-        [rule_crash] = [ls for ls in rule_labels("VllmEngineCrashed") if ls["engine"] == "decode-0"]
+        rule_crash = next(ls for ls in rule_labels("VllmEngineCrashed") if ls["engine"] == "decode-0")
         post(am, crash, summary="from the sidecar", snapshot_url="http://flightrec.local/snapshots/7")
         post(am, rule_crash, summary="from the rule")
         # the same engine, down, as the rule sees it (instance/job summed away)
@@ -151,6 +151,90 @@ def test_shipped_config_merges_the_two_senders_and_inhibits_down() -> None:
         notified = wait_for(lambda: [a for a in hook.alerts("firing") if a["labels"]["alertname"] == "VllmEngineCrashed"])
         assert {a["labels"]["Hostname"] for a in notified} == {HOST}
         assert not [a for a in hook.alerts("firing") if a["labels"]["alertname"] == "VllmEngineDown" and a["labels"]["Hostname"] == HOST]
+    finally:
+        am.close()
+        hook.stop()
+
+
+# Each fault as its alerts reach Alertmanager from both senders, and the one alert that must
+# page for it (the shipped inhibitions quiet the rest). Hostnames keep the faults apart.
+FAULTS: dict[str, tuple[list[dict[str, str]], set[str]]] = {
+    # the incident: the decode engine dies (its crash, then down, gone, its scrape source down)
+    "engine-death": (
+        [
+            {"alertname": "VllmEngineCrashed", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "VllmEngineDown", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "VllmScrapeTargetGone", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "VllmEngineStalled", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "FlightrecSourceDown", "severity": "warning", "source": "vllm_metrics:decode-0", "engine": "decode-0"},
+            {"alertname": "VllmEngineWedged", "severity": "critical", "engine": "decode-0"},
+        ],
+        {"VllmEngineCrashed"},
+    ),
+    # a wedge (hang): requests held, no step, /health still 200
+    "wedge": (
+        [
+            {"alertname": "VllmEngineWedged", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "VllmEngineStalled", "severity": "critical", "engine": "decode-0"},
+            {"alertname": "VllmEngineStalled", "severity": "warning", "engine": "decode-0"},
+            {"alertname": "VllmThroughputCollapse", "severity": "warning", "engine": "decode-0"},
+            {"alertname": "VllmKvFetchStuck", "severity": "warning", "engine": "decode-0"},
+        ],
+        {"VllmEngineWedged"},
+    ),
+    # an engine that stopped answering with no crash seen
+    "engine-down": (
+        [
+            {"alertname": "VllmEngineDown", "severity": "critical", "engine": "prefill-0"},
+            {"alertname": "VllmScrapeTargetGone", "severity": "critical", "engine": "prefill-0"},
+            {"alertname": "FlightrecSourceDown", "severity": "warning", "source": "vllm_metrics:prefill-0", "engine": "prefill-0"},
+        ],
+        {"VllmEngineDown"},
+    ),
+    # one GPU's fault: a critical Xid with the warning and info Xids and ECC counters it brings
+    "gpu-fault": (
+        [
+            {"alertname": "GpuXidError", "severity": "critical", "gpu": "1", "UUID": "GPU-abc", "pci_bus_id": "00000000:00:06.0", "xid": "48"},
+            {"alertname": "GpuXidError", "severity": "warning", "gpu": "1", "UUID": "GPU-abc", "pci_bus_id": "00000000:00:06.0", "xid": "43"},
+            {"alertname": "GpuXidError", "severity": "info", "gpu": "1", "UUID": "GPU-abc", "pci_bus_id": "00000000:00:06.0", "xid": "45"},
+            {"alertname": "GpuMemoryErrors", "severity": "critical", "gpu": "1", "UUID": "GPU-abc", "pci_bus_id": "00000000:00:06.0"},
+        ],
+        {"GpuXidError"},
+    ),
+    # a GPU off the bus
+    "gpu-lost": (
+        [
+            {"alertname": "GpuLost", "severity": "critical", "gpu": "2", "UUID": "GPU-def", "pci_bus_id": "00000000:00:07.0"},
+            {"alertname": "GpuXidError", "severity": "critical", "gpu": "2", "UUID": "GPU-def", "pci_bus_id": "00000000:00:07.0", "xid": "79"},
+            {"alertname": "GpuThrottling", "severity": "critical", "gpu": "2", "UUID": "GPU-def", "pci_bus_id": "00000000:00:07.0"},
+        ],
+        {"GpuLost"},
+    ),
+}
+
+
+@pytest.mark.alertmanager
+@pytest.mark.skipif(find_binary() is None, reason="no alertmanager binary")
+def test_the_shipped_inhibitions_leave_one_notification_per_fault() -> None:
+    """Every fault's alerts, posted together to a real Alertmanager running the shipped config:
+    each fault notifies once, with its one alert (``VllmEngineWedged`` is sent by the sidecar and
+    by the rule over ``flightrec_engine_stuck_seconds``; it is pushed here by name)."""
+    hook = WebhookReceiver().start()
+    am = LocalAlertmanager(hook.url, config_text=with_webhook(AM_CONFIG.read_text(), hook.url, group_wait="2s", group_interval="1h"))
+    try:
+        am.start()
+        for host, (alerts, _) in FAULTS.items():
+            for labels in alerts:
+                post(am, {**labels, "Hostname": host})
+        wait_for(lambda: len({a["labels"]["Hostname"] for a in hook.alerts("firing")}) == len(FAULTS), timeout=20)
+        time.sleep(3)  # any second notification a fault would wrongly send has had its group_wait
+        for host, (_, pages) in FAULTS.items():
+            notes = [n for n in hook.notifications if n["commonLabels"].get("Hostname") == host]
+            assert len(notes) == 1, (host, [n["groupKey"] for n in notes])
+            assert {a["labels"]["alertname"] for a in notes[0]["alerts"]} == pages, host
+        # and a crash that comes after a wedge quiets the wedge's page
+        suppressed = {(a["labels"]["Hostname"], a["labels"]["alertname"]) for a in am.alerts() if a["status"]["state"] == "suppressed"}
+        assert ("engine-death", "VllmEngineWedged") in suppressed and ("wedge", "VllmEngineWedged") not in suppressed
     finally:
         am.close()
         hook.stop()

@@ -236,15 +236,16 @@ def test_a_trigger_retaken_at_start_pages_with_its_retaken_snapshot(migrated_url
     async def scenario() -> None:
         task = asyncio.create_task(committer.run())
         for _ in range(100):
-            if client.fired:
+            if any(a.name == "GpuXidError" for _, a in client.fired):
                 break
             await asyncio.sleep(0.02)
         task.cancel()
 
     asyncio.run(scenario())
-    assert len(committed) == 1 and len(client.fired) == 1
-    alert = client.fired[0][1]
-    assert alert.generator_url == f"http://fr.example/snapshots/{committed[0][1]}" and alert.starts_at == ev.ts
+    # the GPU's page and the engine's crash page (an Xid's snapshot is a crash), each once
+    assert len(committed) == 1 and sorted(a.name for _, a in client.fired) == ["GpuXidError", "VllmEngineCrashed"]
+    for _, alert in client.fired:
+        assert alert.generator_url == f"http://fr.example/snapshots/{committed[0][1]}" and alert.starts_at == ev.ts
 
 
 def test_an_alert_held_for_its_snapshot_pages_the_event_a_later_witness_merged_into() -> None:
@@ -258,7 +259,42 @@ def test_an_alert_held_for_its_snapshot_pages_the_event_a_later_witness_merged_i
     merged = dataclasses.replace(first, message=XID_LINE, pid=415, sources=["nvml", "kmsg"])
     alerter.on_event(merged, False)
     links["decode-0"] = 7
-    alerter.snapshot_committed(SimpleNamespace(engine="decode-0"), first)  # type: ignore[arg-type]
-    [(_, alert)] = client.fired
+    alerter.snapshot_committed(SimpleNamespace(engine="decode-0", id=7), first)  # type: ignore[arg-type]
+    [alert] = [a for _, a in client.fired if a.name == "GpuXidError"]
     assert any(XID_LINE in text for text in alert.annotations.values())
     assert first.message == "Xid 43" and first.sources == ["nvml"]  # the first report is not changed
+
+
+@pytest.mark.parametrize("kind", [EventKind.XID, EventKind.GPU_LOST, EventKind.RECORDER_SILENT, EventKind.NCCL_ERROR])
+def test_every_crash_snapshot_pages_the_engines_crash_whatever_opened_it(kind: EventKind) -> None:
+    """The incident's own shape: an Xid opens the decode engine's snapshot. That snapshot is a
+    crash (the engine is dead after it), so the engine's VllmEngineCrashed pages with the
+    snapshot's link, with the label set the rule over flightrec_snapshots_total sends; the
+    GPU's own alert pages as well (one page per GPU, one per dead engine)."""
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
+    client = RecordingClient()
+    alerter = Alerter(settings, host="node-a", snapshots_for=lambda ev: {"decode-0": 7}, engine_up=lambda n: None, port=lambda: 8787, client=client)  # type: ignore[arg-type]
+    trigger = Event(
+        kind=kind,
+        ts=1000.0,
+        source="kmsg",
+        message=f"{kind.value} witnessed",
+        xid=43 if kind is EventKind.XID else None,
+        severity=Severity.CRITICAL,
+        uid="u1",
+    )
+    alerter.snapshot_committed(SimpleNamespace(engine="decode-0", id=7), trigger)  # type: ignore[arg-type]
+    crashes = [a for _, a in client.fired if a.name == "VllmEngineCrashed"]
+    assert len(crashes) == 1
+    assert crashes[0].label_set() == {"alertname": "VllmEngineCrashed", "severity": "critical", "Hostname": "node-a", "engine": "decode-0"}
+    assert crashes[0].generator_url == "http://fr.example/snapshots/7" and crashes[0].starts_at == 1000.0
+
+
+@pytest.mark.parametrize("kind", [EventKind.MANUAL, EventKind.ENGINE_DOWN, EventKind.ANOMALY, EventKind.ENGINE_WEDGED])
+def test_a_snapshot_that_is_no_crash_pages_no_crash(kind: EventKind) -> None:
+    settings = Settings(engines=[EngineConfig(name="decode-0", url="http://127.0.0.1:9")], public_url="http://fr.example")
+    client = RecordingClient()
+    alerter = Alerter(settings, host="node-a", snapshots_for=lambda ev: {"decode-0": 7}, engine_up=lambda n: None, port=lambda: 8787, client=client)  # type: ignore[arg-type]
+    trigger = Event(kind=kind, ts=1000.0, source="api", engine="decode-0", message="x", severity=Severity.CRITICAL, uid="u1")
+    alerter.snapshot_committed(SimpleNamespace(engine="decode-0", id=7), trigger)  # type: ignore[arg-type]
+    assert [a for _, a in client.fired if a.name == "VllmEngineCrashed"] == []

@@ -76,3 +76,20 @@ def test_every_unit_test_group_sets_its_interval() -> None:
     for test_file in TESTS:
         for group in yaml.safe_load(test_file.read_text())["tests"]:
             assert "interval" in group, test_file.name
+
+
+def test_the_crash_rule_counts_every_kind_after_which_the_engine_is_dead() -> None:
+    """VllmEngineCrashed pages every crash snapshot whatever opened it: its trigger regex is the
+    project's CRASH_KINDS, in both clauses (a kind added there must be added here)."""
+    import re
+
+    import yaml
+
+    from collector.model import CRASH_KINDS
+
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    [rule] = [r for g in groups for r in g["rules"] if r.get("alert") == "VllmEngineCrashed"]
+    regexes = re.findall(r'trigger=~"([^"]+)"', rule["expr"])
+    assert len(regexes) == 2
+    for regex in regexes:
+        assert set(regex.split("|")) == {k.value for k in CRASH_KINDS}
