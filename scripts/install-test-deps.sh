@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# System parts the tests talk to for real: Alertmanager and promtool (Debian packages
+# System parts the tests talk to for real: Alertmanager, Prometheus and promtool (Debian packages
 # prometheus-alertmanager and prometheus), Chromium for the page test, and a running Postgres.
 # Idempotent: installs only what is missing, starts Postgres only if it is down.
 set -euo pipefail
 
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
