@@ -32,7 +32,7 @@ import yaml
 from collector.alerting.rules import render
 from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, with_webhook
 from tests.support.alertmanager import find_binary as find_alertmanager
-from tests.support.prometheus import LocalPrometheus
+from tests.support.prometheus import LocalPrometheus, LocalPrometheusError
 from tests.support.prometheus import find_binary as find_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,7 +276,10 @@ def test_every_dashboard_query_runs_and_the_demos_panels_have_data(stack: Stack)
     with_data: set[str] = set()
     for title, ref, expr in dashboard_queries():
         query = grafana_expand(expr, end - start)
-        series = stack.prom.query_range(query, start, end, step=1.0)  # raises on a bad query
+        try:
+            series = stack.prom.query_range(query, start, end, step=1.0)
+        except LocalPrometheusError as exc:
+            raise AssertionError(f"panel {title!r} {ref}: {exc}") from None
         if any(float(v) == float(v) for s in series for _, v in s["values"]):  # NaN is no data
             with_data.add(title)
     assert sorted(FILLED_PANELS - with_data) == []
