@@ -74,6 +74,38 @@ class Signature:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "id": self.id, "fault_class": self.fault_class}
 
+    def merged(self, other: Signature) -> Signature:
+        """The signature of both sets of evidence together: what ``compute`` gives over the
+        union of the two snapshots' events (Xids and frames joined, the smallest CUDA error and
+        exception kept), so late evidence amends a stored signature without its first events."""
+
+        def least(a: str | None, b: str | None) -> str | None:
+            return min(x for x in (a, b) if x) if (a or b) else None
+
+        return Signature(
+            xid=sorted(set(self.xid) | set(other.xid)),
+            cuda_error=least(self.cuda_error, other.cuda_error),
+            exception=least(self.exception, other.exception),
+            frames=sorted(set(self.frames) | set(other.frames)),
+            vllm_version=self.vllm_version or other.vllm_version,
+            model=self.model or other.model,
+            connector=self.connector or other.connector,
+        )
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Signature:
+        """A stored ``to_dict()`` (a snapshot's ``summary.signature``) back into a signature."""
+        xid = [int(x) for x in raw.get("xid") or [] if isinstance(x, int) and not isinstance(x, bool)]
+        return cls(
+            xid=sorted(xid),
+            cuda_error=_str(raw.get("cuda_error")),
+            exception=_str(raw.get("exception")),
+            frames=sorted(str(f) for f in raw.get("frames") or []),
+            vllm_version=_str(raw.get("vllm_version")),
+            model=_str(raw.get("model")),
+            connector=_str(raw.get("connector")),
+        )
+
 
 def normalise_frame(frame: dict[str, Any]) -> str:
     path = str(frame.get("file") or "?")
@@ -137,18 +169,32 @@ def gpu_of(trigger: dict[str, Any], events: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def for_snapshot(doc: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def for_snapshot(doc: Any, events: list[dict[str, Any]] | None = None, *, stored: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """For a ``SnapshotDoc``: the snapshot row's signature columns (``SnapshotRow``) and the
-    signature's fields, which the row's summary keeps (``summary.signature``)."""
-    events = [e for e in (doc.events or []) if isinstance(e, dict)]
+    signature's fields, which the row's summary keeps (``summary.signature``).
+
+    ``events``: the event rows the commit links to it (the trigger and the late evidence that
+    joined it: the workers' CUDA errors and tracebacks), besides the document's own; a document
+    read back from the spool holds no events part. ``stored``: the signature stored before, which
+    the new evidence amends (``Signature.merged``)."""
+    evs = [e for e in [*(doc.events or []), *(events or [])] if isinstance(e, dict)]
     trigger = dict(doc.trigger or {})
-    sig = compute(trigger, events, dict(doc.fingerprint or {}))
-    cols = {
+    sig = compute(trigger, evs, dict(doc.fingerprint or {}))
+    if stored:
+        sig = Signature.from_dict(stored).merged(sig)
+    cols = columns(sig, gpu_of(trigger, evs))
+    if stored and cols["gpu"] is None:
+        del cols["gpu"]  # the new evidence names no GPU: the stored one stands
+    return cols, sig.to_dict()
+
+
+def columns(sig: Signature, gpu: str | None) -> dict[str, Any]:
+    """The snapshot row's columns the fleet view groups and filters by."""
+    return {
         "signature": sig.id,
         "fault_class": sig.fault_class,
-        "gpu": gpu_of(trigger, events),
+        "gpu": gpu,
         "xid": sig.xid[0] if sig.xid else None,
         "model": sig.model,
         "vllm_version": (sig.vllm_version or "")[:64] or None,
     }
-    return cols, sig.to_dict()

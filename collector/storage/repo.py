@@ -99,7 +99,8 @@ class Repository:
 
     # -- events -----------------------------------------------------------------------------------
     def link_event(self, ev: dict[str, Any], snapshot_id: int) -> int:
-        return self.events.link_event(ev, snapshot_id)
+        """Late evidence of a committed snapshot: linked, and its crash signature amended."""
+        return self.snapshots.add_evidence(ev, snapshot_id)
 
     def list_events(self, **filters: Any) -> list[dict[str, Any]]:
         return self.events.list_events(**filters)

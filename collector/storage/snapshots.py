@@ -105,7 +105,7 @@ class SnapshotStore:
         incident_id = self.incidents.file(conn, doc, window, item.incident_key)
         summary = dict(doc.summary)
         summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
-        sig_columns, summary["signature"] = crash_signature(doc)  # the fleet view's grouping
+        sig_columns, summary["signature"] = crash_signature(doc, item.events)  # the fleet view's grouping
         snap_id = conn.execute(
             insert(SnapshotRow)
             .values(
@@ -144,7 +144,8 @@ class SnapshotStore:
         if old.get("replays"):  # linked by a replay since the first commit
             summary["replays"] = old["replays"]
         summary["amended_at"] = time.time()
-        sig_columns, summary["signature"] = crash_signature(doc)  # the late evidence (tracebacks) is in now
+        # the late evidence (the workers' tracebacks) is in now: it amends the stored signature
+        sig_columns, summary["signature"] = crash_signature(doc, item.events, stored=old.get("signature"))
         conn.execute(
             update(SnapshotRow)
             .where(SnapshotRow.id == snap_id)
@@ -155,6 +156,24 @@ class SnapshotStore:
         self._insert_parts(conn, snap_id, blobs)
         for ev in item.events:
             self.events.link(conn, ev, snap_id)
+
+    def add_evidence(self, ev: dict[str, Any], snap_id: int) -> int:
+        """Late evidence of a committed snapshot (it came after the amendment): its event row
+        points at the snapshot, and the snapshot's signature is amended with it, in one
+        transaction. Returns the rows linked."""
+        with self.d.tx() as conn:
+            linked = self.events.link(conn, ev, snap_id)
+            row = conn.execute(select(SnapshotRow.summary, SnapshotRow.fingerprint).where(SnapshotRow.id == snap_id)).first()
+            if row is None:
+                return linked
+            summary = dict(row.summary or {})
+            header = SnapshotDoc(host=self.d.host, engine="", created_at=0.0, fault_ts=0.0, trigger=dict(summary.get("trigger") or {}))
+            header.fingerprint = dict(row.fingerprint or {})
+            sig_columns, signature = crash_signature(header, [ev], stored=summary.get("signature"))
+            if signature != summary.get("signature"):
+                summary["signature"] = signature
+                conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(summary=nul_free(summary), **nul_free(sig_columns)))
+            return linked
 
     @staticmethod
     def _insert_parts(conn: Connection, snap_id: int, blobs: dict[str, bytes]) -> None:

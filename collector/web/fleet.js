@@ -41,7 +41,7 @@
       groups.appendChild(el('tr', { class: 'group', 'data-pattern': g.pattern },
         el('td', { class: 'l mono' }, g.signature || '(none)'),
         el('td', { class: 'l' }, el('b', {}, g.suspect), ': ' + g.text),
-        el('td', {}, g.occurrences),
+        el('td', {}, g.occurrences === g.snapshots ? String(g.occurrences) : `${g.occurrences} (${g.snapshots} snapshots)`),
         el('td', { class: 'l' }, g.hosts.join(', ')),
         el('td', { class: 'l' }, g.gpus.map((x) => x.host + '/' + x.gpu).join(', ')),
         el('td', {}, g.xid ?? ''),

@@ -96,6 +96,8 @@ def test_the_fleet_page_groups_every_nodes_crashes_and_opens_another_nodes_snaps
     hw, sw = by["follows_gpu"], by["recurs_across_gpus"]
     assert hw[1].startswith("hardware") and "0000:18:00.0" in hw[1] and hw[2] == "2" and hw[3] == "node-a"
     assert sw[1].startswith("software") and sw[3] == "node-b, node-c" and sw[6] == "unspecified launch failure"
+    # what an occurrence is, said on the page
+    assert "occurrence is one incident" in page.evaluate("document.querySelector('#occurrence-note').textContent").replace("\n", " ")
     hosts = {h for r in got for h in r["cells"][3].split(", ")}
     assert hosts == {"node-a", "node-b", "node-c", "node-d"}  # every node's crashes
     assert page.evaluate("document.querySelectorAll('#incidents tbody tr').length") >= 5

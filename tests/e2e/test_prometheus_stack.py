@@ -289,3 +289,15 @@ def test_every_dashboard_query_runs_and_the_demos_panels_have_data(stack: Stack)
     for expr in (crashes, xids):
         [result] = stack.prom.query(grafana_expand(expr, end - start), end)
         assert round(float(result["value"][1])) == 1, expr
+
+
+def test_the_demos_crash_signature_holds_the_late_evidence(stack: Stack) -> None:
+    """The Xid opened the decode engine's snapshot; the workers' CUDA errors and tracebacks came
+    after it. The fleet view's signature of that crash holds them (it is amended as they come)."""
+    import httpx
+
+    groups = httpx.get(stack.demo.api + "/api/v1/fleet/crashes", timeout=10).json()
+    [group] = [g for g in (groups.get("items", groups) if isinstance(groups, dict) else groups) if "decode-0" in " ".join(g["engines"])]
+    detail = group["detail"]
+    assert detail["xid"] == [43] and detail["cuda_error"] == "unspecified launch failure"
+    assert detail["exception"] == "torch.AcceleratorError" and len(detail["frames"]) == 2  # both TP workers

@@ -80,3 +80,49 @@ def test_fault_class_from_the_xid_catalog_and_the_error(xid: int | None, cuda: b
     cols, detail = for_snapshot(doc)
     assert cols["fault_class"] == want == detail["fault_class"]
     assert cols["gpu"] == ("g" if xid else None) and cols["xid"] == xid and cols["signature"] == detail["id"]
+
+
+def test_late_evidence_amends_the_stored_signature(migrated_url: str) -> None:
+    """The demo's shape: the Xid opens the snapshot, which is committed from its header (a spooled
+    document holds no events part); the workers' CUDA errors and frames arrive as late evidence,
+    with the amendment and after it. The stored signature is the one of all the evidence."""
+    from collector.model import Event, EventKind, Severity
+    from collector.snapshot.document import SnapshotDoc
+    from sqlalchemy import select
+
+    from collector.storage.models import SnapshotRow
+    from collector.storage.db import make_engine
+    from collector.storage.repo import Repository
+    from collector.storage.snapshots import SnapshotAmend, SnapshotCommit
+    from collector.storage.writer import event_row
+    from tests.fleet.crashes import frames
+
+    repo = Repository(make_engine(migrated_url), host="node-a")
+    ts = 1_700_000_000.0
+    xid = Event(kind=EventKind.XID, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43, pid=3107", xid=43, gpu="0000:00:06.0", severity=Severity.WARNING, uid="x1")
+    cuda = "torch.AcceleratorError: CUDA error: unspecified launch failure"
+    tp0 = Event(kind=EventKind.CUDA_ERROR, ts=ts + 0.1, source="log", message=cuda, process="Worker_TP0", frames=frames(CONNECTOR_FRAMES), uid="c0")
+    tp1_frames = frames([("vllm/v1/worker/gpu/async_utils.py", 168, "get_output")])
+    tp1 = Event(kind=EventKind.CUDA_ERROR, ts=ts + 0.2, source="log", message=cuda, process="Worker_TP1", frames=tp1_frames, uid="c1")
+
+    def header() -> SnapshotDoc:
+        return SnapshotDoc(host="node-a", engine="decode-0", created_at=ts + 1, fault_ts=ts, trigger=xid.to_dict(), fingerprint=fingerprint())
+
+    [(sid, _)] = repo.commit_snapshots([SnapshotCommit(header(), incident_key="k", events=[event_row(xid)])], incident_window_s=30)
+    first = repo.get_snapshot(sid, parts=()).summary["signature"]
+    assert first["xid"] == [43] and first["cuda_error"] is None and first["frames"] == []
+
+    repo.commit_snapshots([SnapshotAmend(sid, header(), events=[event_row(xid), event_row(tp0)])], incident_window_s=30)
+    amended = repo.get_snapshot(sid, parts=()).summary["signature"]
+    assert amended["cuda_error"] == "unspecified launch failure" and amended["exception"] == "torch.AcceleratorError"
+    assert len(amended["frames"]) == 1 and amended["xid"] == [43]
+
+    # the second worker's traceback, after the amendment: linked, and the signature amended again
+    repo.link_event(event_row(tp1), sid)
+    last = repo.get_snapshot(sid, parts=()).summary["signature"]
+    assert len(last["frames"]) == 2 and len({first["id"], amended["id"], last["id"]}) == 3
+    whole = compute(xid.to_dict(), [event_row(e) for e in (xid, tp0, tp1)], fingerprint())
+    assert last["id"] == whole.id  # what one computation over all of it gives
+    with make_engine(migrated_url).connect() as conn:  # the column the fleet view groups by
+        column = conn.execute(select(SnapshotRow.signature).where(SnapshotRow.id == sid)).scalar_one()
+    assert column == last["id"]
