@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 runtime failure, 2 bad arguments or settings, 130 interrupted, 141 output closed early",
     )
     parser.add_argument("--version", action="version", version=f"flightrec {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required here: ``parse`` says a missing command itself, after naming any bad flag
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub, [log_opts])
     _defaults_everywhere(parser)
@@ -138,9 +139,30 @@ def setup_logging(verbose: int, quiet: bool) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parse_args``, with the error said by the parser the user was in: a bad flag after
+    ``snapshots list`` shows that command's usage, a bad flag before any command is named
+    (argparse alone would only say a command is required). Exits 2 on a usage error."""
+    args, rest = parser.parse_known_args(argv)
+    deepest = parser
+    while True:
+        subs = [a for a in deepest._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            break
+        chosen = getattr(args, subs[0].dest, None)
+        if chosen is None:
+            if rest:
+                deepest.error(f"unrecognized arguments: {' '.join(rest)}")
+            deepest.error(f"{subs[0].metavar or 'COMMAND'} is required, one of: {', '.join(subs[0].choices)}")
+        deepest = subs[0].choices[chosen]
+    if rest:
+        deepest.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     setup_logging(getattr(args, "verbose", 0) or 0, bool(getattr(args, "quiet", False)))
     try:
         return int(args.func(args))

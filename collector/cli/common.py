@@ -16,6 +16,7 @@ line on stderr and exits with ``code``. Nothing else reaches the user as a trace
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -93,8 +94,12 @@ def require_existing_database(url: str) -> None:
     if path is None:
         return
     if not path.exists():
+        hint = ""
+        if not path.is_absolute():  # sqlite:///data/x.db is data/x.db here; an absolute path takes four slashes
+            hint = f" ({path} is relative to this folder, {Path.cwd()}; an absolute path takes four slashes: sqlite:///{Path('/') / path})"
         raise CliError(
-            f"no database at {path} (--db {url}); point --db at the sidecar's database or create one with 'flightrec db upgrade --db URL'", EXIT_USAGE
+            f"no database at {path}{hint} (--db {url}); point --db at the sidecar's database or create one with 'flightrec db upgrade --db URL'",
+            EXIT_USAGE,
         )
     if not path.is_file():
         raise CliError(f"--db {url}: {path} is not a file", EXIT_USAGE)
@@ -125,12 +130,16 @@ def require_writable_database(url: str) -> None:
 
 
 def open_output(name: str) -> IO[bytes]:
-    """``-`` is stdout (refused on a terminal: the export is gzip); anything else a new file."""
+    """``-`` is stdout (refused on a terminal: the export is gzip); anything else a file readable
+    by its owner only (an export holds the engine's own words: prompts' shapes, log lines), an
+    existing one made so before anything is written."""
     if name == "-":
         if sys.stdout.isatty():
             raise CliError("refusing to write gzip data to a terminal; redirect stdout or use -o FILE", EXIT_USAGE)
         return sys.stdout.buffer
     try:
-        return open(name, "wb")  # noqa: SIM115 - the caller closes it
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "wb")
     except OSError as exc:
         raise CliError(f"cannot write {name}: {exc.strerror or exc}") from exc

@@ -18,7 +18,7 @@ from collector.cli.common import (
 
 def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     db = sub.add_parser("db", parents=parents, help="database migrations", description="Alembic migrations of the flight recorder's tables.")
-    actions = db.add_subparsers(dest="db_action", required=True, metavar="ACTION")
+    actions = db.add_subparsers(dest="db_action", metavar="ACTION")  # required: said by cli.parse
 
     up = actions.add_parser(
         "upgrade",

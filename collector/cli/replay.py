@@ -98,6 +98,14 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _replay(args: argparse.Namespace, settings: Settings, snap: dict[str, Any], origin: str, plan: Plan) -> int:
     async with httpx.AsyncClient(timeout=10.0) as probe:
+        # nothing listening is no engine to replay against: said now, not read as a death later
+        try:
+            await probe.get(args.target.rstrip("/") + "/v1/models")
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            print(f"flightrec: nothing answers at {args.target} ({type(exc).__name__}: {exc}); is the engine up?", file=sys.stderr)
+            return 1
+        except httpx.HTTPError:
+            pass  # it answers, if badly: the replay says what it can
         model = args.model or await target_model(probe, args.target) or _fingerprint_model(snap)
     if model is None:
         print(f"flightrec: {args.target} names no model (/v1/models) and the snapshot none: give --model", file=sys.stderr)

@@ -86,13 +86,7 @@ def run_report(args: argparse.Namespace) -> int:
     export = _export(args)
     clean = Scrubber(keep_hostnames=args.keep_hostnames).export(export)
     text = render(clean, plan_text=_plan_text(clean))
-    if args.output and args.output != "-":
-        _write(args.output, text.encode())
-        print(f"wrote {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    if args.bundle is not None:
+    if args.bundle is not None:  # first: a bundle that cannot be written fails before anything is printed
         name = args.bundle or f"flightrec-report-{export.get('id') or 'snapshot'}.tar.gz"
         try:
             body = build_bundle(export, keep_hostnames=args.keep_hostnames, report=lambda c: render(c, plan_text=_plan_text(c)))
@@ -100,4 +94,10 @@ def run_report(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from exc
         _write(name, body)
         print(f"wrote {name} ({len(body) / 1e6:.2f} MB)", file=sys.stderr)
+    if args.output and args.output != "-":
+        _write(args.output, text.encode())
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
     return 0

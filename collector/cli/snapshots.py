@@ -26,7 +26,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     snaps = sub.add_parser(
         "snapshots", parents=parents, help="read stored snapshots", description="Read the snapshots a sidecar stored; creates nothing."
     )
-    actions = snaps.add_subparsers(dest="snapshots_action", required=True, metavar="ACTION")
+    actions = snaps.add_subparsers(dest="snapshots_action", metavar="ACTION")  # required: said by cli.parse
 
     ls = actions.add_parser("list", parents=parents, help="stored snapshots, newest first", description="Stored snapshots, newest first.")
     ls.add_argument("--limit", type=positive_int, default=20, help="how many rows (1 or more)")

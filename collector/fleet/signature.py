@@ -169,7 +169,9 @@ def gpu_of(trigger: dict[str, Any], events: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def for_snapshot(doc: Any, events: list[dict[str, Any]] | None = None, *, stored: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def for_snapshot(
+    doc: Any, events: list[dict[str, Any]] | None = None, *, stored: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """For a ``SnapshotDoc``: the snapshot row's signature columns (``SnapshotRow``) and the
     signature's fields, which the row's summary keeps (``summary.signature``).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,11 +155,14 @@ def _when(ts: Any) -> str:
 
 def _environment(snap: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
     gpus: dict[str, Any] = {}
+    totals: dict[str, list[Any]] = {}
     for g in snap.get("gpu_samples") or []:
         gpus.setdefault(str(g.get("gpu")), g)
+        if g.get("memory_total"):
+            totals.setdefault(str(g.get("gpu")), []).append(g["memory_total"])
     gpu_lines = [
-        f"  GPU {g.get('index')}: {g.get('name') or NOT_RECORDED}, bus {g.get('bus_id') or '?'}, {_gib(g.get('memory_total'))} memory"
-        for g in sorted(gpus.values(), key=lambda g: g.get("index") or 0)
+        f"  GPU {g.get('index')}: {g.get('name') or NOT_RECORDED}, bus {g.get('bus_id') or '?'}, {_memory(totals.get(key, []))} memory"
+        for key, g in sorted(gpus.items(), key=lambda kv: kv[1].get("index") or 0)
     ]
     rows = [
         ("vLLM version", fp.get("vllm_version")),
@@ -178,6 +182,19 @@ def _environment(snap: Mapping[str, Any], fp: Mapping[str, Any]) -> list[str]:
     if isinstance(env, dict):
         out += [f"  {k}={v}" for k, v in sorted(env.items())]
     return out
+
+
+def _memory(totals: list[Any]) -> str:
+    """A GPU's memory as most of its samples give it, not as one sample does (and says so when
+    the samples disagree)."""
+    if not totals:
+        return _gib(None)
+    values = Counter(totals)
+    common = values.most_common(1)[0][0]
+    if len(values) == 1:
+        return _gib(common)
+    others = ", ".join(_gib(v) for v in sorted(values) if v != common)
+    return f"{_gib(common)} ({len(totals) - values[common]} of {len(totals)} samples said otherwise: {others})"
 
 
 def _gib(n: Any) -> str:
@@ -393,7 +410,7 @@ def _reproduce(snap: Mapping[str, Any], plan_text: str | None) -> list[str]:
         "the snapshot in the attached bundle carries the load):",
         "",
         "   ```sh",
-        "   pip install vllm-flight-recorder",
+        "   pip install <a checkout of vllm-flight-recorder>   # not on PyPI: from its source, or a wheel built from it",
         "   flightrec replay --plan --from-file snapshot.json          # the plan below",
         "   flightrec replay --from-file snapshot.json --target http://127.0.0.1:8000",
         "   ```",

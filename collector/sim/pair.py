@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # The decode engine's GPU is the one of the shared H200 capture (PCI 0000:00:06).
 GPU_BUSES = ("00000000:00:05.0", "00000000:00:06.0")
+H200_MEMORY = 141 * 2**30  # what the sidecar's report and pages show for the simulated H200
 GPU_UUIDS = ("GPU-5a1c0000-0000-4000-8000-00000000p0d0", "GPU-5a1c0000-0000-4000-8000-00000000d0d1")
 
 
@@ -67,7 +68,13 @@ class SimPair:
         )
         self.client = LoadClient(sc)
         self.frontend: CompletionsFrontend | None = CompletionsFrontend(self) if cfg.serve_completions else None
-        self.nvml = FakeNvmlBackend([FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)") for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)])
+        # an H200's memory from the first poll on (the fake's default is another card's)
+        self.nvml = FakeNvmlBackend(
+            [
+                FakeGpu(uuid=u, bus_id=b, name="NVIDIA H200 (simulated)", values={"memory": (40 * 2**30, H200_MEMORY)})
+                for u, b in zip(GPU_UUIDS, GPU_BUSES, strict=True)
+            ]
+        )
         self.crashed_at: float | None = None
         self.crash_step: int | None = None
         self.done = asyncio.Event()
@@ -151,7 +158,7 @@ class SimPair:
             load = min(1.0, len(eng.running) / 16)
             gpu.values.update(
                 utilization=(round(20 + 75 * busy * (0.6 + 0.4 * load), 1), round(10 + 50 * load, 1)),
-                memory=(int((40 + 90 * load) * 2**30), 141 * 2**30),
+                memory=(int((40 + 90 * load) * 2**30), H200_MEMORY),
                 temperature=round(38 + 30 * load, 1),
                 power_w=round(120 + 480 * busy * (0.5 + 0.5 * load), 1),
                 compute_processes=[(eng.pids["Worker_TP0"], int((40 + 90 * load) * 2**30))],  # NVML's (pid, bytes)

@@ -86,12 +86,12 @@ def test_late_evidence_amends_the_stored_signature(migrated_url: str) -> None:
     """The demo's shape: the Xid opens the snapshot, which is committed from its header (a spooled
     document holds no events part); the workers' CUDA errors and frames arrive as late evidence,
     with the amendment and after it. The stored signature is the one of all the evidence."""
-    from collector.model import Event, EventKind, Severity
-    from collector.snapshot.document import SnapshotDoc
     from sqlalchemy import select
 
-    from collector.storage.models import SnapshotRow
+    from collector.model import Event, EventKind, Severity
+    from collector.snapshot.document import SnapshotDoc
     from collector.storage.db import make_engine
+    from collector.storage.models import SnapshotRow
     from collector.storage.repo import Repository
     from collector.storage.snapshots import SnapshotAmend, SnapshotCommit
     from collector.storage.writer import event_row
@@ -99,7 +99,16 @@ def test_late_evidence_amends_the_stored_signature(migrated_url: str) -> None:
 
     repo = Repository(make_engine(migrated_url), host="node-a")
     ts = 1_700_000_000.0
-    xid = Event(kind=EventKind.XID, ts=ts, source="kmsg", message="NVRM: Xid (PCI:0000:00:06): 43, pid=3107", xid=43, gpu="0000:00:06.0", severity=Severity.WARNING, uid="x1")
+    xid = Event(
+        kind=EventKind.XID,
+        ts=ts,
+        source="kmsg",
+        message="NVRM: Xid (PCI:0000:00:06): 43, pid=3107",
+        xid=43,
+        gpu="0000:00:06.0",
+        severity=Severity.WARNING,
+        uid="x1",
+    )
     cuda = "torch.AcceleratorError: CUDA error: unspecified launch failure"
     tp0 = Event(kind=EventKind.CUDA_ERROR, ts=ts + 0.1, source="log", message=cuda, process="Worker_TP0", frames=frames(CONNECTOR_FRAMES), uid="c0")
     tp1_frames = frames([("vllm/v1/worker/gpu/async_utils.py", 168, "get_output")])
