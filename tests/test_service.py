@@ -71,7 +71,7 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert health["database_up"] is True
         assert re.search(r"^flightrec_database_up\{[^}]*\} 1\.0$", httpx.get(base + "/metrics", timeout=5).text, re.M)
         assert {s["name"] for s in health["sources"]} >= {"recorder"}
-        engines = httpx.get(base + "/api/v1/engines", timeout=5).json()
+        engines = httpx.get(base + "/api/v1/engines", timeout=5).json()["items"]
         assert [e["name"] for e in engines] == ["decode-0"]
         assert "flightrec_engine_up" in httpx.get(base + "/metrics", timeout=5).text
         assert httpx.get(base + "/openapi.json", timeout=5).json()["info"]["title"] == "vLLM Flight Recorder"
@@ -80,7 +80,7 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         assert r.status_code == 403 and "api_token" in r.json()["detail"]
         # nothing answers at :9: the log says so once the scrapes fail (or the grace passes)
         deadline = time.monotonic() + 25
-        while time.monotonic() < deadline and httpx.get(base + "/api/v1/engines", timeout=5).json()[0].get("up") is not False:
+        while time.monotonic() < deadline and httpx.get(base + "/api/v1/engines", timeout=5).json()["items"][0].get("up") is not False:
             time.sleep(0.5)
         time.sleep(5.5)  # the next look at the engines (every 5 s)
     finally:

@@ -112,6 +112,12 @@ def _json(obj: Any) -> Response:
     return Response(json.dumps(obj, separators=(",", ":"), default=str), media_type="application/json")
 
 
+def one_page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A live list (engines, GPUs, detectors: one node's, never long) in the shape every list
+    has: one page, no cursor."""
+    return {"items": items, "next_cursor": None}
+
+
 def create_app(ctx: AppContext) -> FastAPI:
     app = FastAPI(
         title="vLLM Flight Recorder",
@@ -147,12 +153,12 @@ def create_app(ctx: AppContext) -> FastAPI:
     async def metrics(_: None = Read) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/api/v1/detectors", response_model=list[schemas.DetectorOut])
-    async def detectors(_: None = Read) -> list[dict[str, Any]]:
-        return ctx.detector_states()
+    @app.get("/api/v1/detectors", response_model=schemas.DetectorList)
+    async def detectors(_: None = Read) -> dict[str, Any]:
+        return one_page(ctx.detector_states())
 
-    @app.get("/api/v1/engines", response_model=list[schemas.EngineOut])
-    async def engines(_: None = Read) -> list[dict[str, Any]]:
+    @app.get("/api/v1/engines", response_model=schemas.EngineList)
+    async def engines(_: None = Read) -> dict[str, Any]:
         out = ctx.engines_live()
         try:
             stored = await _stored(ctx.repo.list_engines, wait_s=STORED_WAIT_S)
@@ -167,10 +173,10 @@ def create_app(ctx: AppContext) -> FastAPI:
             out.append({k: row.get(k) for k in ("name", "host", "url", "pair", "last_seen", "vllm_version", "fingerprint")})
         for row in out:
             row["fingerprint"] = redact(row.get("fingerprint")) if row.get("fingerprint") else row.get("fingerprint")
-        return out
+        return one_page(out)
 
-    @app.get("/api/v1/gpus", response_model=list[schemas.GpuOut])
-    async def gpus(_: None = Read) -> list[dict[str, Any]]:
+    @app.get("/api/v1/gpus", response_model=schemas.GpuList)
+    async def gpus(_: None = Read) -> dict[str, Any]:
         out = []
         for gpu, s in sorted(ctx.view.gpus().items()):
             out.append({"gpu": gpu, "host": ctx.view.host, "index": s.index, "bus_id": s.bus_id, "name": s.name, "last_sample": s.to_dict()})
@@ -182,7 +188,7 @@ def create_app(ctx: AppContext) -> FastAPI:
         for row in stored_gpus:
             if row["gpu"] not in live or row["host"] != ctx.view.host:
                 out.append({k: row.get(k) for k in ("gpu", "host", "index", "bus_id", "name")})
-        return out
+        return one_page(out)
 
     @app.get("/api/v1/snapshots", response_model=schemas.SnapshotList)
     async def list_snapshots(
@@ -249,6 +255,29 @@ def create_app(ctx: AppContext) -> FastAPI:
             "host": doc.host,
             "peers": [p.get("engine") for p in peers],
             "items": checklist(doc.header(), peers, events),
+        }
+
+    @app.get("/api/v1/snapshots/{snapshot_id}/before", response_model=schemas.StepsBefore, responses={404: {"description": "no such snapshot"}})
+    async def snapshot_before(
+        snapshot_id: Annotated[int, PathId],
+        minutes: Annotated[float, Query(gt=0, le=120, description="how far back from the fault")] = 10.0,
+        _: None = Read,
+    ) -> dict[str, Any]:
+        """The engine's stored steps in the minutes before the fault, binned (at most 600
+        points): the ramp that led to it, beside the snapshot's own last steps. Empty where
+        the steps were not stored (retention, another node's sidecar on SQLite)."""
+        doc, _parts = await _stored(ctx.repo.get_snapshot_blobs, snapshot_id, parts=())
+        bin_s = max(1.0, minutes * 60.0 / 600.0)
+        since, until = doc.fault_ts - minutes * 60.0, doc.fault_ts + bin_s
+        rows = await _stored(ctx.repo.binned_steps, host=doc.host, engine=doc.engine, since=since, until=until, bin_s=bin_s)
+        keys = ("t", "steps", "running", "waiting", "kv_cache_usage", "prompt_tokens", "generation_tokens", "preemptions")
+        return {
+            "snapshot_id": snapshot_id,
+            "engine": doc.engine,
+            "fault_ts": doc.fault_ts,
+            "since": since,
+            "bin_s": bin_s,
+            "columns": {k: [r[k] for r in rows] for k in keys},
         }
 
     cache = ExportCache()

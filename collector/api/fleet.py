@@ -73,12 +73,13 @@ def add_fleet(app: FastAPI, ctx: Any) -> None:
         until: TimeQuery = None,
         limit: LimitQ = 50,
         _: None = Read,
-    ) -> list[dict[str, Any]]:
+    ) -> dict[str, Any]:
         """Snapshots grouped by crash signature, the group seen last first: how often (one
         occurrence per incident), on which hosts and GPUs, and the pattern (follows_gpu: a
         hardware suspect; recurs_across_gpus: a software one)."""
         flt = _filter(host, engine, model, vllm_version, xid, fault_class, since, until)
-        return await _read(crash_groups, db(), flt, limit=limit)
+        # the shape of every list; the newest ``limit`` groups, no cursor
+        return {"items": await _read(crash_groups, db(), flt, limit=limit), "next_cursor": None}
 
     @app.get("/api/v1/fleet/incidents", tags=["fleet"])
     async def incidents(
@@ -92,10 +93,10 @@ def add_fleet(app: FastAPI, ctx: Any) -> None:
         until: TimeQuery = None,
         limit: LimitQ = 50,
         _: None = Read,
-    ) -> list[dict[str, Any]]:
+    ) -> dict[str, Any]:
         """Incidents across nodes with a snapshot that passes the filters, newest first."""
         flt = _filter(host, engine, model, vllm_version, xid, fault_class, since, until)
-        return await _read(fleet_incidents, db(), flt, limit=limit)
+        return {"items": await _read(fleet_incidents, db(), flt, limit=limit), "next_cursor": None}
 
     @app.get("/api/v1/fleet/facets", tags=["fleet"])
     async def fleet_facets(_: None = Read) -> dict[str, list[Any]]:

@@ -239,3 +239,30 @@ class IncidentView(BaseModel):
     snapshots: list[dict[str, Any]]
     replays: list[dict[str, Any]] = Field(description="replays linked from the snapshots (summary.replays), with of_snapshot")
     alerts: list[dict[str, Any]] = Field(description="the alerts these events page with (alertname, severity, labels, starts_at)")
+
+
+class EngineList(BaseModel):
+    items: list[EngineOut]
+    next_cursor: str | None = Field(default=None, description="always null: the live engines are one page")
+
+
+class GpuList(BaseModel):
+    items: list[GpuOut]
+    next_cursor: str | None = Field(default=None, description="always null: the live GPUs are one page")
+
+
+class DetectorList(BaseModel):
+    items: list[DetectorOut]
+    next_cursor: str | None = Field(default=None, description="always null: the detectors are one page")
+
+
+class StepsBefore(BaseModel):
+    snapshot_id: int
+    engine: str
+    fault_ts: float
+    since: float = Field(description="the first bin's start (unix seconds)")
+    bin_s: float = Field(description="seconds per bin")
+    columns: dict[str, list[Any]] = Field(
+        description="one list per field, row i is bin i: t (its start), steps, running, waiting, kv_cache_usage (maxima), "
+        "prompt_tokens, generation_tokens, preemptions (sums); null where no step carried the figure"
+    )

@@ -89,6 +89,9 @@ class Repository:
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         return self.series.recent_steps(engine, since=since)
 
+    def binned_steps(self, *, host: str, engine: str, since: float, until: float, bin_s: float) -> list[dict[str, Any]]:
+        return self.series.binned_steps(host=host, engine=engine, since=since, until=until, bin_s=bin_s)
+
     def recent_scrapes(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         return self.series.recent_scrapes(engine, since=since)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Integer, cast, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from collector.storage.database import Database, nul_free
@@ -119,3 +119,31 @@ class SeriesStore:
         )
         with self.d.tx() as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
+
+    def binned_steps(self, *, host: str, engine: str, since: float, until: float, bin_s: float) -> list[dict[str, Any]]:
+        """An engine's stored steps between ``since`` and ``until``, one row per ``bin_s``
+        seconds, aggregated in the database (a snapshot page's "minutes before" strip: tens of
+        thousands of steps become a few hundred points): ``t`` (the bin's start), ``steps``,
+        ``running``/``waiting``/``kv_cache_usage`` (the bin's maxima), ``prompt_tokens``,
+        ``generation_tokens``, ``preemptions`` (its sums). A figure no step carried is None."""
+        offset = EngineStepRow.ts - since
+        # SQLite: the offset is never negative, so CAST truncates as floor would
+        b = (func.floor(offset / bin_s) if self.d.dialect == "postgresql" else cast(offset / bin_s, Integer)).label("b")
+        q = (
+            select(
+                b,
+                func.count().label("steps"),
+                func.max(EngineStepRow.running).label("running"),
+                func.max(EngineStepRow.waiting).label("waiting"),
+                func.max(EngineStepRow.kv_cache_usage).label("kv_cache_usage"),
+                func.sum(EngineStepRow.prompt_tokens).label("prompt_tokens"),
+                func.sum(EngineStepRow.generation_tokens).label("generation_tokens"),
+                func.sum(EngineStepRow.preemptions).label("preemptions"),
+            )
+            .join(EngineRow, EngineRow.id == EngineStepRow.engine_id)
+            .where(EngineRow.name == engine, EngineRow.host == host, EngineStepRow.ts >= since, EngineStepRow.ts < until)
+            .group_by(b)
+            .order_by(b)
+        )
+        with self.d.tx() as conn:
+            return [{**dict(r), "t": since + int(r["b"]) * bin_s} for r in conn.execute(q).mappings()]

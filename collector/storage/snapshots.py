@@ -104,7 +104,7 @@ class SnapshotStore:
         blobs["peers"] = pack(doc.peers)
         incident_id = self.incidents.file(conn, doc, window, item.incident_key)
         summary = dict(doc.summary)
-        summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "process", "severity")}
+        summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "gpu", "process", "severity")}
         sig_columns, summary["signature"] = crash_signature(doc, item.events)  # the fleet view's grouping
         snap_id = conn.execute(
             insert(SnapshotRow)
@@ -269,6 +269,8 @@ class SnapshotStore:
         trigger = dict(summary.get("trigger") or {"kind": row["trigger_kind"], "source": row["trigger_source"], "message": row["trigger_message"]})
         if trigger_ev is not None:
             trigger.setdefault("event_id", trigger_ev[0])
+        if row["gpu"] and not trigger.get("gpu"):  # stored before the trigger kept its GPU
+            trigger["gpu"] = row["gpu"]
         doc = SnapshotDoc(
             host=row["host"],
             engine=row["engine"],

@@ -35,7 +35,7 @@
   }
 
   async function load() {
-    const [crashes, incs] = await Promise.all([api('/api/v1/fleet/crashes?' + query()), api('/api/v1/fleet/incidents?' + query())]);
+    const [crashes, incs] = (await Promise.all([api('/api/v1/fleet/crashes?' + query()), api('/api/v1/fleet/incidents?' + query())])).map((page) => page.items);
     for (const g of crashes) {
       const d = g.detail || {};
       groups.appendChild(el('tr', { class: 'group', 'data-pattern': g.pattern },

@@ -38,8 +38,10 @@
   // -- the fault ------------------------------------------------------------------------------
   const trig = doc.trigger || {};
   const fault = document.getElementById('fault');
+  const serverSummary = !!document.getElementById('summary');  // rendered on the server for this reader
+  fault.hidden = false;
   fault.append(
-    el('h2', {}, el('span', { class: 'fault-kind' }, trig.kind || '?'), ' ', trig.message || ''),
+    serverSummary ? el('h2', {}, 'Fault details') : el('h2', {}, el('span', { class: 'fault-kind' }, trig.kind || '?'), ' ', trig.message || ''),
     el('div', { class: 'facts' },
       el('span', {}, 'source: ' + (trig.source || '')),
       trig.xid !== null && trig.xid !== undefined ? el('span', {}, 'Xid ' + trig.xid) : null,
@@ -265,6 +267,40 @@
   }
   drawAll();
   FR.moveCrosshair = linkPlots(linked);
+  await minutesBefore();
+
+  // -- the minutes before: the stored steps, binned, beside the ring's last steps ---------------
+  // The ring holds the last 4,096 steps (seconds at a fast engine); the ramp that led to the
+  // fault is in the steps the sidecar stored, read back binned (GET .../before).
+  async function minutesBefore() {
+    const card = document.getElementById('before-card');
+    let b;
+    try { b = await api('/api/v1/snapshots/' + id + '/before?minutes=10'); } catch (err) { return; }
+    const c = b.columns || {};
+    const t = (c.t || []).map((x) => x - doc.fault_ts);
+    card.hidden = false;
+    const note = document.getElementById('before-note');
+    if (!t.length) { note.textContent = 'no stored steps of ' + doc.engine + ' in the 10 minutes before the fault'; document.body.dataset.before = '0'; return; }
+    const ringStart = steps.length ? rel(steps[0].ts) : null;
+    note.textContent = t.length + ' bins of ' + fmt(b.bin_s) + ' s from the stored steps, ' + fmt(-t[0]) + ' s before the fault' +
+      (ringStart !== null ? '; the last steps below cover only the final ' + fmt(-ringStart) + ' s' : '');
+    const perS = (xs) => xs.map((v) => (v === null || v === undefined ? null : v / b.bin_s));
+    const opts = { marker: 0, markerLabel: 'fault', xLabel: 'seconds from the fault', xFmt: (x) => (x >= 0 ? '+' : '') + x.toFixed(0) + ' s', yMin: 0 };
+    const plots = [
+      ['Running and waiting requests (max per bin)', [{ name: 'running', xs: t, ys: c.running }, { name: 'waiting', xs: t, ys: c.waiting }]],
+      ['kv_cache_usage (max per bin)', [{ name: 'kv_cache_usage', xs: t, ys: c.kv_cache_usage }]],
+      ['Tokens per second', [{ name: 'prefill', xs: t, ys: perS(c.prompt_tokens), color: '#ff7f0e' }, { name: 'decode', xs: t, ys: perS(c.generation_tokens), color: '#1f77b4' }]],
+      ['Preemptions per second', [{ name: 'preemptions', xs: t, ys: perS(c.preemptions) }]],
+    ];
+    for (const [title, series] of plots) {
+      const canvas = el('canvas', { 'data-plot': 'before: ' + title });
+      const box = el('div', { class: 'plot' }, el('h3', {}, title), canvas);
+      if (series.length > 1) box.appendChild(legend(series));
+      document.getElementById('before-plots').appendChild(box);
+      plot(canvas, series, opts);
+    }
+    document.body.dataset.before = String(t.length);
+  }
 
   // -- times: log lines have one-second stamps ------------------------------------------------
   // vLLM's log stamps have no sub-second part, so an event seen only in a log happened within
@@ -278,9 +314,13 @@
     const f = e.process ? failed[e.process] : null;
     const t = f && f.step !== null && f.step !== undefined ? stepTs.get(f.step + 1) : undefined;
     if (t !== undefined && t >= e.ts - 0.001 && t < e.ts + 1) return { key: t, text: signed(rel(t), 3) + ' s (step ' + f.step + ')', by: 'recorder step' };
-    return { key: e.ts + 0.999, text: signed(rel(e.ts), 0) + ' s ±1 s (log time)', by: 'log stamp', approx: true };
+    // the second its stamp names, as an interval from the fault: "-0.4 to +0.6 s (log time)"
+    return { key: e.ts + 0.999, text: signed(rel(e.ts), 1) + ' to ' + signed(rel(e.ts) + 1, 1) + ' s (log time, 1 s stamp)', by: 'log stamp', approx: true };
   }
-  function signed(v, digits) { return (v >= 0 ? '+' : '') + v.toFixed(digits); }
+  function signed(v, digits) {
+    const s = v.toFixed(digits);
+    return (Number(s) === 0 ? '±' : v > 0 ? '+' : '') + s.replace(/^-(0\.?0*)$/, '$1');
+  }
   const events = (doc.events || []).map((e) => ({ e, w: witness(e) })).sort((a, b) => a.w.key - b.w.key);
 
   // The Xid catalog's entry (collector/xid/catalog.json), as the kernel-log source attached it
@@ -291,7 +331,7 @@
       c.meaning + ' ', el('b', {}, 'Action: '), c.action + (c.known === false ? ' (not in the catalog)' : ''));
   }
   const faultXid = events.find(({ e }) => e.kind === 'xid' && e.data && e.data.catalog);
-  if (faultXid) fault.appendChild(xidInfo(faultXid.e));
+  if (faultXid && !document.getElementById('xid-action')) fault.appendChild(xidInfo(faultXid.e));
 
   // -- tracebacks -----------------------------------------------------------------------------
   const tb = document.getElementById('tracebacks');

@@ -171,3 +171,36 @@ def test_a_cursor_that_is_not_ascii_digits_is_400(client: TestClient, cursor: st
     for path in ("/api/v1/incidents", "/api/v1/events"):
         r = client.get(path, params={"cursor": cursor})
         assert r.status_code == 400 and "cursor" in r.json()["detail"], (path, cursor, r.status_code)
+
+
+def test_no_list_endpoint_answers_a_bare_array(client: TestClient) -> None:
+    """Every list is ``{"items": [...], "next_cursor": ...}``, the live ones (engines, GPUs,
+    detectors) included: one shape for a script to read."""
+    spec = client.get("/openapi.json").json()
+    bare = []
+    for path, ops in spec["paths"].items():
+        get = ops.get("get")
+        if not get or not path.startswith("/api/v1"):
+            continue
+        schema = get["responses"].get("200", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        if schema.get("type") == "array":
+            bare.append(path)
+    assert bare == []
+    for path in ("/api/v1/engines", "/api/v1/gpus", "/api/v1/detectors"):
+        page = client.get(path).json()
+        assert set(page) == {"items", "next_cursor"} and page["next_cursor"] is None and isinstance(page["items"], list), path
+
+
+def test_the_page_of_an_unknown_incident_is_404(client: TestClient, ctx: Any) -> None:
+    sid, _ = store(ctx.repo, make_doc())
+    incident = ctx.repo.get_snapshot(sid, parts=()).incident_id
+    assert client.get(f"/incidents/{incident}").status_code == 200
+    r = client.get(f"/incidents/{incident + 98}")
+    assert r.status_code == 404 and f"No incident {incident + 98}" in r.text and "text/html" in r.headers["content-type"]
+
+
+@pytest.mark.parametrize("path", ["/snapshots/abc", "/snapshots/0", "/snapshots/-3", "/incidents/abc", "/snapshots/99999999999999999999999"])
+def test_a_page_route_with_a_bad_id_answers_an_html_404(client: TestClient, path: str) -> None:
+    r = client.get(path)
+    assert r.status_code == 404 and "text/html" in r.headers["content-type"], (path, r.status_code, r.text[:200])
+    assert r.headers["content-security-policy"].startswith("default-src 'none'")

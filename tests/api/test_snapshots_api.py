@@ -154,7 +154,7 @@ def test_engines_are_served_without_secrets_even_as_an_older_sidecar_stored_them
     body = client.get("/api/v1/engines", headers={"Accept-Encoding": "identity"}).text
     for secret in (HF_SECRET, "hunter2-pw", "sk-live-abcdef"):
         assert secret not in body, secret
-    [eng] = [e for e in client.get("/api/v1/engines").json() if e["name"] == "decode-0"]
+    [eng] = [e for e in client.get("/api/v1/engines").json()["items"] if e["name"] == "decode-0"]
     assert eng["fingerprint"]["env"]["HF_TOKEN"] == "***" and eng["vllm_version"] == "0.32.0"
 
 

@@ -158,7 +158,9 @@ def test_one_time_axis_one_crosshair_and_the_fault_named(serve: Any, browser: Br
         kinds = [r[1] for r in rows]
         assert "xid" in kinds and "cuda_error" in kinds
         assert kinds.index("xid") < kinds.index("cuda_error")
-        assert all("±1 s (log time)" in r[0] or "(step" in r[0] for r in rows if r[1] == "cuda_error"), rows
+        assert all("s (log time, 1 s stamp)" in r[0] or "(step" in r[0] for r in rows if r[1] == "cuda_error"), rows
+        # a log stamp's second is an interval from the fault, never "-0 s"
+        assert not [r for r in rows if r[0].startswith(("-0 s", "+0 s", "-0 to", "-0.0 "))], rows
         # the Xid catalog's meaning and action on the page
         assert "Action:" in text and "Xid 43" in text
         # ● is "recorded", and no cell shows raw JSON
@@ -221,3 +223,58 @@ def test_a_manual_snapshot_without_recorder_says_why(tmp_path: Path, browser: Br
         assert note.startswith("This manual snapshot of decode-0 holds no engine steps")
         assert "--scheduler-cls collector.vllm.RecordingScheduler" in note and "FLIGHTREC_ENGINE_NAME=decode-0" in note
         assert page.console_errors() == []
+
+
+def test_the_summary_and_next_steps_are_in_the_first_response(serve: Any, browser: Browser) -> None:
+    """Before any script runs: the fault, its GPU, the engine, model, TP size, P/D role, pair and
+    vLLM version, the runbook and the report and replay commands of this snapshot are in the
+    HTML the server sends; with scripts off, a browser shows them."""
+    import urllib.request
+
+    with serve() as srv:
+        body = urllib.request.urlopen(f"{srv.url}/snapshots/1", timeout=30).read().decode()
+        head = body[: body.index('id="fault"')]
+        for fact in ("xid", "0000:00:06.0", "decode-0", "deepseek-ai/DeepSeek-V3.2-Exp", "decode (kv_consumer)", "pd-0", "Xid 43"):
+            assert fact in head, fact
+        assert "<dt>TP size</dt><dd>2</dd>" in head
+        assert "flightrec report 1 --db " in head and "flightrec replay 1 --db " in head and "flightrec replay --plan 1" in head
+        assert "GpuXidError" in head and "Action:" in head
+        assert head.index('id="summary"') < head.index('id="next-steps"')
+
+        page = browser.new_page()
+        page.send("Emulation.setScriptExecutionDisabled", {"value": True})
+        page.navigate(f"{srv.url}/snapshots/1")
+        text = page.evaluate("document.body.innerText")
+        assert "decode (kv_consumer)" in text and "flightrec report 1" in text and "Next steps" in text
+
+
+def test_the_minutes_before_show_the_ramp_the_last_steps_do_not(serve: Any, browser: Browser) -> None:
+    """The ring's 4,096 steps cover seconds of the demo; the strip from the stored steps covers
+    the ramp before them, on its own axis, drawn."""
+    with serve() as srv:
+        page = _open(browser, f"{srv.url}/snapshots/1")
+        page.wait_js("document.body.dataset.before !== undefined", timeout=30)
+        assert int(page.evaluate("document.body.dataset.before")) > 10
+        strip = [p for p in page.evaluate(CANVAS_INK) if p["title"].startswith("before: ")]
+        assert len(strip) == 4
+        for p in strip:
+            assert p["drawn"] > 1 and p["ink"] > 0.01 * p["total"], p
+        spans = page.evaluate(
+            "[...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr).map(c => [c.dataset.plot, c._fr.xlo, c._fr.xhi])"
+        )
+        before = [lo for title, lo, _ in spans if title.startswith("before: ")]
+        ring = [lo for title, lo, _ in spans if title == "kv_cache_usage"]
+        assert before and ring and min(before) < ring[0] - 5  # it reaches seconds further back than the ring
+        note = page.evaluate("document.getElementById('before-note').textContent")
+        assert "the last steps below cover only the final" in note
+        assert page.console_errors() == []
+
+
+def test_a_reader_without_the_token_gets_no_server_rendered_data(serve: Any) -> None:
+    import urllib.request
+
+    with serve(host="0.0.0.0", api_token="s3cret-token") as srv:  # noqa: S104  (reads need the token)
+        body = urllib.request.urlopen(f"{srv.url}/snapshots/1", timeout=30).read().decode()
+        assert 'id="summary"' not in body and "DeepSeek" not in body
+        body = urllib.request.urlopen(f"{srv.url}/snapshots/1?token=s3cret-token", timeout=30).read().decode()
+        assert 'id="summary"' in body and "DeepSeek" in body

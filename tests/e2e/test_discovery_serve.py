@@ -125,7 +125,7 @@ def test_serve_finds_the_pod_and_snapshots_its_cuda_error(tmp_path: Path) -> Non
             assert side.poll() is None, log_tail()
             try:
                 engines = get(f"{base}/api/v1/engines")
-                items = engines["items"] if isinstance(engines, dict) else engines
+                items = engines["items"]
                 engine = next((e for e in items if e.get("name") == "vllm-decode-0" and e.get("up")), None)
             except (urllib.error.URLError, OSError, KeyError):
                 pass

@@ -223,7 +223,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
                 time.sleep(1.0)
         assert snap is not None, "no snapshot with steps: " + (tmp_path / "sidecar.log").read_text()[-3000:]
         time.sleep(3.0)  # every witness of the death (log, scrape, silent ring) has arrived
-        engines = get_json(f"{side_base}/api/v1/engines")
+        engines = get_json(f"{side_base}/api/v1/engines")["items"]
         written = stats_ring(recorder_dir)
         all_snaps = get_json(f"{side_base}/api/v1/snapshots")["items"]
         for t in threads:

@@ -106,7 +106,7 @@ def test_a_real_cuda_error_becomes_a_complete_snapshot(tmp_path: Path) -> None:
 
         snap = wait_for_snapshot(side, complete)
         assert snap is not None, (tmp_path / "sidecar.log").read_text()[-3000:] + log.read_text()[-3000:]
-        engines = get_json(f"{side}/api/v1/engines")
+        engines = get_json(f"{side}/api/v1/engines")["items"]
     finally:
         for proc in reversed(procs):
             stop_group(proc)

@@ -127,7 +127,7 @@ def wait_for(what: str, cond: Any, timeout: float, proc: subprocess.Popen[bytes]
 
 def steps_in(base: str) -> int:
     try:
-        engines = httpx.get(base + "/api/v1/engines", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).json()
+        engines = httpx.get(base + "/api/v1/engines", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).json()["items"]
     except httpx.HTTPError:
         return 0
     return int(engines[0]["steps_in_ring"] or 0) if engines else 0

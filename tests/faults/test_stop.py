@@ -112,7 +112,9 @@ def test_an_amendment_not_due_at_stop_is_committed_before_the_exit(node: Node) -
     proc, base = node.start()
     try:
         assert wait_for(
-            "the ring read", lambda: len(httpx.get(base + "/api/v1/engines", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}).json()), 30
+            "the ring read",
+            lambda: len(httpx.get(base + "/api/v1/engines", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}).json()["items"]),
+            30,
         )
         with open(node.kmsg, "a") as f:
             f.write(XID_LINE.format(seq=7, us=1) + "\n")

@@ -130,7 +130,7 @@ def node_for(load: NodeLoad, work: Path) -> sn.Node:
 
 def _engines_reading(base: str, names: list[str]) -> bool:
     try:
-        rows = httpx.get(base + "/api/v1/engines", headers={"Authorization": f"Bearer {sn.TOKEN}"}, timeout=10).json()
+        rows = httpx.get(base + "/api/v1/engines", headers={"Authorization": f"Bearer {sn.TOKEN}"}, timeout=10).json()["items"]
     except (httpx.HTTPError, ValueError):
         return False
     got = {r["name"]: int(r.get("steps_in_ring") or 0) for r in rows}

@@ -42,7 +42,7 @@ def test_a_scrape_only_engine_is_stored_served_and_snapshotted(migrated_url: str
         text = client.get("/metrics").text
         assert 'flightrec_engine_series_source{Hostname="node-a",engine="decode-0",source="scrape"} 1.0' in text
         assert 'flightrec_engine_kv_cache_usage_ratio{Hostname="node-a",engine="decode-0"} 0.032' in text
-        [api] = [e for e in client.get("/api/v1/engines").json() if e["name"] == "decode-0"]
+        [api] = [e for e in client.get("/api/v1/engines").json()["items"] if e["name"] == "decode-0"]
         assert api["last_scrape"] is not None
 
     trigger = Event(kind=EventKind.ENGINE_DOWN, ts=t0 + 400, source="scrape", message="gone", engine="decode-0")
