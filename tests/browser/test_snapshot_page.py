@@ -127,7 +127,7 @@ def test_a_token_in_the_address_is_kept_for_the_tab_and_sent_as_bearer(serve: An
 
 
 SHARED_AXIS = """
-(() => { const cs = [...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr);
+(() => { const cs = [...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr && !c.dataset.plot.startsWith('before: '));
   return cs.map(c => ({title: c.dataset.plot, lo: c._fr.xlo, hi: c._fr.xhi})); })()
 """
 
@@ -145,7 +145,9 @@ def test_one_time_axis_one_crosshair_and_the_fault_named(serve: Any, browser: Br
         page.evaluate("""(() => { const c = document.querySelector('canvas[data-plot="kv_cache_usage"]');
           const r = c.getBoundingClientRect();
           c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + r.width * 0.8, clientY: r.top + r.height / 2, bubbles: true})); })()""")
-        marks = page.evaluate("[...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr).map(c => c.dataset.crosshair)")
+        marks = page.evaluate(
+            "[...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr && !c.dataset.plot.startsWith('before: ')).map(c => c.dataset.crosshair)"
+        )
         assert len(set(marks)) == 1 and marks[0] not in ("", None), marks
         readout = page.evaluate("document.querySelector('[data-readout=\"kv_cache_usage\"]').textContent")
         assert readout.startswith(("-", "+")) and "kv_cache_usage" in readout, readout
