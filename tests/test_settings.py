@@ -143,9 +143,9 @@ log_keep: important
     assert (s.pcie_interval, s.event_timeout_ms, s.log_keep) == (30.0, 1000, "important")
 
 
-def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme.split("## Configuration", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+def test_the_configuration_reference_example_loads(tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    block = doc.split("```yaml", 1)[1].split("```", 1)[0]
     s = load_settings(write(tmp_path, block.replace("api_token: ...", "api_token: t0ken")))
     assert s.engines[0].name == "decode-0" and s.engines[0].gpus == [1] and s.ring_steps == 4096
     assert s.retention.snapshots_days is None and s.detectors.enter_after == 2

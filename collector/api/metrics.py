@@ -204,7 +204,7 @@ class SidecarCollector(Collector):
         backlog = GaugeMetricFamily("flightrec_snapshots_waiting", "snapshots captured, not committed yet", labels=h)
         if figures.get("snapshot_backlog") is not None:
             backlog.add_metric([host], figures["snapshot_backlog"])
-        # the degrade order under overload (README, "When the sidecar falls behind")
+        # the degrade order under overload (docs/architecture.md, "when the sidecar falls behind")
         gaps = CounterMetricFamily("flightrec_recorder_gaps", "times a ring's unread records were skipped (a gap in the step series)", labels=h)
         gaps.add_metric([host], rec.get("gaps") or 0)
         gap_bytes = CounterMetricFamily("flightrec_recorder_gap_bytes", "ring bytes skipped unread", labels=h)

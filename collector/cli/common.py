@@ -63,7 +63,7 @@ def positive_int(text: str) -> int:
 
 
 def add_settings_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="YAML settings file (see the README's Configuration)")
+    p.add_argument("--config", metavar="FILE", help="YAML settings file (docs/configuration.md)")
     p.add_argument(
         "--db",
         dest="database",
