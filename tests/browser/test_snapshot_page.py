@@ -146,7 +146,8 @@ def test_one_time_axis_one_crosshair_and_the_fault_named(serve: Any, browser: Br
           const r = c.getBoundingClientRect();
           c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + r.width * 0.8, clientY: r.top + r.height / 2, bubbles: true})); })()""")
         marks = page.evaluate(
-            "[...document.querySelectorAll('canvas[data-plot]')].filter(c => c._fr && !c.dataset.plot.startsWith('before: ')).map(c => c.dataset.crosshair)"
+            "[...document.querySelectorAll('canvas[data-plot]')]"
+            ".filter(c => c._fr && !c.dataset.plot.startsWith('before: ')).map(c => c.dataset.crosshair)"
         )
         assert len(set(marks)) == 1 and marks[0] not in ("", None), marks
         readout = page.evaluate("document.querySelector('[data-readout=\"kv_cache_usage\"]').textContent")
