@@ -173,8 +173,9 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("stack")
     hook = WebhookReceiver().start()
-    # the shipped routes and inhibitions; waits short, and no update notification in the test's time
-    am = LocalAlertmanager(hook.url, config_text=with_webhook(AM_CONFIG.read_text(), hook.url, group_wait="2s", group_interval="10m"))
+    # the shipped routes and inhibitions, their waits short: a group that changed after its first
+    # notification (an alert of the other sender with other labels) would notify again in 3 s
+    am = LocalAlertmanager(hook.url, config_text=with_webhook(AM_CONFIG.read_text(), hook.url, group_wait="2s", group_interval="3s"))
     prom = LocalPrometheus(rules=test_rules(), alertmanager=am.url, interval="1s")
     demo: Demo | None = None
     try:
@@ -203,7 +204,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             timeout=90,
         )
         wait_until("Alertmanager holding them", lambda: wanted <= {a["labels"]["alertname"] for a in am.alerts()}, timeout=30)
-        time.sleep(4)  # past group_wait: any notification the inhibitions failed to stop is sent
+        time.sleep(7)  # past group_wait and group_interval: any notification the inhibitions failed to stop is sent
         st.settled_at = time.time()
         yield st
     finally:
