@@ -207,6 +207,9 @@ def test_alertmanager_groups_by_labels_the_rules_set() -> None:
     alertnames = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     # and what only the sidecar sends (it sees a GPU fall off the bus; no series says so)
     alertnames |= set(DETECTOR_ALERTS.values()) | {"GpuLost", "VllmNcclError"}
+    # the wedge's page, sent by the sidecar's wedge detector and by the rule over
+    # flightrec_engine_stuck_seconds: the inhibitions name it ahead of both
+    alertnames |= {"VllmEngineWedged"}
     for inhibit in cfg["inhibit_rules"]:
         for matcher in inhibit["source_matchers"] + inhibit["target_matchers"]:
             name, op, value = re.fullmatch(r'(\w+)(=~|=)"(.*)"', matcher).groups()  # type: ignore[union-attr]
