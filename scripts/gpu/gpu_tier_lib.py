@@ -533,20 +533,33 @@ class Result:
     start: float = 0.0
     end: float = 0.0
     error: str | None = None
+    scheduled: float | None = None  # an open loop's planned send time (its TTFT counts from it)
 
 
 def prompt_ids(i: int, length: int) -> list[int]:
     return [(7 * k + 13 * i) % 31000 + 100 for k in range(length)]
 
 
-async def _one(host: str, port: int, model: str, i: int, prompt_len: int, max_tokens: int, tag: str) -> Result:
+async def _one(
+    host: str,
+    port: int,
+    model: str,
+    i: int,
+    prompt_len: int,
+    max_tokens: int,
+    tag: str,
+    prompt: Sequence[int] | None = None,
+    res: Result | None = None,
+) -> Result:
     """One streamed completion over a raw HTTP/1.0 connection (no chunked framing: the events
-    arrive as the server writes them): each chunk's arrival time."""
-    res = Result(index=i, prompt_len=prompt_len)
+    arrive as the server writes them): each chunk's arrival time. ``prompt``: the token ids to
+    send (default ``prompt_ids(i, prompt_len)``); ``res``: the result to fill (the caller keeps
+    what arrived if it cancels the request)."""
+    res = res if res is not None else Result(index=i, prompt_len=prompt_len)
     body = json.dumps(
         {
             "model": model,
-            "prompt": prompt_ids(i, prompt_len),
+            "prompt": list(prompt) if prompt is not None else prompt_ids(i, prompt_len),
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
