@@ -76,9 +76,11 @@ def write_model(folder: Path, tiny: bool = False) -> Path:
 
 
 def probe_site(folder: Path) -> Path:
-    """A folder holding the probe plugin and its entry point's metadata, for PYTHONPATH."""
+    """A folder holding the probe plugin (and the drill's spin kernel) and its entry point's
+    metadata, for PYTHONPATH."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "flightrec_gpu_probe.py").write_text((HERE / "probe" / "flightrec_gpu_probe.py").read_text())
+    for module in (HERE / "probe").glob("*.py"):  # the plugin and the modules it imports
+        (folder / module.name).write_text(module.read_text())
     dist = folder / "flightrec_gpu_probe-0.1.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: flightrec-gpu-probe\nVersion: 0.1\n")

@@ -21,6 +21,14 @@ are set; it only ever touches its own processes.
   ``unspecified launch failure``, Xid 43) or ``store`` (a store to address 0x10: ``an illegal
   memory access``, Xid 31); ``raise`` raises vLLM's CUDA error text in Python instead (no GPU
   fault: for a smoke run of the script on vLLM's CPU build).
+- ``FLIGHTREC_DRILL_KIND=spin``: a hang, not a fault, and one that can end, as often as PATH
+  appears (each launch removes PATH): a kernel that spins on the model's stream until released
+  (``flightrec_spin.py``), so the engine core blocks in its next synchronisation with the GPU
+  at 100% utilisation while vLLM's ``/health`` says 200. ``PATH.launched`` (JSON, rewritten at
+  each launch) gives the launch's time and step, its number and the flag's /dev/shm file: write
+  1 into that file, or create ``PATH.release``, to let the kernel end.
+  ``FLIGHTREC_DRILL_SPIN_MAX_S`` (default 120) bounds each spin on the GPU itself. ``block``
+  does the same in Python (the step's hook sleeps until released): the CPU build's stand-in.
 """
 
 from __future__ import annotations
@@ -199,10 +207,58 @@ def _recorder_timings() -> None:
         pass
 
 
+def _launched(fire: str, record: dict[str, Any]) -> None:
+    with _lock:
+        _state["drill_launched_at"] = record["ts"]
+        _state["drill_step"] = record["step"]
+    tmp = fire + ".launched.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record))
+    os.replace(tmp, fire + ".launched")
+
+
+def _hang(fire: str, kind: str, n: int) -> None:
+    """One hang of the ``spin``/``block`` drill, right after a step's forward was queued."""
+    limit_s = float(os.environ.get("FLIGHTREC_DRILL_SPIN_MAX_S", "120"))
+    release = fire + ".release"
+    record: dict[str, Any] = {
+        "pid": os.getpid(),
+        "kind": kind,
+        "n": n,
+        "step": _state["schedule_calls"] or None,  # counted with FLIGHTREC_PROBE_DIR only
+        "forward_calls": _state["forward_calls"],
+        "limit_s": limit_s,
+    }
+    if kind == "block":  # the CPU build's stand-in: the step's own thread waits in Python
+        record.update(ts=time.time(), flag=None, mode="python")
+        _launched(fire, record)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and not os.path.exists(release):
+            time.sleep(0.005)
+        try:
+            os.unlink(release)
+        except OSError:
+            pass
+        return
+    import flightrec_spin
+    import torch
+
+    flag = flightrec_spin.Flag(str(n))
+    record["ts"] = flightrec_spin.launch(flag, limit_s, torch.cuda.current_stream().cuda_stream)
+    record.update(flag=flag.path, mode=flag.mode, flag_error=flag.error)
+    _hangs.append(flag)  # kept alive (and readable) for the process's life
+    flightrec_spin.watch_release(flag, release, limit_s)
+    _launched(fire, record)
+
+
+_hangs: list[Any] = []
+
+
 def _drill(fire: str, kind: str) -> None:
     from vllm.v1.worker import gpu_worker
 
     original = gpu_worker.Worker.execute_model
+    hangs = [0]
 
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         global _fired
@@ -211,6 +267,15 @@ def _drill(fire: str, kind: str) -> None:
             _state["execute_model_calls"] += 1
             if getattr(scheduler_output, "total_num_scheduled_tokens", 0):
                 _state["forward_calls"] += 1
+        if kind in ("spin", "block"):
+            if getattr(scheduler_output, "total_num_scheduled_tokens", 0) and os.path.exists(fire):
+                try:
+                    os.unlink(fire)  # one hang per appearance of the file
+                except OSError:
+                    return out
+                hangs[0] += 1
+                _hang(fire, kind, hangs[0])
+            return out
         if not _fired and getattr(scheduler_output, "total_num_scheduled_tokens", 0) and os.path.exists(fire):
             _fired = True
             if kind == "raise":  # no GPU fault: the script's own smoke run on vLLM's CPU build
