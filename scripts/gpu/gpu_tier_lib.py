@@ -536,6 +536,9 @@ class Result:
     end: float = 0.0
     error: str | None = None
     scheduled: float | None = None  # an open loop's planned send time (its TTFT counts from it)
+    # the output tokens so far at each chunk (``count_tokens``): vLLM merges a request's tokens
+    # into one chunk when its API server is behind, so chunks are not tokens under load
+    chunk_tokens: list[int] = field(default_factory=list)
 
 
 def prompt_ids(i: int, length: int) -> list[int]:
@@ -552,12 +555,15 @@ async def _one(
     tag: str,
     prompt: Sequence[int] | None = None,
     res: Result | None = None,
+    count_tokens: bool = False,
 ) -> Result:
     """One streamed completion over a raw HTTP/1.0 connection (no chunked framing: the events
     arrive as the server writes them): each chunk's arrival time. ``prompt``: the token ids to
     send (default ``prompt_ids(i, prompt_len)``); ``res``: the result to fill (the caller keeps
-    what arrived if it cancels the request)."""
+    what arrived if it cancels the request); ``count_tokens``: ask for the usage in every chunk
+    (``continuous_usage_stats``) and keep the running token count at each chunk."""
     res = res if res is not None else Result(index=i, prompt_len=prompt_len)
+    stream_options = {"include_usage": True, **({"continuous_usage_stats": True} if count_tokens else {})}
     body = json.dumps(
         {
             "model": model,
@@ -565,7 +571,7 @@ async def _one(
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": stream_options,
         }
     ).encode()
     head = (
@@ -593,12 +599,16 @@ async def _one(
             if data == b"[DONE]":
                 res.ok = True
                 break
+            now = time.time()
             msg = json.loads(data)
             usage = msg.get("usage")
-            if usage and usage.get("completion_tokens") is not None:
+            counted = bool(usage and usage.get("completion_tokens") is not None)
+            if counted:
                 res.tokens = int(usage["completion_tokens"])
             if msg.get("choices"):
-                res.chunks.append(time.time())
+                res.chunks.append(now)
+                if count_tokens and counted:
+                    res.chunk_tokens.append(res.tokens)
         writer.close()
     except Exception as exc:  # noqa: BLE001 - a failed request is a result
         res.error = repr(exc)

@@ -75,7 +75,7 @@ async def _open(base: str, model: str, arrivals: Sequence[Arrival], isl: int, os
         if delay > 0:
             await asyncio.sleep(delay)
         res = Result(index=idx, prompt_len=isl, scheduled=due)
-        task = asyncio.ensure_future(_one(host, int(port), model, idx, isl, osl, tag, prompt=unique_prompt(idx, isl), res=res))
+        task = asyncio.ensure_future(_one(host, int(port), model, idx, isl, osl, tag, prompt=unique_prompt(idx, isl), res=res, count_tokens=True))
         running.append((res, task))
     if running:
         _, pending = await asyncio.wait([t for _, t in running], timeout=drain_s)
@@ -101,7 +101,7 @@ async def _closed(
         while time.time() < stop_at:
             res = Result(index=i, prompt_len=isl, scheduled=time.time())
             out.append(res)
-            await _one(host, int(port), model, i, isl, osl, tag, prompt=unique_prompt(i, isl), res=res)
+            await _one(host, int(port), model, i, isl, osl, tag, prompt=unique_prompt(i, isl), res=res, count_tokens=True)
             i += concurrency
 
     await asyncio.gather(*(lane(k, at) for k, at in lanes))
@@ -169,26 +169,42 @@ def in_flight(results: Sequence[Result], t: float) -> int:
     return sum(1 for r in results if (r.scheduled if r.scheduled is not None else r.start) <= t < (r.end or math.inf))
 
 
+def chunk_sizes(r: Result) -> list[int]:
+    """Output tokens each chunk of ``r`` carried: from the running counts when every chunk had
+    one, else one a chunk (a server that gave no counts)."""
+    if r.chunk_tokens and len(r.chunk_tokens) == len(r.chunks):
+        return [b - a for a, b in zip([0, *r.chunk_tokens], r.chunk_tokens, strict=False)]
+    return [1] * len(r.chunks)
+
+
 def summarise(results: Sequence[Result], t0: float, warm_s: float, seconds: float, raw: bool = True) -> dict[str, Any]:
     """One segment's figures over its steady window [t0 + warm_s, t0 + seconds): output tokens/s
-    (streamed chunks that arrived in the window: vLLM streams one token a chunk, which
-    ``tokens_per_chunk`` checks against the usage counts), TTFT of the requests planned in the
-    window (first chunk minus the planned send time: the client's own lateness, ``lag``, counts
-    against the server as a real user's would), inter-token gaps whose later chunk arrived in the
-    window, end-to-end latency, and the requests in flight at the window's start, middle and end
+    (the tokens of the chunks that arrived in the window, by the running counts vLLM sends with
+    each chunk: an API server that falls behind merges a request's tokens into one chunk, so
+    counting chunks undercounts, and undercounts the busier server more), TTFT of the requests
+    planned in the window (first chunk minus the planned send time: the client's own lateness,
+    ``lag``, counts against the server as a real user's would), the gaps between chunks whose
+    later one arrived in the window (what a reader of the stream waits; ``tokens_per_chunk``
+    says how often a gap held more than one token), time per output token of each request
+    (first to last chunk over its tokens - 1: blind to merging), end-to-end latency, and the
+    requests in flight at the window's start, middle and end
     (a queue that grows says the load was above what the server sustains). ``raw``: the
     per-request figures too (planned offset, lag, TTFT, end-to-end, tokens)."""
     a, b = t0 + warm_s, t0 + seconds
     span = b - a
+    sizes = {id(r): chunk_sizes(r) for r in results}
+    tokens = sum(k for r in results for t, k in zip(r.chunks, sizes[id(r)], strict=True) if a <= t < b)
     chunks = sum(1 for r in results for t in r.chunks if a <= t < b)
     itl = [y - x for r in results for x, y in zip(r.chunks, r.chunks[1:], strict=False) if a <= y < b]
     planned = [r for r in results if r.scheduled is not None and a <= r.scheduled < b]
     ttft = [r.chunks[0] - r.scheduled for r in planned if r.ok and r.chunks and r.scheduled is not None]
+    tpot = [(r.chunks[-1] - r.chunks[0]) / (r.tokens - 1) for r in planned if r.ok and r.tokens > 1 and len(r.chunks) > 1]
     lag = [r.start - r.scheduled for r in planned if r.scheduled is not None and r.start]
     e2e = [r.end - r.scheduled for r in planned if r.ok and r.scheduled is not None]
     ok = [r for r in results if r.ok]
     errors = [r for r in results if r.error]
-    per_chunk = sum(r.tokens for r in ok) / max(1, sum(len(r.chunks) for r in ok))
+    per_chunk = sum(sum(sizes[id(r)]) for r in ok) / max(1, sum(len(r.chunks) for r in ok))
+    counted = sum(1 for r in ok if r.chunk_tokens and len(r.chunk_tokens) == len(r.chunks))
     out: dict[str, Any] = {
         "window_s": round(span, 3),
         "requests": len(results),
@@ -197,8 +213,11 @@ def summarise(results: Sequence[Result], t0: float, warm_s: float, seconds: floa
         "completed": len(ok),
         "errors": len(errors),
         "error_kinds": sorted({str(r.error)[:160] for r in errors})[:3],
-        "tok_s": round(chunks / span, 2) if span > 0 else None,
+        "tok_s": round(tokens / span, 2) if span > 0 else None,
+        "chunks_s": round(chunks / span, 2) if span > 0 else None,
         "tokens_per_chunk": round(per_chunk, 4),
+        "requests_with_token_counts": counted,
+        "usage_matches_chunks": all(sum(sizes[id(r)]) == r.tokens for r in ok),
         "ttft_n": len(ttft),
         "ttft_p50_ms": _ms(quantile(ttft, 0.5)),
         "ttft_p90_ms": _ms(quantile(ttft, 0.9)),
@@ -210,6 +229,8 @@ def summarise(results: Sequence[Result], t0: float, warm_s: float, seconds: floa
         "itl_p99_ms": _ms(quantile(itl, 0.99)),
         "itl_p999_ms": _ms(quantile(itl, 0.999)),
         "itl_max_ms": _ms(max(itl) if itl else None),
+        "tpot_p50_ms": _ms(quantile(tpot, 0.5)),
+        "tpot_p99_ms": _ms(quantile(tpot, 0.99)),
         "e2e_p50_ms": _ms(quantile(e2e, 0.5)),
         "e2e_p99_ms": _ms(quantile(e2e, 0.99)),
         "lag_p50_ms": _ms(quantile(lag, 0.5)),

@@ -103,6 +103,7 @@ class FakeVllm:
 
     def __init__(self, ttft_s: float = 0.02, gap_s: float = 0.005) -> None:
         self.ttft_s, self.gap_s = ttft_s, gap_s
+        self.merge = 1  # tokens a chunk: vLLM's API server merges a request's tokens when behind
         self.seen: list[tuple[float, str, list[int]]] = []
         self.loop = asyncio.new_event_loop()
         self.port = 0
@@ -121,10 +122,14 @@ class FakeVllm:
             self.seen.append((time.time(), rid, body["prompt"]))
             writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
             await asyncio.sleep(self.ttft_s)
-            for k in range(body["max_tokens"]):
-                if k:
+            continuous = (body.get("stream_options") or {}).get("continuous_usage_stats")
+            sent = 0
+            while sent < body["max_tokens"]:
+                if sent:
                     await asyncio.sleep(self.gap_s)
-                writer.write(b'data: {"choices":[{"index":0,"text":""}],"usage":null}\n\n')
+                sent = min(body["max_tokens"], sent + self.merge)
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": sent} if continuous else None
+                writer.write(b"data: " + json.dumps({"choices": [{"index": 0, "text": ""}], "usage": usage}).encode() + b"\n\n")
                 await writer.drain()
             usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
             writer.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
@@ -177,3 +182,20 @@ def test_staggered_closed_loop_keeps_its_lanes_busy_and_spread(fake: FakeVllm) -
     assert firsts == pytest.approx([0.0, 0.05, 0.10, 0.15], abs=0.03)
     assert len({r.index for r in results}) == len(results) >= 4 * 8  # each lane ~ 1 s / 0.04 s
     assert all(r.ok for r in results if r.end < t0 + 1.0)
+
+
+def test_tokens_are_counted_when_the_server_merges_them_into_chunks(fake: FakeVllm) -> None:
+    fake.merge = 3  # 10 tokens in chunks of 3, 3, 3, 1
+    results, t0 = ol.run_open(f"http://127.0.0.1:{fake.port}", "m", [(0, 0.0), (1, 0.01)], isl=8, osl=10, tag="m-", procs=1, lead_s=0.5)
+    assert all(r.ok and r.tokens == 10 and len(r.chunks) == 4 and r.chunk_tokens == [3, 6, 9, 10] for r in results)
+    assert ol.chunk_sizes(results[0]) == [3, 3, 3, 1]
+    s = ol.summarise(results, t0, warm_s=0.0, seconds=5.0)
+    assert s["tokens_per_chunk"] == 2.5 and s["usage_matches_chunks"] and s["requests_with_token_counts"] == 2
+    assert s["tok_s"] == pytest.approx(20 / 5.0) and s["chunks_s"] == pytest.approx(8 / 5.0)
+    # time per output token: first to last chunk over 9 gaps of tokens
+    assert s["tpot_p50_ms"] == pytest.approx(1000 * 3 * fake.gap_s / 9, abs=3.0)
+
+
+def test_chunk_sizes_fall_back_to_one_a_chunk_without_counts() -> None:
+    r = Result(index=0, ok=True, tokens=3, chunks=[1.0, 2.0, 3.0], chunk_tokens=[1, 3])
+    assert ol.chunk_sizes(r) == [1, 1, 1]
