@@ -8,13 +8,26 @@
 #   bash scripts/gpu/run-h200.sh recorder OUTDIR   # phases 1 and 2 (about 8 minutes on an H200)
 #   bash scripts/gpu/run-h200.sh fault OUTDIR      # phase 3 (about 2 minutes)
 #   bash scripts/gpu/run-h200.sh profile OUTDIR PY_SPY   # sampled stacks, R against N (4 minutes)
+#   bash scripts/gpu/run-h200.sh spin-selftest OUTDIR     # the hang drill's kernel alone (seconds)
+#   bash scripts/gpu/run-h200.sh cost OUTDIR [ARGS]       # open-loop cost, R against N (1.1B; --shape)
+#   bash scripts/gpu/run-h200.sh cost-hang OUTDIR [ARGS]  # the cost, then a real GPU hang on R
+#   bash scripts/gpu/run-h200.sh hang OUTDIR [ARGS]       # the hang alone
 #
+# cost, cost-hang and hang end by FLIGHTREC_GPU_END_BY (epoch seconds; default 570 s from their
+# start): set it at the start of a command that stages and unpacks first.
 # Results: OUTDIR/gpu-tier-<phase>.json, plus the ends of the sidecar's and each vLLM's log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SITE=${FLIGHTREC_GPU_SITE:-/tmp/site}
 WORK=${FLIGHTREC_GPU_WORK:-/tmp/flightrec-gpu-tier}
 PY=${PYTHON:-python3}
+
+need_site() {  # a fresh machine has none: each call's machine is the last one only while warm
+    if [ ! -d "$SITE/vllm" ]; then
+        echo "no vLLM bundle unpacked in $SITE on this machine (a fresh one?): stage both parts and unpack again" >&2
+        exit 3
+    fi
+}
 
 case "${1:-}" in
 stage)
@@ -25,7 +38,23 @@ unpack)
     cat /tmp/stage/part.* | xz -d -T0 | tar -C "$SITE" -xf -
     PYTHONPATH="$SITE" "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     ;;
+spin-selftest)
+    mkdir -p "$2"
+    PYTHONPATH="$SITE" "$PY" scripts/gpu/probe/flightrec_spin.py --selftest --out "$2/spin-selftest.json"
+    ;;
+cost | cost-hang | hang)
+    need_site
+    out=$2
+    mkdir -p "$out"
+    end_by=${FLIGHTREC_GPU_END_BY:-$(($(date +%s) + 570))}
+    case "$1" in cost) phases=(cost) ;; cost-hang) phases=(cost hang) ;; hang) phases=(hang) ;; esac
+    # the script's own watchdog ends it 3 s before end_by; timeout is the backstop
+    PYTHONUNBUFFERED=1 PYTHONPATH="$SITE" PATH="$SITE/bin:$PATH" timeout -k 5 $((end_by - $(date +%s) + 10)) \
+        "$PY" scripts/gpu/vllm_gpu_cost_hang.py --phases "${phases[@]}" --out "$out" --work "$WORK" --site "$SITE" \
+        --end-by "$end_by" "${@:3}"
+    ;;
 recorder | fault)
+    need_site
     out=$2
     mkdir -p "$out"
     set +e
@@ -39,11 +68,12 @@ recorder | fault)
     exit $rc
     ;;
 profile)
+    need_site
     mkdir -p "$2"
     PYTHONUNBUFFERED=1 PYTHONPATH="$SITE" "$PY" scripts/gpu/profile_recorder.py --out "$2" --py-spy "$3" --site "$SITE" "${@:4}"
     ;;
 *)
-    sed -n '2,13p' "$0"
+    sed -n '2,/^set /p' "$0" | sed '$d'
     exit 2
     ;;
 esac

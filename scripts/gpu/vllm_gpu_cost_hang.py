@@ -71,8 +71,10 @@ from gpu_tier_lib import (  # noqa: E402
     Sidecar,
     Vllm,
     _one,
+    cmdline,
     cpu_seconds,
     cpu_us_per_token,
+    descendants,
     get_json,
     log,
     machine_facts,
@@ -179,6 +181,16 @@ def capacity_concurrency(kv_bytes: int, cfg: dict[str, Any], isl: int, osl: int,
     return max(1, min(most, int(0.9 * tokens / (isl + osl))))
 
 
+_NUMBER_LIST = re.compile(r"\[\n\s+((?:-?[0-9.eE+-]+|null|true|false)(?:,\n\s+(?:-?[0-9.eE+-]+|null|true|false))*)\n\s*\]")
+
+
+def dumps(body: Any) -> str:
+    """JSON indented for reading, with lists of plain numbers on one line (each request's own
+    figures would otherwise take a line a number)."""
+    text = json.dumps(body, indent=1, default=str)
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+
+
 # ---- the run's clock and its last resort ----------------------------------------------------------
 
 
@@ -202,7 +214,7 @@ class Run:
             checks = self.checks.get(phase) or Checks()
             body = {**self.results.get(phase, {}), "checks": checks.items, "failed": checks.failed}
             tmp = self.out / f".gpu-tier-{phase}.json.tmp"
-            tmp.write_text(json.dumps(body, indent=1, default=str))
+            tmp.write_text(dumps(body))
             tmp.replace(self.out / f"gpu-tier-{phase}.json")
 
     def copy_logs(self, limit: int = 3_000_000) -> None:
@@ -253,6 +265,9 @@ def measured(s: Vllm, core: int | None, args: argparse.Namespace, seconds: float
         summary[f"cpu_us_per_token_{key}"] = cpu_us_per_token(c0, c1, tokens)
     summary["wall_s"] = round(time.monotonic() - t_wall, 2)
     summary["mean_latency_s"] = ol.mean_latency(results)
+    # under capacity a server delivers what is offered (about 1); above, its own throughput (< 1)
+    offered = (summary.get("offered_req_s") or 0) * args.osl
+    summary["delivered_over_offered"] = round(summary["tok_s"] / offered, 4) if offered and summary.get("tok_s") is not None else None
     return summary
 
 
@@ -291,6 +306,9 @@ def ratios(pairs: list[dict[str, Any]], levels: list[float]) -> dict[str, Any]:
         rows = [p for p in pairs if p["level"] == frac]
         key = f"{frac:g}"
         out[key] = {"rounds": len(rows), "decides": list(level_metrics(frac))}
+        for name in ("R", "N"):  # did the load stay under (about 1) or go over (below 1) capacity
+            xs = sorted(p[name]["delivered_over_offered"] for p in rows if p[name].get("delivered_over_offered") is not None)
+            out[key][f"delivered_over_offered_{name}"] = xs[len(xs) // 2] if xs else None
         for metric in REPORTED:
             r = [p["R"].get(metric) for p in rows]
             n = [p["N"].get(metric) for p in rows]
@@ -591,6 +609,48 @@ def py_spy_dump(py_spy: str | None, pid: int | None) -> dict[str, Any]:
     }
 
 
+def main_thread(text: str | None, frames: int = 8) -> list[str] | None:
+    """The top frames of a py-spy dump's main thread (its first thread: the engine core's busy
+    loop), innermost first."""
+    if not text:
+        return None
+    lines = text.splitlines()
+    start = next((i for i, x in enumerate(lines) if x.startswith("Thread ") and "MainThread" in x), None)
+    if start is None:
+        return None
+    out = []
+    for x in lines[start + 1 :]:
+        if not x.startswith(" "):
+            break
+        out.append(x.strip())
+    return out[:frames]
+
+
+def engine_processes(r: Vllm) -> dict[str, int]:
+    """The engine core and its workers (a worker of its own on the CPU build or with TP > 1;
+    with TP=1 on a GPU the engine core runs the model itself)."""
+    out: dict[str, int] = {}
+    for pid in descendants(r.proc.pid):
+        cmd = cmdline(pid)
+        if "EngineCore" in cmd:
+            out["engine_core"] = pid
+        elif "VLLM::Worker" in cmd:
+            out[f"worker_{len([k for k in out if k.startswith('worker')])}"] = pid
+    return out
+
+
+def look_twice(py_spy: str | None, procs: dict[str, int]) -> dict[str, Any]:
+    """Each process's stacks, twice, 2 s apart, with its main thread's top frames each time."""
+    first = {name: py_spy_dump(py_spy, pid) for name, pid in procs.items()}
+    time.sleep(2.0)
+    second = {name: py_spy_dump(py_spy, pid) for name, pid in procs.items()}
+    out = {}
+    for name, pid in procs.items():
+        top, later = main_thread(first[name].get("text")), main_thread(second[name].get("text"))
+        out[name] = {**first[name], "pid": pid, "main_thread": top, "main_thread_2s_later": later}
+    return out
+
+
 def watch_hang(
     args: argparse.Namespace, r: Vllm, side: Sidecar, recv: Receiver, nvml: Nvml, launched: float, until_all: bool, hold_s: float, py_spy: str | None
 ) -> dict[str, Any]:
@@ -599,7 +659,6 @@ def watch_hang(
     page are all seen (``until_all``) or only the event (else), or after ``hold_s``."""
     out: dict[str, Any] = {"health": [], "util": [], "states": [], "first_seen": {}}
     seen = out["first_seen"]
-    core = r.engine_core_pid()
     t_end = time.time() + hold_s
     dumped = False
     while time.time() < t_end:
@@ -623,8 +682,8 @@ def watch_hang(
                 seen["page"], out["page"] = got[0][0], got[0][1]
         except (urllib.error.URLError, OSError, ValueError) as exc:
             out.setdefault("sidecar_errors", []).append(repr(exc)[:200])
-        if not dumped and now - launched >= 3.0:
-            out["py_spy_engine_core"] = py_spy_dump(py_spy, core)
+        if not dumped and now - launched >= 3.0:  # two looks 2 s apart: a stuck thread does not move
+            out["py_spy"] = look_twice(py_spy, engine_processes(r))
             dumped = True
         done = "event" in seen and (not until_all or ("snapshot" in seen and "page" in seen))
         if done and dumped:
@@ -775,12 +834,16 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
     if not args.smoke:
         busy = [u for _, u in w1["util"] if u is not None]
         checks.check("hang: NVML read the GPU busy (>= 90%) through the hang", bool(busy) and min(busy[2:] or busy) >= 90, busy[:12])
-    spy = w1.get("py_spy_engine_core") or {}
+    spy = w1.get("py_spy") or {}
     want = "synchronize" if not args.smoke else "_hang"
+    stuck = [
+        n for n, d in spy.items() if any(want in f for f in d.get("main_thread") or []) and d.get("main_thread") == d.get("main_thread_2s_later")
+    ]
+    res["stuck_in"] = stuck
     checks.check(
-        f"hang: the engine core's own stack (py-spy, this script) shows it waiting ({want})",
-        want in (spy.get("text") or ""),
-        {k: spy.get(k) for k in ("rc", "ms", "error")},
+        f"hang: the engine's main thread (py-spy, this script) waits in {want}, the same 2 s later",
+        bool(stuck),
+        {n: {k: d.get(k) for k in ("rc", "ms", "error", "main_thread")} for n, d in spy.items()},
     )
     checks.check("hang: the sidecar reported the wedge (engine_wedged)", "event" in seen, None)
     checks.check("hang: the engine's state was wedged during the hang", "state_wedged" in seen, [s[1] for s in w1["states"]][-5:])
