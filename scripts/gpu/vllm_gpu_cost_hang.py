@@ -250,6 +250,11 @@ class Run:
 
 # ---- phase cost -----------------------------------------------------------------------------------
 
+SHUTDOWN_S = 25.0  # the end of a run: stopping servers and the sidecar, the JSON, the logs
+# the hang phase besides its first hold: the load coming up, the return (at most 15 s), the
+# second hang (30 s), the kill, the verdicts
+HANG_REST_S = 75.0
+
 
 def measured(s: Vllm, core: int | None, args: argparse.Namespace, seconds: float, warm_s: float, load: Any) -> dict[str, Any]:
     """One server's run: ``load()`` (results, start), the figures of its steady window, and the
@@ -778,13 +783,15 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
         return
     assert launch is not None
     lt = float(launch["ts"])
-    w1 = watch_hang(args, r, side, recv, nvml, lt, until_all=True, hold_s=args.hang_hold_s, py_spy=py_spy)
+    # the first hang gets its hold unless the run's end is near: 60 s stay for the rest
+    hold1 = max(10.0, min(args.hang_hold_s, run.left() - SHUTDOWN_S - 60.0))
+    w1 = watch_hang(args, r, side, recv, nvml, lt, until_all=True, hold_s=hold1, py_spy=py_spy)
     res["hang1"] = w1
     t_rel = release(fire, launch)
     res["released_after_s"] = round(t_rel - lt, 2)
     # -- the return ----------------------------------------------------------------------------
     resumed: dict[str, Any] = {}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 15
     steps_at = (w1["states"][-1][2] if w1["states"] else None) or 0
     while time.monotonic() < deadline:
         st = engine_state(side, r.name)
@@ -812,10 +819,11 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
     res["launch2"] = launch2
     w2: dict[str, Any] = {}
     if launch2 is not None:
-        w2 = watch_hang(args, r, side, recv, nvml, float(launch2["ts"]), until_all=False, hold_s=args.hang_hold_s, py_spy=py_spy)
+        hold2 = max(5.0, min(args.hang_hold_s, run.left() - SHUTDOWN_S - 15.0))
+        w2 = watch_hang(args, r, side, recv, nvml, float(launch2["ts"]), until_all=False, hold_s=hold2, py_spy=py_spy)
     res["hang2"] = w2
     t_kill = time.time()
-    stop(r.proc, grace=10.0)
+    stop(r.proc, grace=5.0)  # SIGTERM, then SIGKILL: a thread blocked in the driver runs no handler
     res["kill"] = {"exited_after_ms": rel(time.time(), t_kill), "returncode": r.proc.returncode}
     util_after = []
     for _ in range(10):
@@ -1019,7 +1027,7 @@ def main() -> int:
             run.results[phase]["startup_s"] = startup
         r = servers[0]
         if "cost" in args.phases:
-            reserve = 25.0 + ((2 * args.hang_hold_s + 45.0) if "hang" in args.phases else 0.0)
+            reserve = SHUTDOWN_S + (args.hang_hold_s + HANG_REST_S if "hang" in args.phases else 0.0)
             try:
                 phase_cost(args, run, r, servers[1], side, mem, reserve)
             except Exception:  # noqa: BLE001 - its figures so far are written all the same
