@@ -158,7 +158,8 @@ def test_open_loop_sends_on_schedule_and_times_from_the_plan(fake: FakeVllm) -> 
         r = by_index[idx]
         assert r.ok and r.tokens == 8 and len(r.chunks) == 8
         assert r.scheduled == pytest.approx(t0 + at)
-        assert 0 <= r.start - (r.scheduled or 0) < 0.1  # sent on time (a loaded test machine allowed for)
+        # never early; late by far less than the 1 s schedule (a loaded test machine allowed for)
+        assert 0 <= r.start - (r.scheduled or 0) < 0.4
         assert r.chunks[0] - (r.scheduled or 0) >= fake.ttft_s
     # the server saw every request once, with its own prompt and id
     assert sorted(rid for _, rid, _ in fake.seen) == sorted(f"t-{i:04d}" for i, _ in arrivals)
