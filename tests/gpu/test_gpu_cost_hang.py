@@ -81,23 +81,43 @@ def test_main_thread_frames_from_a_py_spy_dump() -> None:
     assert ch.main_thread("") is None and ch.main_thread("Process 1: x\n") is None
 
 
-def test_snapshot_hang_view_finds_the_engine_core_stack_and_nvml() -> None:
-    doc = {
-        "stacks": {
-            "processes": [
-                {"pid": 4100, "role": "APIServer", "threads": [{"name": "MainThread", "frames": ["run (asyncio)"]}]},
-                {"pid": 4242, "role": "EngineCore", "threads": [{"name": "MainThread", "frames": ["synchronize (torch/cuda/streams.py:231)"]}]},
-            ],
-            "nvml": [{"index": 0, "utilization": 100}],
-        },
-        "gpu_samples": [{"ts": 10.0, "utilization": 0}, {"ts": 21.0, "utilization": 100}],
+def _stacks(function: str) -> dict[str, object]:
+    """A ``stacks`` part as the snapshot's capture writes it (flightrec.stacks/v1)."""
+    sync = {"function": function, "file": "torch/cuda/streams.py", "line": 231}
+    return {
+        "schema": "flightrec.stacks/v1",
+        "status": "captured",
+        "processes": [
+            {
+                "pid": 4242,
+                "role": "engine_core",
+                "title": "VLLM::EngineCore",
+                "state": "stuck",
+                "blocking": {"tid": 4242, "thread": "MainThread", "state": "stuck", "frame": sync},
+                "threads": [{"tid": 4242, "name": "MainThread", "frames": [sync, {"function": "run_busy_loop", "file": "vllm/v1/engine/core.py"}]}],
+            },
+            {"pid": 4100, "role": "api_server", "title": "VLLM::APIServer", "blocking": None, "threads": [{"frames": [{"function": "synchronize"}]}]},
+        ],
+        "gpus": [{"index": 0, "readings": [{"ts": 21.0, "utilization": 100}, None]}],
     }
+
+
+def test_snapshot_hang_view_finds_the_engine_core_blocked_in_a_sync_and_the_busy_gpu() -> None:
+    doc = {"stacks": _stacks("synchronize"), "gpu_samples": [{"ts": 10.0, "utilization": 0}, {"ts": 21.0, "utilization": 100}]}
     v = ch.snapshot_hang_view(doc, since=20.0)
-    assert v["has_stacks"] and v["engine_core_found"] and v["engine_core_in_sync"] and v["nvml_busy"]
-    assert v["nvml_util_in_samples_after_launch"] == [100]
-    # the API server's stack alone does not pass for the engine core's
-    doc["stacks"]["processes"][1]["threads"][0]["frames"] = ["wait (threading.py:355)"]
-    assert not ch.snapshot_hang_view(doc, since=20.0)["engine_core_in_sync"]
+    assert v["has_stacks"] and v["stacks_status"] == "captured" and v["engine_core_found"]
+    assert v["engine_core_in_sync"] and v["engine_core_state"] == "stuck"
+    assert v["engine_core_blocking_frame"]["function"] == "synchronize"
+    assert v["nvml_busy"] and v["nvml_util_in_stacks"] == [100] and v["nvml_util_in_samples_after_launch"] == [100]
+
+
+def test_snapshot_hang_view_goes_by_the_engine_cores_blocking_frame_not_another_process() -> None:
+    doc = {"stacks": _stacks("wait"), "gpu_samples": []}  # the API server's sync frame does not count
+    v = ch.snapshot_hang_view(doc, since=20.0)
+    assert v["engine_core_found"] and not v["engine_core_in_sync"]
+    reading = {"stacks": {"schema": "flightrec.stacks/v1", "status": "reading", "processes": []}, "gpu_samples": [{"ts": 30.0, "utilization": 97}]}
+    r = ch.snapshot_hang_view(reading, since=20.0)
+    assert r["stacks_status"] == "reading" and not r["engine_core_found"] and r["nvml_busy"]
     empty = ch.snapshot_hang_view({"gpu_samples": []}, since=0.0)
     assert not empty["has_stacks"] and not empty["nvml_busy"] and not empty["engine_core_in_sync"]
 
