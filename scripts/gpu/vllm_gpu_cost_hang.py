@@ -952,6 +952,19 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
 # ---- the run --------------------------------------------------------------------------------------
 
 
+def nvidia_smi() -> str:
+    """The GPU's name, driver, memory (MiB) and bus id; the error where there is none."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,pci.bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return repr(exc)
+
+
 def find_py_spy(sites: list[Path], python: str) -> str | None:
     """py-spy from the bundle (a ``--target`` install puts the wheel's binary in SITE/bin),
     beside the interpreter, or on PATH."""
@@ -1006,11 +1019,11 @@ def main() -> int:
     procs: list[Any] = []
     recorder_dir: Path | None = None
     try:
-        facts = machine_facts(args.python)
-        log(f"machine: {facts}; {run.left():.0f} s to the end")
-        mem = plan_memory(args.shape, gpu_total_gib(str(facts.get("gpu"))), args.smoke)
+        gpu = nvidia_smi()
+        mem = plan_memory(args.shape, gpu_total_gib(gpu), args.smoke)
+        log(f"GPU: {gpu}; model {mem['shape']} ({mem['why']}); {run.left():.0f} s to the end")
         for phase in args.phases:
-            run.results[phase].update(machine=facts, model=mem, started=t_start, end_by=end_by)
+            run.results[phase].update(model=mem, started=t_start, end_by=end_by)
         work = args.work / f"costhang-{mem['shape']}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
@@ -1026,6 +1039,7 @@ def main() -> int:
         # the drill's hook in both servers (each step looks for its file: the same in R and N);
         # N's file never appears. No probe timings: the witness costs the engine too.
         servers = []
+        t_servers = time.monotonic()
         names = ["R", "N"] if "cost" in args.phases else ["R"]
         for name in names:
             env = {
@@ -1058,7 +1072,14 @@ def main() -> int:
         procs.append(side.proc)
         run.procs.append(side.proc)
         run.logs.append(side.log_path)
-        startup = {s.name: round(wait_http(f"{s.base}/health", s.proc, min(args.startup_s, run.left() - 30), f"vLLM {s.name}"), 1) for s in servers}
+        facts = machine_facts(args.python)  # versions: an import of vLLM, while the servers start
+        log(f"machine: {facts}")
+        for phase in args.phases:
+            run.results[phase]["machine"] = facts
+        startup = {}
+        for s in servers:  # seconds from their start (together) to each one's first /health 200
+            wait_http(f"{s.base}/health", s.proc, min(args.startup_s, run.left() - 30), f"vLLM {s.name}")
+            startup[s.name] = round(time.monotonic() - t_servers, 1)
         log(f"servers healthy: {startup}; {run.left():.0f} s to the end")
         for phase in args.phases:
             run.results[phase]["startup_s"] = startup
