@@ -997,7 +997,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--no-raw", action="store_true", help="leave each request's own figures out of the JSON")
     ap.add_argument("--hang-lanes", type=int, default=16)
-    ap.add_argument("--hang-hold-s", type=float, default=45.0, help="longest wait for the wedge's event, snapshot and page")
+    ap.add_argument(
+        "--hang-hold-s", type=float, default=30.0, help="longest wait for the wedge's event, snapshot (with its stacks) and page before the release"
+    )
     ap.add_argument("--hang-settle-s", type=float, default=4.0)
     ap.add_argument("--smoke", action="store_true", help="vLLM's CPU build, a tiny model, short runs: the script's own test")
     args = ap.parse_args()
