@@ -494,8 +494,12 @@ def hang_events(side: Sidecar, engine: str | None, since: float) -> list[dict[st
 
 def engine_state(side: Sidecar, engine: str) -> dict[str, Any]:
     """The engine's verdict: ``state`` (ok, wedged, down, gpu_fault) and since when, with the
-    sidecar's own step count beside it."""
-    e = next((x for x in side.api("/engines") if x.get("name") == engine), {})
+    sidecar's own step count beside it (empty when the sidecar did not answer)."""
+    try:
+        rows = side.api("/engines")
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    e = next((x for x in rows if x.get("name") == engine), {})
     return {k: e.get(k) for k in ("state", "state_since", "since", "stuck_seconds", "steps_received", "last_step", "running", "waiting")}
 
 
@@ -822,7 +826,10 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
             resumed["steps_again"] = now
         if st.get("state") == "ok" and "state_ok" not in resumed:
             resumed["state_ok"] = now
-        ev = [e for e in hang_events(side, r.name, lt) if e.get("kind") == RESUME_EVENT]
+        try:
+            ev = [e for e in hang_events(side, r.name, lt) if e.get("kind") == RESUME_EVENT]
+        except (urllib.error.URLError, OSError, ValueError):
+            ev = []
         if ev and "event" not in resumed:
             resumed["event"], resumed["event_body"] = now, ev[0]
         if {"steps_again", "state_ok", "event"} <= set(resumed):
@@ -862,8 +869,8 @@ def phase_hang(args: argparse.Namespace, run: Run, r: Vllm, side: Sidecar, recv:
         "hang: vLLM's /health answered 200 all through the hang", len(codes) >= 3 and all(c == 200 for c in codes), sorted(set(codes), key=str)
     )
     if not args.smoke:
-        busy = [u for _, u in w1["util"] if u is not None]
-        checks.check("hang: NVML read the GPU busy (>= 90%) through the hang", bool(busy) and min(busy[2:] or busy) >= 90, busy[:12])
+        busy = [u for t, u in w1["util"] if u is not None and t >= 2.0]  # NVML averages over up to 1 s
+        checks.check("hang: NVML read the GPU busy (>= 90%) through the hang", bool(busy) and min(busy) >= 90, busy[:12])
     spy = w1.get("py_spy") or {}
     want = "synchronize" if not args.smoke else "_hang"
     stuck = [
