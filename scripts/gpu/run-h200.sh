@@ -40,7 +40,8 @@ unpack)
     ;;
 spin-selftest)
     mkdir -p "$2"
-    PYTHONPATH="$SITE" "$PY" scripts/gpu/probe/flightrec_spin.py --selftest --out "$2/spin-selftest.json"
+    # bounded: a kernel that ignored its release would still end at its own limit (32 s)
+    PYTHONPATH="$SITE" timeout -k 5 60 "$PY" scripts/gpu/probe/flightrec_spin.py --selftest --out "$2/spin-selftest.json"
     ;;
 cost | cost-hang | hang)
     need_site
