@@ -6,7 +6,8 @@
 #
 #   bash scripts/gpu/build-vllm-gpu-bundle.sh PROJECT_DIR OUT_DIR
 #
-# OUT_DIR gets part.aa, part.ab (each < 56 MB, for machines that take at most 64 MiB per copy).
+# OUT_DIR gets part.aa, part.ab, ... of equal size, each at most 58 MB: with the checkout (about
+# 4.5 MB) under the 64 MiB a machine takes per copy (two parts for the bundle of 112.5 MB).
 # py-spy comes with it (the hang drill's stacks; the image has none): its wheel carries a static
 # binary, which the --target install puts in SITE/bin.
 # There: scripts/gpu/run-h200.sh stage PART (each part), then unpack (into /tmp/site), then the
@@ -46,6 +47,7 @@ mkdir -p "$W/site" && (cd "$W/site" && unzip -q "$W"/vllm/vllm-0.26.0-*.whl \
 "$PIP" install -q --no-deps --no-compile --target "$W/site" "${PLAT[@]}" "${OLD_PLAT[@]}" "$W"/keep/*.whl "$W"/proj/*.whl "$W"/pyspy/*.whl
 test -x "$W/site/bin/py-spy"
 tar -C "$W/site" -cf - . | xz -T0 -6 > "$W/site.tar.xz"
-(cd "$OUTD" && rm -f part.* && split -b 55000000 "$W/site.tar.xz" part.)
+size=$(stat -c %s "$W/site.tar.xz")
+(cd "$OUTD" && rm -f part.* && split -n $(( (size + 57999999) / 58000000 )) "$W/site.tar.xz" part.)
 ls -la "$OUTD"
 [ ! -e "$OUTD/part.ac" ] || echo "three parts: each is one copy onto the machine (run-h200.sh stage PART), all within its warm window" >&2
