@@ -262,6 +262,11 @@ class Sidecar:
     def api(self, path: str, timeout: float = 30.0) -> Any:
         return get_json(f"{self.base}/api/v1{path}", timeout=timeout, token=self.token)
 
+    def engines(self) -> list[dict[str, Any]]:
+        """/api/v1/engines' rows (a page {items, next_cursor}; a plain list from older sidecars)."""
+        body = self.api("/engines")
+        return list(body.get("items") or []) if isinstance(body, dict) else list(body)
+
 
 def start_sidecar(
     python: str,

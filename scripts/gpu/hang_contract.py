@@ -27,7 +27,7 @@ def engine_state(side: Sidecar, engine: str) -> dict[str, Any]:
     """The engine's verdict: ``state`` (ok, wedged, down, gpu_fault) and since when, with the
     sidecar's own step count beside it (empty when the sidecar did not answer)."""
     try:
-        rows = side.api("/engines")
+        rows = side.engines()
     except (urllib.error.URLError, OSError, ValueError):
         return {}
     e = next((x for x in rows if x.get("name") == engine), {})

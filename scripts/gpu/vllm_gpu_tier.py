@@ -118,7 +118,7 @@ def stored_steps(db: Path, engine: str) -> dict[str, Any]:
 def wait_idle(side: Sidecar, engine: str, quiet_s: float = 3.0, limit: float = 60.0) -> None:
     last, since, t0 = None, time.monotonic(), time.monotonic()
     while time.monotonic() - t0 < limit:
-        eng = next((e for e in side.api("/engines") if e["name"] == engine), {})
+        eng = next((e for e in side.engines() if e["name"] == engine), {})
         now = eng.get("steps_received")
         if now != last:
             last, since = now, time.monotonic()
@@ -273,7 +273,7 @@ def phase_recorder(args: argparse.Namespace, out: Path, checks: Checks) -> dict[
             steps["distinct"] == probe["schedule_calls"] and steps["min"] == 1 and steps["max"] == probe["schedule_calls"],
             {"probe": probe["schedule_calls"], "stored": steps},
         )
-        engines = side.api("/engines")
+        engines = side.engines()
         result["engines"] = [{k: e.get(k) for k in ("name", "configured", "recorder", "steps_received")} for e in engines]
         want = sorted(s.name for s in servers)
         checks.check(
@@ -563,7 +563,7 @@ def drill(
     ramp(engine, levels, 4096, f"{name}-", 4.0)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # the last phase has its requests running
-        eng = next((e for e in side.api("/engines") if e["name"] == engine.name), {})
+        eng = next((e for e in side.engines() if e["name"] == engine.name), {})
         if (eng.get("running") or 0) >= levels[-1] - 1:
             break
         time.sleep(0.3)
@@ -662,10 +662,10 @@ def drill(
     if other.proc.poll() is not None:
         return out
     # the other engine is still recorded
-    before = next((e for e in side.api("/engines") if e["name"] == other.name), {}).get("steps_received") or 0
+    before = next((e for e in side.engines() if e["name"] == other.name), {}).get("steps_received") or 0
     run_load(other.base, other.model, [(i, 256) for i in range(4)], 64, 4, f"{name}-other-")
     time.sleep(2.0)
-    after = next((e for e in side.api("/engines") if e["name"] == other.name), {}).get("steps_received") or 0
+    after = next((e for e in side.engines() if e["name"] == other.name), {}).get("steps_received") or 0
     checks.check(f"{name}: the other engine on the same GPU is still recorded", after > before, {"before": before, "after": after})
     return out
 
