@@ -22,7 +22,7 @@ R/N of each figure: the geometric mean of the round ratios, its 95% interval fro
 on the log-ratios (the bootstrap's beside it), the goal's verdict (tokens/s >= 0.98, p99 TTFT
 and ITL <= 1.02).
 
-Phase ``hang``: on R (N stopped first), with requests running, the drill plugin launches a kernel
+Phase ``hang``: on R (N left idle), with requests running, the drill plugin launches a kernel
 that spins on the model's stream inside a step; the engine core blocks in its next
 synchronisation with the GPU. Watched: vLLM's /health (200 throughout), NVML's utilisation, the
 engine core's stack (py-spy, by this script, as a witness of its own), and from the sidecar: the
@@ -191,8 +191,8 @@ def main() -> int:
                 run.checks["cost"].check("cost: phase ran to its end", False)
             run.save("cost")
         if "hang" in args.phases:
-            if len(servers) > 1:
-                stop(servers[1].proc)  # the hang is R's alone on the GPU
+            # N stays up, idle (no GPU work): stopping it here would put an engine's death into
+            # the sidecar's record (a page, an incident) just before the hang it is to show
             run.results["hang"]["started_in_run_s"] = round(time.time() - t_start, 1)
             try:
                 phase_hang(args, run, r, side, recv, fire, py_spy)
