@@ -1,0 +1,30 @@
+"""A frame's file as a report shows it: no install prefix (pure).
+
+``/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py`` and
+``/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py`` are both
+``vllm/v1/engine/core.py``; the standard library's ``/usr/lib/python3.12/threading.py`` is
+``threading.py``; a native library ``/usr/lib/x86_64-linux-gnu/libc.so.6`` is ``libc.so.6``.
+A file under no known prefix (the site's own code, a plugin) is kept as it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SITE = re.compile(r"/(?:site|dist)-packages/(?P<rel>.+)$")
+_STDLIB = re.compile(r"/lib/python3(?:\.\d+)?t?/(?P<rel>.+)$")
+_LIBRARY = re.compile(r"\.so(?:\.\d+)*$")
+
+
+def short_path(path: str) -> str:
+    m = _SITE.search(path) or _STDLIB.search(path)
+    if m is not None:
+        return m.group("rel")
+    if _LIBRARY.search(path):
+        return path.rsplit("/", 1)[-1]
+    return path
+
+
+def is_stdlib(path: str) -> bool:
+    """Whether a frame's file is Python's own library (not a package installed into it)."""
+    return _SITE.search(path) is None and _STDLIB.search(path) is not None
