@@ -34,6 +34,7 @@ from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import SCRAPE_SECONDS
+from collector.snapshot.hang import HangStacks
 from collector.snapshot.ledger import SnapshotLedger
 from collector.sources.base import Source
 from collector.sources.klog import KlogSource
@@ -130,6 +131,8 @@ class Service:
         intake = Intake(settings, rows=rows, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
         view = LiveView(intake)
         ledger = SnapshotLedger()
+        # a wedged engine's stacks, read beside its snapshot (collector/snapshot/hang.py)
+        stacks = HangStacks.from_settings(view, settings.stacks, recorder_dir=settings.recorder_dir if settings.recorder != "off" else None)
         alerter = (
             Alerter(
                 settings,
@@ -157,6 +160,7 @@ class Service:
             # the explicit step before a capture: file what the recorders published (an event they
             # find, a dead ring, is routed after the one being decided, never inside it)
             read_now=lambda: [r.poll(intake) for r in recorders],
+            stacks=stacks,
         )
         hub = Hub(intake, consumers=[committer.on_event, *([alerter.on_event] if alerter is not None else [])])
         detectors = DetectorTask(
@@ -227,6 +231,8 @@ class Service:
         # durability at stop: what is held in memory only is spooled or committed once more;
         # what neither takes is logged as lost, and the process exits non-zero (collector.cli.serve)
         self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
+        if stacks is not None:
+            stacks.close()
         await writer.flush(everything=True)
         if isinstance(rows, FleetRows):
             await rows.flush(everything=True)  # into the outbox at least; shipped if the shared store answers

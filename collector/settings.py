@@ -30,6 +30,7 @@ from collector.sources.discovery_settings import DiscoverySettings
 from collector.sources.engine_log_settings import EngineLogSettings
 from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
+from collector.stacks.settings import StacksSettings
 
 
 class SettingsError(FlightrecError):
@@ -116,6 +117,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     alerting: AlertingSettings = Field(default_factory=AlertingSettings)
     detectors: DetectorThresholds = Field(default_factory=DetectorThresholds)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    stacks: StacksSettings = Field(default_factory=StacksSettings)  # a wedged engine's stacks (collector/stacks)
 
     @model_validator(mode="before")
     @classmethod

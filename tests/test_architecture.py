@@ -30,6 +30,7 @@ RANK = {
     "vllm": 3,  # vLLM's adapters over the recorder
     "tasks": 3,  # the supervisor every long-running stage runs under
     "sources": 4,
+    "stacks": 4,  # reads the node's processes (/proc, py-spy) for a wedge's snapshot, like a source
     "ingest": 5,
     "storage": 6,
     "fleet": 6,  # the fleet's placement, coarse series, outbox, signature and reads: beside storage

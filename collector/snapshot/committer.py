@@ -20,6 +20,7 @@ from collector.ingest.view import IngestView
 from collector.model import Event
 from collector.snapshot.commit import CommitQueue
 from collector.snapshot.document import SnapshotDoc
+from collector.snapshot.hang import HangStacks
 from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
 from collector.snapshot.policy import TriggerPolicy
 from collector.snapshot.recovery import Recovery
@@ -42,6 +43,7 @@ class SnapshotCommitter:
         read_now: Callable[[], object] | None = None,
         retry_every: float = 2.0,
         ledger: SnapshotLedger | None = None,
+        stacks: HangStacks | None = None,
     ) -> None:
         self.ledger = ledger or SnapshotLedger()
         self.queue = CommitQueue(repo, spool_dir=spool_dir, window_s=window_s, on_committed=on_committed, retry_every=retry_every)
@@ -54,6 +56,7 @@ class SnapshotCommitter:
             gpu_seconds=gpu_seconds,
             scrape_interval=scrape_interval,
             read_now=read_now,
+            stacks=stacks,
         )
         self.recovery = Recovery(repo, self.ledger, self.queue, capture=self.policy.capture_one, settle_s=settle_s, on_retaken=on_retaken)
         self.settle_s = settle_s

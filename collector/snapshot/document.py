@@ -19,7 +19,9 @@ The export (``GET /api/v1/snapshots/{id}``, ``GET /api/v1/snapshots/{id}/export`
      "peers": [{"host", "engine", "pair", "role", "fingerprint"}],
      "scrapes": [{"ts", "values": {...}, "rates": {...}}],
      "workload": {"schema": "flightrec.workload/v1", "requests": {"columns": {...}},
-                  "concurrency": [[offset, in_flight], ...], "window", "truncated", ...} | null}
+                  "concurrency": [[offset, in_flight], ...], "window", "truncated", ...} | null,
+     "stacks": {"schema": "flightrec.stacks/v1", "status", "reasons", "processes": [...],
+                "env", "gpus", ...}}                        a wedge's snapshot only
 
 ``requests`` is columnar: row ``i`` is ``{name: columns[name][i]}``; a column listed in
 ``sparse`` is left out of a row where its value is null. A 4096-step x 64-request snapshot
@@ -30,7 +32,12 @@ reads as a sequence of row dicts.
 
 Times are unix seconds. Fields may be added within v1; none are removed or renamed.
 ``workload`` (the requests before the fault, for ``flightrec replay``: collector.ingest.workload)
-was added within v1: a snapshot stored without it reads and exports it as null.
+was added within v1: a snapshot stored without it reads and exports it as null. ``stacks`` (the
+Python stacks of every process of a wedged engine, read twice a few seconds apart, with its GPUs
+and environment: collector/stacks/part.py, its own ``schema`` inside) was added within v1 as an
+*optional* part: a snapshot holds it only when its trigger was a wedge, and the export of any
+other snapshot has no ``stacks`` key at all (not a null), so what older readers and the golden
+export see of a crash snapshot is unchanged.
 
 Each part is stored as a gzip member whose deflate body ends on a full flush, so the API
 splices the stored bytes of all parts into one gzip stream without decompressing them
@@ -46,8 +53,9 @@ from typing import Any, overload
 from collector.model import StepRequests
 
 SCHEMA = "flightrec.snapshot/v1"
-PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload", "scrapes")
-NULLABLE_PARTS = frozenset({"workload"})  # absent (older snapshots, no recorder) = null, not []
+PARTS = ("steps", "requests", "gpu_samples", "events", "log_lines", "peers", "workload", "scrapes", "stacks")
+NULLABLE_PARTS = frozenset({"workload", "stacks"})  # absent (older snapshots, no recorder) = null, not []
+OPTIONAL_PARTS = frozenset({"stacks"})  # absent = no key in the export, and no stored row
 HEADER_FIELDS = ("schema", "id", "incident_id", "host", "engine", "created_at", "fault_ts", "trigger", "summary", "fingerprint")
 ENCODING = "json+gzip-seg"  # a gzip member whose body can be spliced (see pack)
 
@@ -197,6 +205,8 @@ class SnapshotDoc:
     workload: dict[str, Any] | None = None
     # the engine's /metrics scrapes of the last minutes (``summary.scrape_interval_s`` apart)
     scrapes: list[dict[str, Any]] = field(default_factory=list)
+    # a wedged engine's stacks (collector.stacks.part), None for every other trigger
+    stacks: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.requests = RequestTable.coerce(self.requests)
@@ -238,6 +248,8 @@ class SnapshotDoc:
         out = self.header()
         for name in PARTS:
             value = self.part(name)
+            if value is None and name in OPTIONAL_PARTS:
+                continue
             out[name] = value.to_json() if isinstance(value, RequestTable) else value
         return out
 
@@ -260,6 +272,7 @@ from collector.snapshot.compression import (  # noqa: E402 - the byte layer, re-
 )
 
 __all__ = [
+    "OPTIONAL_PARTS",
     "PARTS",
     "SCHEMA",
     "RequestTable",
@@ -290,6 +303,8 @@ def export_gzip(header: dict[str, Any], parts: dict[str, bytes]) -> bytes:
     pieces: list[bytes | Segment] = [text[:-1]]
     for name in PARTS:
         blob = parts.get(name)
+        if blob is None and name in OPTIONAL_PARTS:
+            continue
         seg = segment_of(blob) if blob is not None else None
         if seg is None:
             if name == "requests" and blob is not None:

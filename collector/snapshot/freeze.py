@@ -33,6 +33,7 @@ TRIGGER_KINDS = frozenset(
         EventKind.ENGINE_DEAD,
         EventKind.ENGINE_DOWN,
         EventKind.RECORDER_SILENT,
+        EventKind.ENGINE_WEDGED,
         EventKind.MANUAL,
     }
 )
@@ -222,6 +223,7 @@ class Capture:
     extra: dict[str, Any]
     scrapes: list[MetricsScrape]
     workload: Any  # WorkloadLog export, made on the loop (bounded: at most its max_requests)
+    stacks: dict[str, Any] | None = None  # a wedge's stacks part (collector.stacks.part), else None
 
     def build(self) -> SnapshotDoc:
         doc = build_snapshot(
@@ -237,6 +239,7 @@ class Capture:
         )
         doc.scrapes = [{"ts": s.ts, "values": s.values, "rates": s.rates} for s in self.scrapes]
         doc.workload = self.workload
+        doc.stacks = self.stacks
         return doc
 
 

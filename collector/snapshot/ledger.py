@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collector.model import Event
 from collector.snapshot import intent
@@ -33,6 +34,7 @@ class OpenSnapshot:
     retake: intent.Intent | None = None  # set on a snapshot retaken at start from its intent
     duplicate: bool = False  # its trigger's snapshot was stored before (a restart read it again)
     gpus: set[str] = field(default_factory=set)  # the GPUs whose faults it holds (``IngestView.gpu_key``)
+    stacks: asyncio.Future[dict[str, Any]] | None = None  # a wedge's stacks being read (its amendment holds them)
 
     def holds(self, ev: Event) -> bool:
         return ev is self.trigger or any(ev is e for e in self.late) or (bool(ev.uid) and ev.uid in self.uids())

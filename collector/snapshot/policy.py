@@ -31,6 +31,10 @@ its retake (``recovery``).
 Each snapshot is amended once, ``settle_s`` after its capture, with the evidence that arrived
 late (the workers' own tracebacks, vLLM's crash dump, the last steps): the snapshots a trigger
 opened are captured again at once and committed as one batch.
+
+A wedge (``engine_wedged``) also starts reading the engine's stacks the moment it opens its
+snapshot (``collector.snapshot.hang``); the first commit does not wait for them, its amendment
+does (within the capture's bound) and holds them.
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from collector.ingest.view import IngestView, Route
 from collector.model import CRASH_KINDS, Event, EventKind, Severity
 from collector.snapshot import intent
 from collector.snapshot.commit import CommitQueue, Job
 from collector.snapshot.freeze import Capture, capture, cut, is_trigger
+from collector.snapshot.hang import HangStacks, settle
 from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
+from collector.stacks.part import summary as stacks_summary
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +74,10 @@ class TriggerPolicy:
         gpu_seconds: float = 300.0,
         scrape_interval: float | None = None,
         read_now: Callable[[], object] | None = None,
+        stacks: HangStacks | None = None,
     ) -> None:
         self.view = view
+        self.stacks = stacks  # reads a wedged engine's stacks (None: not read)
         self.ledger = ledger
         self.queue = queue
         self.spool_dir = queue.spool_dir
@@ -80,6 +89,7 @@ class TriggerPolicy:
         # capture already ends at the engine's last step (the service passes the recorders' poll).
         self.read_now = read_now
         self._timers: list[asyncio.TimerHandle] = []  # amendments due (cancelled at close)
+        self._waits: set[asyncio.Future[None]] = set()  # amendments waiting for their stacks
         self._closing = False
 
     # -- deciding (a consumer of ingest's events) ------------------------------------------------
@@ -126,7 +136,14 @@ class TriggerPolicy:
             self.ledger.open(o, current=cur is None or cur.trigger.kind is not EventKind.MANUAL or ev.kind is EventKind.MANUAL)
             opened.append(o)
         if opened:
+            if self.stacks is not None:  # started before the capture: the first dump is the hang's moment
+                for o in opened:
+                    if o.trigger.kind is EventKind.ENGINE_WEDGED:
+                        o.stacks = self.stacks.start(o.engine, o.trigger)
             captures = self.capture_all(opened)
+            for o, cap in zip(opened, captures, strict=True):
+                if o.stacks is not None and self.stacks is not None:
+                    _with_stacks(cap, self.stacks.first(time.time()))
             if replayed:
                 for cap in captures:
                     later = cut(cap, ev.ts + self.settle_s)
@@ -181,7 +198,10 @@ class TriggerPolicy:
         return [self._capture(o.engine, o.trigger) for o in opens]
 
     def _capture(self, engine: str, trigger: Event) -> Capture:
-        return capture(self.view, engine, trigger, gpu_seconds=self.gpu_seconds, scrape_interval=self.scrape_interval)
+        cap = capture(self.view, engine, trigger, gpu_seconds=self.gpu_seconds, scrape_interval=self.scrape_interval)
+        if trigger.kind is EventKind.ENGINE_WEDGED and self.stacks is not None:
+            _with_stacks(cap, HangStacks.retaken())  # a live snapshot's replaces it (on_event, _amend)
+        return cap
 
     def capture_one(self, engine: str, trigger: Event) -> Capture:
         self.catch_up()
@@ -189,29 +209,56 @@ class TriggerPolicy:
 
     # -- amending -------------------------------------------------------------------------------
     def _schedule_amend(self, opens: list[OpenSnapshot]) -> None:
-        def due() -> None:
-            if not self._closing:
-                self._amend([o for o in opens if not o.amended and o.retake is None])
+        def due(waited: bool = False) -> None:
+            if self._closing:
+                return
+            todo = [o for o in opens if not o.amended and o.retake is None]
+            reading = [o.stacks for o in todo if o.stacks is not None and not o.stacks.done()]
+            if reading and not waited and self.stacks is not None:
+                # the stacks are the wedge's late evidence: the amendment waits for them (bounded)
+                wait = asyncio.ensure_future(settle(reading, self.stacks.bound_s + 1.0))
+                self._waits.add(wait)
+
+                def read(w: asyncio.Future[None]) -> None:
+                    self._waits.discard(w)
+                    due(waited=True)
+
+                wait.add_done_callback(read)
+                return
+            self._amend(todo)
 
         with contextlib.suppress(RuntimeError):
             loop = asyncio.get_running_loop()
             self._timers = [t for t in self._timers if not t.cancelled() and t.when() > loop.time()]
             self._timers.append(loop.call_later(self.settle_s, due))
 
-    def _amend(self, opens: list[OpenSnapshot]) -> None:
+    def _amend(self, opens: list[OpenSnapshot], *, stopping: bool = False) -> None:
         if not opens:
             return
         for o in opens:
             o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
-        self.queue.put(Job(opens, self.capture_all(opens), amend=True))
+        captures = self.capture_all(opens)
+        for o, cap in zip(opens, captures, strict=True):
+            if o.stacks is not None:
+                _with_stacks(cap, HangStacks.result(o.stacks, stopping=stopping))
+        self.queue.put(Job(opens, captures, amend=True))
 
     def amend_now(self) -> None:
-        """At shutdown: the amendments not due yet are queued now, and no timer fires after."""
+        """At shutdown: the amendments not due yet are queued now, and no timer fires after (a
+        wedge's stacks not read by then are said to be missing, and why)."""
         self.stop_timers()
-        self._amend([o for o in self.ledger.still_open() if not o.amended and o.retake is None])
+        self._amend([o for o in self.ledger.still_open() if not o.amended and o.retake is None], stopping=True)
 
     def stop_timers(self) -> None:
         self._closing = True
         for t in self._timers:
             t.cancel()
         self._timers.clear()
+        for w in list(self._waits):
+            w.cancel()
+        self._waits.clear()
+
+
+def _with_stacks(cap: Capture, stacks: dict[str, Any]) -> None:
+    cap.stacks = stacks
+    cap.extra["stacks"] = stacks_summary(stacks)

@@ -128,7 +128,7 @@ class StackReader:
             started_at=started,
             finished_at=self.clock(),
             interval_s=s.interval_s,
-            tool={"name": "py-spy", "version": await self._tool_version()},
+            tool={"name": "py-spy", "version": await self._tool_version() if any(d.ok for d in (*first.values(), *second.values())) else None},
             env=env,
             gpus=gpus.view(readings, role_of),
             notes=notes,
@@ -163,7 +163,7 @@ class StackReader:
 
     async def _tool_version(self) -> str | None:
         if self._version is None and self.binary is not None:
-            self._version = await self._off(pyspy.version, self.binary)
+            self._version = await self._off(pyspy.version, self.binary, self.settings.timeout_s)
         return self._version
 
 

@@ -12,6 +12,9 @@ command line ``/proc/PID/cmdline`` shows:
     VLLM::APIServer_DP0           a DP server of the DP supervisor
     VLLM::DPCoordinator           the DP coordinator
 
+setproctitle sets the thread name (``comm``, 15 characters: ``VLLM::EngineCor``) too; where the
+command line could not be rewritten, that name says the role (without the worker's rank).
+
 The single API server keeps its own command line (``vllm serve ...``, ``python -m
 vllm.entrypoints.openai.api_server ...``); the recorder names it by its pid.
 """
@@ -38,6 +41,7 @@ STEP_ROLES = frozenset({ENGINE_CORE, WORKER})
 
 _TITLE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]+)::(?P<name>[A-Za-z]+)(?P<suffix>(?:_[A-Za-z]*\d*)*)\s*$")
 _BY_NAME = {"EngineCore": ENGINE_CORE, "Worker": WORKER, "APIServer": API_SERVER, "DPCoordinator": DP_COORDINATOR}
+_COMM = re.compile(r"^[A-Za-z0-9_.-]+::(?P<name>[A-Za-z]+)")
 _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "compile_worker", "torch/_inductor")
 
 
@@ -57,6 +61,11 @@ def role_of(cmdline: Sequence[str], name: str, *, is_server: bool = False) -> tu
     titled = vllm_title(cmdline)
     if titled is not None:
         return titled
+    comm = _COMM.match(name)
+    if comm is not None:  # the 15 characters of comm: a prefix of the title's name
+        role = next((r for n, r in _BY_NAME.items() if n.startswith(comm.group("name")) or comm.group("name").startswith(n)), None)
+        if role is not None:
+            return role, name
     text = " ".join(cmdline)
     if is_server:
         return API_SERVER, text or name

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from collector.fleet.signature import for_snapshot as crash_signature
 from collector.redact import redact
-from collector.snapshot.document import ENCODING, PARTS, SnapshotDoc, pack, unpack
+from collector.snapshot.document import ENCODING, OPTIONAL_PARTS, PARTS, SnapshotDoc, pack, unpack
 from collector.storage.cursor import SUMMARY_COLUMNS, SnapshotFilter, decode_cursor, encode_cursor
 from collector.storage.database import Database, NotFound, nul_free
 from collector.storage.db import StorageError
@@ -30,7 +30,11 @@ def pack_parts(doc: SnapshotDoc) -> dict[str, bytes]:
     """The stored form of a snapshot's parts (peers are added at commit). Encode once: the
     same blobs make the spool file and the database rows. The request rows are stored as the
     recorder wrote them (``RequestTable.stored_blob``), decoded when read."""
-    return {name: doc.requests.stored_blob() if name == "requests" else pack(doc.part(name)) for name in PARTS if name != "peers"}
+    return {
+        name: doc.requests.stored_blob() if name == "requests" else pack(doc.part(name))
+        for name in PARTS
+        if name != "peers" and not (name in OPTIONAL_PARTS and doc.part(name) is None)
+    }
 
 
 @dataclass
