@@ -14,6 +14,7 @@ from collector.ingest.intake import Intake, RowSink
 from collector.ingest.live import LiveView
 from collector.ingest.routing import EventConsumer
 from collector.snapshot.committer import SnapshotCommitter
+from collector.snapshot.hang import HangStacks
 
 
 def with_committer(
@@ -24,8 +25,13 @@ def with_committer(
     clock: Callable[[], float] = time.time,
     proc_root: Path = Path("/proc"),
     then: Sequence[EventConsumer] = (),
+    stack_reader: Any = None,
     **committer: Any,
 ) -> tuple[Hub, SnapshotCommitter]:
+    """``stack_reader``: a ``StackReader`` for wedges' snapshots (``collector.snapshot.hang``)."""
     intake = Intake(config, rows=rows, clock=clock, proc_root=proc_root)
-    c = SnapshotCommitter(LiveView(intake), repo, **committer)
+    view = LiveView(intake)
+    if stack_reader is not None:
+        committer["stacks"] = HangStacks(view, stack_reader, interval_s=stack_reader.settings.interval_s)
+    c = SnapshotCommitter(view, repo, **committer)
     return Hub(intake, consumers=[c.on_event, *then]), c
