@@ -244,6 +244,25 @@ def create_app(ctx: AppContext) -> FastAPI:
             headers={"Content-Disposition": f'attachment; filename="flightrec-snapshot-{snapshot_id}.json.gz"'},
         )
 
+    @app.get(
+        "/api/v1/snapshots/{snapshot_id}/stacks",
+        responses={
+            200: {"description": "the stacks part (schema flightrec.stacks/v1): each engine process, its threads, its blocking frame"},
+            404: {"description": "no such snapshot, or one whose trigger was not a wedge (no stacks were read)"},
+        },
+    )
+    async def snapshot_stacks(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
+        """A wedge's stacks alone: ``processes[].blocking.frame`` is each process's blocking frame
+        (``{"function", "file", "line"}``), ``status`` says whether they were read (``reading``
+        until the snapshot's amendment stores them)."""
+        _doc, blobs = await _stored(ctx.repo.get_snapshot_blobs, snapshot_id, parts=("stacks",))
+        if "stacks" not in blobs:
+            raise HTTPException(404, f"snapshot {snapshot_id} has no stacks: its trigger was not a wedge")
+        value = unpack(blobs["stacks"])
+        if not isinstance(value, dict):
+            raise StorageError(f"snapshot {snapshot_id} part stacks is unreadable")
+        return value
+
     @app.get("/api/v1/snapshots/{snapshot_id}/checklist", response_model=schemas.Checklist)
     async def snapshot_checklist(snapshot_id: Annotated[int, PathId], _: None = Read) -> dict[str, Any]:
         doc, blobs = await _stored(ctx.repo.get_snapshot_blobs, snapshot_id, parts=("peers", "events"))

@@ -28,6 +28,7 @@ from collector.storage.repo import NotFound
 ASSETS = {
     "flightrec.js": "text/javascript; charset=utf-8",
     "snapshot.js": "text/javascript; charset=utf-8",
+    "stacks.js": "text/javascript; charset=utf-8",
     "list.js": "text/javascript; charset=utf-8",
     "incident.js": "text/javascript; charset=utf-8",
     "flightrec.css": "text/css; charset=utf-8",

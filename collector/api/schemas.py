@@ -130,6 +130,11 @@ class SnapshotDocOut(BaseModel):
     log_lines: list[dict[str, Any]]
     peers: list[Peer] = Field(default_factory=list, description="the other engines of the pair, with their fingerprints")
     workload: dict[str, Any] | None = Field(default=None, description="the requests before the fault, for replay; null when not recorded")
+    stacks: dict[str, Any] | None = Field(
+        default=None,
+        description="a wedge's snapshot only (trigger engine_wedged): every engine process's stacks read twice, schema "
+        "flightrec.stacks/v1 (processes[].blocking.frame is the blocking frame); absent from any other snapshot",
+    )
 
     model_config = {"populate_by_name": True}
 

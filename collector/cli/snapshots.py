@@ -90,7 +90,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     doc = _repo(args).get_snapshot(args.id)
-    out = {k: v for k, v in doc.to_export().items() if k not in ("steps", "requests", "gpu_samples", "log_lines")}
+    # a wedge's stacks: their summary only (summary.stacks); the export and the page hold them whole
+    out = {k: v for k, v in doc.to_export().items() if k not in ("steps", "requests", "gpu_samples", "log_lines", "stacks")}
     out["events"] = [{k: e.get(k) for k in ("ts", "kind", "source", "process", "xid", "message")} for e in doc.events]
     out["counts"] = {k: len(doc.part(k)) for k in ("steps", "requests", "gpu_samples", "events", "log_lines")}
     text = json.dumps(out, indent=2, default=str) if args.json else show_text(out)
@@ -128,6 +129,13 @@ def show_text(snap: dict[str, Any]) -> str:
         lines.append(f"  Xid         {', '.join(str(x) for x in s['xids'])}")
     for proc, f in (s.get("failed_processes") or {}).items():
         lines.append(f"  failed      {proc} at step {f.get('step')}: {f.get('message', '')}")
+    stacks = s.get("stacks") or {}
+    if stacks:  # a wedge's snapshot: each process's blocking frame (collector.stacks.part.summary)
+        lines.append(f"  stacks      {stacks.get('status')}" + (f": {stacks['reason']}" if stacks.get("reason") else ""))
+        for p in stacks.get("processes") or []:
+            lines.append(
+                f"    {str(p.get('role')):12} pid {p.get('pid')}: {p.get('state')}" + (f", blocked at {p['blocking']}" if p.get("blocking") else "")
+            )
     lines.append("  counts      " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     events = snap.get("events") or []
     if events:

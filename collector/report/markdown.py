@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from collector import __version__
+from collector.stacks.paths import short_path
 from collector.xid.catalog import lookup
 
 NOT_RECORDED = "not recorded"
@@ -79,6 +80,7 @@ def render(snap: Mapping[str, Any], *, plan_text: str | None = None, note: str |
         "",
         *_fault(snap),
         "",
+        *_stacks(snap),
         "#### The last steps before the fault",
         "",
         *_last_steps(snap),
@@ -446,3 +448,94 @@ def _timeline(snap: Mapping[str, Any]) -> list[str]:
         approx = " (log, ±1 s)" if sources == "log" else ""
         out.append(f"| {e['ts'] - fault:+.3f}{approx} | {e.get('kind')} | {sources} | {e.get('process') or ''} | {msg} |")
     return out
+
+
+STACK_FRAMES_SHOWN = 40  # frames of one thread in the report (innermost first); the export has them all
+
+
+def _stacks(snap: Mapping[str, Any]) -> list[str]:
+    """A wedge's stacks (the snapshot's ``stacks`` part): each process's blocking frame, the
+    threads that did not move with their frames, the GPUs at the dumps, the NCCL/CUDA environment.
+    Nothing for a snapshot without the part (a crash's)."""
+    st = snap.get("stacks")
+    if not isinstance(st, Mapping):
+        return []
+    tool = st.get("tool") or {}
+    out = [
+        "#### The engine's stacks while it was wedged",
+        "",
+        f"Read with py-spy {tool.get('version') or ''} (`dump --nonblocking`, the engine was not paused), twice, "
+        f"{_v(st.get('interval_s'))} s apart: **{st.get('status')}**. Frames innermost first; `=` did not move between the dumps, "
+        "`~` moved, `·` native.",
+        "",
+    ]
+    out += [f"- {r}" for r in st.get("reasons") or []]
+    out += [f"- _{n}_" for n in st.get("notes") or []]
+    if st.get("reasons") or st.get("notes"):
+        out.append("")
+    procs = [p for p in st.get("processes") or [] if isinstance(p, Mapping)]
+    if procs:
+        out += ["| process | pid | state | blocked at | in |", "| --- | --- | --- | --- | --- |"]
+        for p in procs:
+            b = p.get("blocking") or {}
+            out.append(
+                f"| {p.get('role')} `{_cell(p.get('title'))}` | {p.get('pid')} | {p.get('state')} | "
+                f"{_cell(_frame(b.get('frame')))} | {_cell(_frame(b.get('in')))} |"
+            )
+    for p in procs:
+        threads = [t for t in p.get("threads") or [] if isinstance(t, Mapping)]
+        shown = [t for t in threads if t.get("state") != "idle"]
+        idle = [str(t.get("name") or t.get("tid")) for t in threads if t.get("state") == "idle"]
+        if not shown and not idle:
+            continue
+        out += ["", f"<details><summary>{p.get('role')} {_cell(p.get('title'))} (pid {p.get('pid')}): {p.get('state')}</summary>", ""]
+        for t in shown:
+            frames = [f for f in t.get("frames") or [] if isinstance(f, Mapping)]
+            out += [f"Thread {t.get('name') or ''} (tid {t.get('tid')}{', main' if t.get('main') else ''}): {t.get('state')}", "", "```text"]
+            out += [_mark(f) + _frame(f) for f in frames[:STACK_FRAMES_SHOWN]]
+            if len(frames) > STACK_FRAMES_SHOWN:
+                out.append(f"  ... {len(frames) - STACK_FRAMES_SHOWN} more frames (the export holds them)")
+            out += ["```", ""]
+        if idle:
+            out += [f"Idle threads (waiting for work in both dumps): {', '.join(idle)}.", ""]
+        out.append("</details>")
+    gpus = [g for g in st.get("gpus") or [] if isinstance(g, Mapping)]
+    if gpus:
+        out += [
+            "",
+            "GPUs at the dumps (NVML):",
+            "",
+            "| GPU | utilisation % per dump | memory used | processes | reading |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for g in gpus:
+            readings = g.get("readings") or []
+            last = next((r for r in reversed(readings) if isinstance(r, Mapping)), {})
+            utils = " → ".join(_v(r.get("utilization")) if isinstance(r, Mapping) else "–" for r in readings)
+            procs_on = ", ".join(f"{q.get('role') or '?'} {q.get('pid')}" for q in g.get("processes") or [] if isinstance(q, Mapping))
+            out.append(f"| {g.get('index')} {g.get('name') or ''} | {utils} | {_gib(last.get('memory_used'))} | {procs_on} | {g.get('hint') or ''} |")
+    env = st.get("env") or {}
+    if isinstance(env, Mapping) and env:
+        out += ["", "<details><summary>The engine's NCCL / CUDA / vLLM environment</summary>", "", "```text"]
+        out += [f"{k}={v}" for k, v in sorted(env.items())]
+        out += ["```", "", "</details>"]
+    out.append("")
+    return out
+
+
+def _frame(f: Any) -> str:
+    if not isinstance(f, Mapping):
+        return ""
+    line = f.get("line")
+    return f"{f.get('function')} ({short_path(str(f.get('file')))}{f':{line}' if line else ''})"
+
+
+def _mark(f: Mapping[str, Any]) -> str:
+    if f.get("native"):
+        return "· "
+    moved = f.get("moved")
+    return "~ " if moved is True else "= " if moved is False else "  "
+
+
+def _cell(value: Any) -> str:
+    return str(value or "").replace("|", "/").replace("\n", " ")

@@ -22,6 +22,11 @@
     el('a', { href: '#', id: 'export', onclick: (ev) => { ev.preventDefault(); download('/api/v1/snapshots/' + id + '/export', 'flightrec-snapshot-' + id + '.json.gz').catch((e) => showError(status, e)); } }, 'download export (.json.gz)'),
     ' · ', el('a', { href: '/snapshots?incident_id=' + encodeURIComponent(doc.incident_id ?? '') }, 'snapshots of this incident'));
   document.getElementById('main').hidden = false;
+  if (doc.stacks) {  // a wedge's snapshot: its processes' stacks (stacks.js)
+    const card = document.getElementById('stacks-card');
+    card.hidden = false;
+    FRStacks.render(card, doc.stacks, doc.fault_ts);
+  }
 
   const steps = doc.steps || [];
   const cols = (doc.requests && doc.requests.columns) || {};
