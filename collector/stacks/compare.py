@@ -4,8 +4,9 @@ not, and where the process is blocked (pure).
 A thread's frames are compared from the outermost in (the thread's start, its loop, ...): the
 frames both dumps share, at the same line, did not move; the ones inside them did. A thread
 whose whole stack is the same in both dumps is **stuck**; its **blocking frame** is its
-innermost Python frame, and ``in`` is the innermost frame outside Python's own library (the
-``vllm/...`` or ``torch/...`` frame that called ``threading.Condition.wait``).
+innermost Python frame, and ``in`` is the innermost frame outside Python's own library and the
+package the blocking frame is in (the ``vllm/...`` frame that called ``threading.Condition.wait``
+or ``zmq``'s ``Poller.poll``).
 
 A thread is **idle** when py-spy saw it off the CPU in both dumps and it is a helper thread (a
 thread pool worker waiting for work, a socket reader) or a main thread whose event loop waits
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.stacks.paths import is_stdlib
+from collector.stacks.paths import is_stdlib, package_of
 from collector.stacks.pyspy import Frame, ThreadStack
 
 STUCK = "stuck"  # the same stack in both dumps, not idle
@@ -56,11 +57,17 @@ class ThreadView:
         return self.frames[self.blocking] if self.blocking is not None else None
 
     def caller(self) -> Frame | None:
-        """The innermost frame at or outside the blocking one that is not Python's own library."""
+        """Who waits there: when the blocking frame is in Python's own library or in another
+        installed package (``threading``, ``zmq``), the innermost frame outside both (the
+        ``vllm/...`` frame that called ``Condition.wait`` or ``Poller.poll``); else itself."""
         if self.blocking is None:
             return None
-        for f in self.frames[self.blocking :]:
-            if not f.native and not is_stdlib(f.file):
+        top = self.frames[self.blocking]
+        lib = package_of(top.file)
+        if lib is None:
+            return top
+        for f in self.frames[self.blocking + 1 :]:
+            if not f.native and not is_stdlib(f.file) and package_of(f.file) != lib:
                 return f
         return None
 

@@ -28,3 +28,12 @@ def short_path(path: str) -> str:
 def is_stdlib(path: str) -> bool:
     """Whether a frame's file is Python's own library (not a package installed into it)."""
     return _SITE.search(path) is None and _STDLIB.search(path) is not None
+
+
+def package_of(path: str) -> str | None:
+    """``"stdlib"`` for Python's own library, the top-level package of a file installed under
+    site-packages (``zmq``, ``torch``, ``vllm``), None for any other file (the site's own code)."""
+    m = _SITE.search(path)
+    if m is not None:
+        return m.group("rel").split("/", 1)[0]
+    return "stdlib" if _STDLIB.search(path) is not None or path.startswith("<frozen") else None

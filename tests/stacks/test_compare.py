@@ -100,3 +100,37 @@ def test_a_healthy_engine_core_moves() -> None:
     step2 = ThreadStack(7, "MainThread", True, True, (Frame("schedule", "/v/vllm/s.py", 99), Frame("run_busy_loop", "/v/vllm/core.py", 4)))
     v = compare.verdict(compare.compare([step1], [step2], pid=7, step_process=True))
     assert v.state == compare.MOVING and v.blocking() is None
+
+
+def _vllm(name: str) -> tuple[list[ThreadStack], int]:
+    text = (FIXTURES / name).read_text()
+    return parse_dump(text), json.loads(text)[0]["pid"]
+
+
+def test_a_real_vllm_engine_core_waiting_for_input_names_its_busy_loop() -> None:
+    """vLLM 0.32 (CPU build), idle: the engine core's main thread waits in its busy loop's input
+    queue; its socket threads and the worker monitor are idle helpers."""
+    threads, pid = _vllm("vllm-engine-core.json")
+    views = compare.compare(threads, threads, pid=pid, step_process=True)
+    v = compare.verdict(views)
+    b = v.blocking()
+    assert b is not None and b["thread"] == "MainThread"
+    assert b["in"] == {"function": "EngineCoreProc._process_input_queue", "file": "vllm/v1/engine/core.py", "line": 1588}
+    frames = [f"{f.function} ({f.short})" for f in views[0].frames]
+    assert "EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py)" in frames
+    helpers = {x.name: x.state for x in views[1:]}
+    assert helpers and set(helpers.values()) == {compare.IDLE}, helpers
+
+
+def test_a_real_vllm_api_server_at_rest_is_idle_in_its_event_loop() -> None:
+    threads, pid = _vllm("vllm-api-server.json")
+    v = compare.verdict(compare.compare(threads, threads, pid=pid, step_process=False))
+    assert v.state == compare.IDLE and v.blocking() is None
+
+
+def test_a_real_vllm_worker_waits_on_the_engine_cores_broadcast() -> None:
+    threads, pid = _vllm("vllm-worker.json")
+    b = compare.verdict(compare.compare(threads, threads, pid=pid, step_process=True)).blocking()
+    assert b is not None
+    assert b["frame"]["function"] == "Poller.poll"
+    assert b["in"] == {"function": "SpinCondition.wait", "file": "vllm/distributed/device_communicators/shm_broadcast.py", "line": 210}
