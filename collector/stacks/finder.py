@@ -39,9 +39,18 @@ class EngineProcess:
     uid: int | None
     uids: tuple[int, ...] = ()
     gids: tuple[int, ...] = ()
+    os_state: str = ""  # the kernel's letter when found (T: stopped, D: in the kernel)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "own_pid": self.own_pid, "ppid": self.ppid, "role": self.role, "title": self.title, "uid": self.uid}
+        return {
+            "pid": self.pid,
+            "own_pid": self.own_pid,
+            "ppid": self.ppid,
+            "role": self.role,
+            "title": self.title,
+            "uid": self.uid,
+            "os_state": self.os_state or None,
+        }
 
 
 @dataclass
@@ -175,6 +184,21 @@ def find(
     server = found.get("server")
     for p in order:
         role, title = roles.role_of(p.cmdline, p.name, is_server=server is not None and p.pid == server.pid)
-        out.processes.append(EngineProcess(pid=p.pid, own_pid=p.own_pid, ppid=p.ppid, role=role, title=title, uid=p.uid, uids=p.uids, gids=p.gids))
+        out.processes.append(
+            EngineProcess(pid=p.pid, own_pid=p.own_pid, ppid=p.ppid, role=role, title=title, uid=p.uid, uids=p.uids, gids=p.gids, os_state=p.state)
+        )
     out.processes.sort(key=lambda e: (roles.ORDER.get(e.role, 9), e.title, e.pid))
+    for e in out.processes:
+        said = OS_STATES.get(e.os_state)
+        if said and e.role in roles.DUMPED:
+            out.notes.append(f"{e.role} {e.pid} {said}")
     return out
+
+
+# What the kernel's state of a process says of a hang (``/proc/PID/status``, ``State:``).
+OS_STATES = {
+    "T": "is stopped (SIGSTOP, or a debugger): it cannot step until it is continued (SIGCONT)",
+    "t": "is stopped by a tracer (a debugger holds it)",
+    "D": "is in uninterruptible sleep: waiting inside the kernel (a driver or file system call)",
+    "Z": "has exited and not been reaped (a zombie)",
+}

@@ -128,6 +128,7 @@ def summary(part: Mapping[str, Any] | None) -> dict[str, Any] | None:
                 "pid": p.get("pid"),
                 "title": p.get("title"),
                 "state": p.get("state"),
+                "os_state": p.get("os_state"),
                 "blocking": f"{f.get('function')} ({f.get('file')}:{f.get('line')})" if f else None,
             }
         )

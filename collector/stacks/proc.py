@@ -30,6 +30,7 @@ class ProcInfo:
     nspid: tuple[int, ...]  # outermost (this /proc's) first, the process's own view last
     uids: tuple[int, ...] = ()  # real, effective, saved, filesystem
     gids: tuple[int, ...] = ()
+    state: str = ""  # the kernel's letter: R running, S sleeping, D uninterruptible, T stopped, Z zombie
 
     @property
     def own_pid(self) -> int:
@@ -44,6 +45,7 @@ class ProcInfo:
 
 @dataclass(frozen=True, slots=True)
 class Status:
+    state: str = ""
     name: str = ""
     ppid: int = 0
     uids: tuple[int, ...] = ()
@@ -56,13 +58,14 @@ def parse_status(text: str) -> Status:
     """The fields of a ``/proc/PID/status`` text the stacks need::
 
     Name:	python3
+    State:	T (stopped)
     PPid:	4021
     Uid:	1000	1000	1000	1000
     Gid:	1000	1000	1000	1000
     NSpid:	41873	1
     CapEff:	00000000a80425fb
     """
-    name, ppid, cap = "", 0, None
+    name, ppid, cap, state = "", 0, None, ""
     uids: tuple[int, ...] = ()
     gids: tuple[int, ...] = ()
     nspid: tuple[int, ...] = ()
@@ -71,6 +74,8 @@ def parse_status(text: str) -> Status:
         value = value.strip()
         if key == "Name":
             name = value
+        elif key == "State":
+            state = value[:1]
         elif key == "PPid":
             ppid = _int(value) or 0
         elif key == "Uid":
@@ -84,7 +89,7 @@ def parse_status(text: str) -> Status:
                 cap = int(value, 16)
             except ValueError:
                 cap = None
-    return Status(name, ppid, uids, gids, nspid, cap)
+    return Status(state, name, ppid, uids, gids, nspid, cap)
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -161,6 +166,7 @@ def read_process(pid: int, proc: Path = PROC) -> ProcInfo | None:
         nspid=st.nspid or (pid,),
         uids=st.uids,
         gids=st.gids,
+        state=st.state,
     )
 
 

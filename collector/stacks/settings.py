@@ -10,11 +10,12 @@ class StacksSettings(BaseModel):
 
     enabled: bool = Field(default=True, description="read every engine process's stacks when an engine wedges")
     interval_s: float = Field(default=3.0, ge=0.5, le=60, description="seconds between the two dumps that show which frames moved")
-    timeout_s: float = Field(default=10.0, gt=0, le=120, description="a py-spy run past this is killed")
+    timeout_s: float = Field(default=5.0, gt=0, le=120, description="a py-spy run past this is killed (a dump takes 0.1-0.2 s)")
     native: bool = Field(
-        default=True,
-        description="the second dump with --native (C/C++ frames: the CUDA or NCCL call under torch); py-spy pauses each "
-        "process for the length of that dump, and the Python frames are read without it if it is refused",
+        default=False,
+        description="the second dump with --native (C/C++ frames: the CUDA or NCCL call under torch). py-spy cannot unwind "
+        "native frames without stopping the process: each is paused for that dump (0.1-0.3 s measured with torch loaded; a "
+        "native dump of a real vLLM process takes 1.4-1.7 s: BENCHMARKS.md); refused or failed, the Python frames are read without it",
     )
     py_spy: str | None = Field(default=None, description="the py-spy binary; default: the one installed beside the sidecar, else PATH")
     max_processes: int = Field(default=64, ge=1, le=1024, description="processes of one engine read at most")

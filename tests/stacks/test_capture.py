@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -71,6 +72,22 @@ def test_a_blocked_process_is_read_twice_and_its_blocking_frame_named(engine_cor
         assert any(f.get("native") for f in main["frames"][: main["blocking"]])
     s = part.summary(doc)
     assert s is not None and s["processes"][0]["blocking"].startswith("wait_for_the_engine_lock (")
+
+
+@needs_py_spy
+def test_a_stopped_engine_core_is_read_and_said_to_be_stopped(engine_core: subprocess.Popen[bytes]) -> None:
+    """SIGSTOP, as the issue's second wedge: py-spy reads a stopped process; the snapshot says it is stopped."""
+    os.kill(engine_core.pid, signal.SIGSTOP)
+    try:
+        reader = StackReader(StacksSettings(interval_s=0.5), recorder_dir=None)
+        doc = asyncio.run(reader.capture("decode-0", {"engine_core_pid": engine_core.pid}))
+        reader.close()
+    finally:
+        os.kill(engine_core.pid, signal.SIGCONT)
+    assert doc["status"] == part.CAPTURED
+    (proc,) = doc["processes"]
+    assert proc["os_state"] == "T" and proc["blocking"]["frame"]["function"] == "wait_for_the_engine_lock"
+    assert f"engine_core {engine_core.pid} is stopped (SIGSTOP, or a debugger): it cannot step until it is continued (SIGCONT)" in doc["notes"]
 
 
 def _fake_py_spy(body: str) -> str:

@@ -35,6 +35,7 @@ TITLE = b"VLLM::EngineCore" + b"\0" * 200
 def test_status_fields() -> None:
     st = proc.parse_status(STATUS)
     assert (st.name, st.ppid, st.uids, st.gids, st.nspid) == ("VLLM::EngineCor", 48213, (1000,) * 4, (1000,) * 4, (48231, 74))
+    assert st.state == "S"
     assert st.cap_eff == 0xA80425FB
     assert not st.cap_eff >> 19 & 1  # Docker's default set: no CAP_SYS_PTRACE
 
