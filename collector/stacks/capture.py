@@ -168,7 +168,7 @@ class StackReader:
 
 
 def _info(p: finder.EngineProcess) -> procfs.ProcInfo:
-    return procfs.ProcInfo(pid=p.pid, ppid=p.ppid, name="", cmdline=(), uid=p.uid, nspid=(p.pid,), uids=p.uids, gids=p.gids)
+    return procfs.ProcInfo(pid=p.pid, ppid=p.ppid, name="", cmdline=(), uid=p.uid, nspid=(p.pid,), uids=p.uids, gids=p.gids, cap_prm=p.cap_prm)
 
 
 def _gpus(read: GpuReader | None) -> Sequence[GpuSample]:

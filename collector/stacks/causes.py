@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 PY_SPY_MISSING = "py_spy_missing"
 OTHER_UID = "other_uid"
+CAPABILITIES = "capabilities"
 YAMA_RESTRICTED = "yama_restricted"
 YAMA_ADMIN_ONLY = "yama_admin_only"
 YAMA_NO_ATTACH = "yama_no_attach"
@@ -28,7 +29,7 @@ FAILED = "failed"
 NATIVE = "native"  # native frames not read (the Python frames were)
 
 # permission causes: the deployment is missing a right (docs/deploy.md, "Reading stacks")
-PERMISSION = frozenset({OTHER_UID, YAMA_RESTRICTED, YAMA_ADMIN_ONLY, YAMA_NO_ATTACH, DENIED})
+PERMISSION = frozenset({OTHER_UID, CAPABILITIES, YAMA_RESTRICTED, YAMA_ADMIN_ONLY, YAMA_NO_ATTACH, DENIED})
 
 FIX = "docs/deploy.md, Reading stacks"
 
@@ -39,6 +40,9 @@ def text(cause: str, detail: str = "") -> str:
         PY_SPY_MISSING: f"stacks not read: py-spy is not installed beside the sidecar (pip install py-spy, or set stacks.py_spy){_d(detail)}",
         OTHER_UID: f"stacks not read: {detail or 'the processes run as another uid'} and the sidecar lacks CAP_SYS_PTRACE: "
         f"run it as that uid or add CAP_SYS_PTRACE ({FIX})",
+        CAPABILITIES: f"stacks not read: the engine's processes hold capabilities the sidecar does not ({detail or '?'}) and it "
+        f"lacks CAP_SYS_PTRACE, which reading a process that holds more capabilities than the reader needs, whatever the uid: "
+        f"add CAP_SYS_PTRACE ({FIX})",
         YAMA_RESTRICTED: "stacks not read: kernel.yama.ptrace_scope is 1 (a process may read only its own descendants) and the sidecar lacks "
         f"CAP_SYS_PTRACE: add CAP_SYS_PTRACE ({FIX})",
         YAMA_ADMIN_ONLY: "stacks not read: kernel.yama.ptrace_scope is 2 (only CAP_SYS_PTRACE may read another process) "

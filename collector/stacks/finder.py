@@ -40,6 +40,7 @@ class EngineProcess:
     uids: tuple[int, ...] = ()
     gids: tuple[int, ...] = ()
     os_state: str = ""  # the kernel's letter when found (T: stopped, D: in the kernel)
+    cap_prm: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,7 +186,18 @@ def find(
     for p in order:
         role, title = roles.role_of(p.cmdline, p.name, is_server=server is not None and p.pid == server.pid)
         out.processes.append(
-            EngineProcess(pid=p.pid, own_pid=p.own_pid, ppid=p.ppid, role=role, title=title, uid=p.uid, uids=p.uids, gids=p.gids, os_state=p.state)
+            EngineProcess(
+                pid=p.pid,
+                own_pid=p.own_pid,
+                ppid=p.ppid,
+                role=role,
+                title=title,
+                uid=p.uid,
+                uids=p.uids,
+                gids=p.gids,
+                os_state=p.state,
+                cap_prm=p.cap_prm,
+            )
         )
     out.processes.sort(key=lambda e: (roles.ORDER.get(e.role, 9), e.title, e.pid))
     for e in out.processes:

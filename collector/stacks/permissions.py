@@ -3,8 +3,11 @@ over what ``/proc`` says).
 
 The kernel's rule for ``process_vm_readv`` and ``ptrace`` (``PTRACE_MODE_ATTACH_REALCREDS``,
 kernel/ptrace.c ``__ptrace_may_access``): the caller's real uid and gid equal every uid and gid
-of the target (real, effective, saved), or the caller holds ``CAP_SYS_PTRACE``; then Yama
-(``/proc/sys/kernel/yama/ptrace_scope``) may refuse still:
+of the target (real, effective, saved), or the caller holds ``CAP_SYS_PTRACE``; and
+(security/commoncap.c ``cap_ptrace_access_check``) the target's permitted capabilities are a
+subset of the caller's, or the caller holds ``CAP_SYS_PTRACE``: a sidecar that runs as root but
+drops every capability may not read vLLM running as root with a container's default ones. Then
+Yama (``/proc/sys/kernel/yama/ptrace_scope``) may refuse still:
 
     0  classic: the rule above only
     1  restricted: only a descendant of the reader (py-spy is the sidecar's child, never the
@@ -35,6 +38,7 @@ class Access:
     gid: int | None
     cap_sys_ptrace: bool | None  # None: unknown (CapEff unreadable)
     yama_scope: int | None  # None: no Yama on this kernel
+    cap_prm: int | None = None  # permitted
 
 
 def parse_yama(text: str) -> int | None:
@@ -52,7 +56,7 @@ def read_access(proc: Path = PROC) -> Access:
     except (OSError, UnicodeDecodeError):
         return Access(None, None, None, _yama(proc))
     cap = None if st.cap_eff is None else bool(st.cap_eff >> CAP_SYS_PTRACE & 1)
-    return Access(st.uids[0] if st.uids else None, st.gids[0] if st.gids else None, cap, _yama(proc))
+    return Access(st.uids[0] if st.uids else None, st.gids[0] if st.gids else None, cap, _yama(proc), st.cap_prm)
 
 
 def _yama(proc: Path) -> int | None:
@@ -79,4 +83,21 @@ def refusal(access: Access, target: ProcInfo) -> tuple[str, str] | None:
         if not same:
             theirs = sorted(set(target.uids[:3]))
             return causes.OTHER_UID, f"the engine's processes run as uid {'/'.join(map(str, theirs))}, the sidecar as uid {access.uid}"
+    if cap is False and access.cap_prm is not None and target.cap_prm is not None and target.cap_prm & ~access.cap_prm:
+        return causes.CAPABILITIES, ", ".join(cap_names(target.cap_prm & ~access.cap_prm))
     return None
+
+
+# capability numbers (linux/capability.h), for the line that names what the sidecar lacks
+CAP_NAMES = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE NET_BIND_SERVICE "
+    "NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN "
+    "SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE "
+    "MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE"
+).split()
+
+
+def cap_names(mask: int, most: int = 4) -> list[str]:
+    """``CAP_CHOWN, CAP_KILL, ...`` of a mask, the first ``most`` and how many more."""
+    names = [f"CAP_{CAP_NAMES[i]}" if i < len(CAP_NAMES) else f"capability {i}" for i in range(64) if mask >> i & 1]
+    return names[:most] + ([f"{len(names) - most} more"] if len(names) > most else [])

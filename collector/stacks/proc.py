@@ -31,6 +31,7 @@ class ProcInfo:
     uids: tuple[int, ...] = ()  # real, effective, saved, filesystem
     gids: tuple[int, ...] = ()
     state: str = ""  # the kernel's letter: R running, S sleeping, D uninterruptible, T stopped, Z zombie
+    cap_prm: int | None = None  # permitted capabilities (a reader must hold them all, or CAP_SYS_PTRACE)
 
     @property
     def own_pid(self) -> int:
@@ -52,6 +53,7 @@ class Status:
     gids: tuple[int, ...] = ()
     nspid: tuple[int, ...] = ()
     cap_eff: int | None = None
+    cap_prm: int | None = None
 
 
 def parse_status(text: str) -> Status:
@@ -63,9 +65,11 @@ def parse_status(text: str) -> Status:
     Uid:	1000	1000	1000	1000
     Gid:	1000	1000	1000	1000
     NSpid:	41873	1
+    CapPrm:	00000000a80425fb
     CapEff:	00000000a80425fb
     """
-    name, ppid, cap, state = "", 0, None, ""
+    name, ppid, state = "", 0, ""
+    caps: dict[str, int | None] = {"CapEff": None, "CapPrm": None}
     uids: tuple[int, ...] = ()
     gids: tuple[int, ...] = ()
     nspid: tuple[int, ...] = ()
@@ -84,12 +88,12 @@ def parse_status(text: str) -> Status:
             gids = _ints(value)
         elif key == "NSpid":
             nspid = _ints(value)
-        elif key == "CapEff":
+        elif key in caps:
             try:
-                cap = int(value, 16)
+                caps[key] = int(value, 16)
             except ValueError:
-                cap = None
-    return Status(state, name, ppid, uids, gids, nspid, cap)
+                caps[key] = None
+    return Status(state, name, ppid, uids, gids, nspid, caps["CapEff"], caps["CapPrm"])
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -167,6 +171,7 @@ def read_process(pid: int, proc: Path = PROC) -> ProcInfo | None:
         uids=st.uids,
         gids=st.gids,
         state=st.state,
+        cap_prm=st.cap_prm,
     )
 
 

@@ -39,6 +39,7 @@ def engine_core() -> Iterator[subprocess.Popen[bytes]]:
         [sys.executable, str(CHILD), "VLLM::EngineCore"], stdout=subprocess.PIPE, env={"PATH": os.environ.get("PATH", ""), "NCCL_DEBUG": "INFO"}
     )
     assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    time.sleep(0.5)  # "ready" comes just before the main thread enters the function it blocks in
     yield p
     p.kill()
     p.wait()

@@ -35,9 +35,11 @@ def add(
     return d
 
 
-def reader(root: Path, *, uid: int = 0, cap_sys_ptrace: bool = True, yama: int | None = None) -> None:
-    """``/proc/self`` (the sidecar) and Yama's setting."""
-    caps = 0x000001FFFEFFFFFF if cap_sys_ptrace else 0x000001FFFEFFFFFF & ~(1 << 19)
+def reader(root: Path, *, uid: int = 0, cap_sys_ptrace: bool = True, yama: int | None = None, caps: int | None = None) -> None:
+    """``/proc/self`` (the sidecar) and Yama's setting. ``caps``: its capabilities (default: all,
+    less CAP_SYS_PTRACE when ``cap_sys_ptrace`` is off)."""
+    if caps is None:
+        caps = 0x000001FFFEFFFFFF if cap_sys_ptrace else 0x000001FFFEFFFFFF & ~(1 << 19)
     add(root / "_self", 1, ppid=0, cmdline=["flightrec", "serve"], name="flightrec", uid=uid, gid=uid, cap_eff=caps)
     (root / "_self" / "1").rename(root / "self")
     (root / "_self").rmdir()

@@ -35,6 +35,7 @@ def engine_core() -> Iterator[subprocess.Popen[bytes]]:
     env = {"PATH": os.environ.get("PATH", ""), "NCCL_DEBUG": "INFO", "VLLM_API_KEY": "sk-notarealkey123", "CUDA_VISIBLE_DEVICES": "0"}
     p = subprocess.Popen([sys.executable, str(CHILD), "VLLM::EngineCore"], stdout=subprocess.PIPE, env=env)
     assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    time.sleep(0.5)  # "ready" comes just before the main thread enters the function it blocks in
     yield p
     p.kill()
     p.wait()

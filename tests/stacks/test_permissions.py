@@ -38,6 +38,29 @@ def test_refusal(tmp_path: Path, uid: int, cap: bool, yama: int | None, target_u
     assert (got[0] if got else None) == cause
 
 
+DOCKER_DEFAULT_CAPS = 0xA80425FB  # what a container as root holds unless told otherwise (vLLM's image)
+SYSLOG_ONLY = 1 << 34  # the DaemonSet's sidecar before it adds SYS_PTRACE: drop ALL, add SYSLOG
+
+
+def test_root_without_the_capabilities_of_its_target_is_refused_whatever_the_uid(tmp_path: Path) -> None:
+    fakeproc.reader(tmp_path, uid=0, caps=SYSLOG_ONLY)
+    access = permissions.read_access(tmp_path)
+    assert access.cap_sys_ptrace is False and access.cap_prm == SYSLOG_ONLY
+    target = _target(0)
+    import dataclasses
+
+    got = permissions.refusal(access, dataclasses.replace(target, cap_prm=DOCKER_DEFAULT_CAPS))
+    assert got is not None and got[0] == causes.CAPABILITIES
+    assert got[1] == "CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, 10 more"
+    assert "add CAP_SYS_PTRACE" in causes.text(*got)
+    # with SYS_PTRACE added (the DaemonSet's form), nothing refuses it
+    fakeproc.reader(tmp_path / "b", uid=0, caps=SYSLOG_ONLY | 1 << 19)
+    assert permissions.refusal(permissions.read_access(tmp_path / "b"), dataclasses.replace(target, cap_prm=DOCKER_DEFAULT_CAPS)) is None
+    # a target with no capability (vLLM as a non-root uid) is read by the same uid without any
+    fakeproc.reader(tmp_path / "c", uid=1000, caps=0)
+    assert permissions.refusal(permissions.read_access(tmp_path / "c"), dataclasses.replace(_target(1000), cap_prm=0)) is None
+
+
 def test_an_unreadable_status_leaves_the_decision_to_py_spy(tmp_path: Path) -> None:
     access = permissions.read_access(tmp_path)  # no /proc/self at all
     assert access.cap_sys_ptrace is None

@@ -52,6 +52,7 @@ def test_output_that_is_not_a_dump_is_refused(text: str) -> None:
     ("fixture", "cause"),
     [
         ("err-permission.txt", causes.DENIED),
+        ("err-capabilities.txt", causes.DENIED),  # same uid, fewer capabilities: py-spy says "executable name"
         ("err-gone.txt", causes.GONE),
         ("err-not-python.txt", causes.NOT_PYTHON),
         ("err-native-nonblocking.txt", causes.FAILED),
