@@ -187,11 +187,13 @@ def test_the_node_form_finds_engines_and_sees_gpus_logs_and_the_kernel(tmp_path:
     # the engines' logs where the kubelet keeps them, read-only
     [logs] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/var/log/pods"]
     assert {"name": logs["name"], "mountPath": str(settings.discovery.log_root), "readOnly": True} in side["volumeMounts"]
-    # the kernel log through syslog(2): no /dev/kmsg device, CAP_SYSLOG only
+    # the kernel log through syslog(2): no /dev/kmsg device, CAP_SYSLOG; a wedged engine's stacks:
+    # the node's pids and CAP_SYS_PTRACE; no other capability
     assert settings.kmsg == "syslog"
     assert not any(v.get("hostPath", {}).get("path") == "/dev/kmsg" for v in pod["volumes"])
     sc = side["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "SYS_PTRACE"]}
+    assert pod["hostPID"] is True and settings.stacks.enabled
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     # every GPU for NVML, none reserved: the env var and the hardened toolkit's volume mount
     assert env(side)["NVIDIA_VISIBLE_DEVICES"] == "all" and env(side)["NVIDIA_DRIVER_CAPABILITIES"] == "utility"

@@ -1,6 +1,7 @@
 """The security claims of the Kubernetes forms, checked on the built manifests (beside checkov's
 generic checks, which .ci/run runs through scripts/policy-check.sh): no container privileged or
-escalating, every capability dropped and only SYSLOG added back, and only in the node sidecar;
+escalating, every capability dropped and only SYSLOG and SYS_PTRACE added back, and only in the
+node sidecar;
 host namespaces and host paths only where docs/deploy.md says why; and the Pod Security level
 each pod needs (the baseline rules evaluated here) is the one its namespace is labelled with."""
 
@@ -37,6 +38,7 @@ EXPECTED = {
         "hostPath /var/lib/flightrec",  # the spool that survives a restart
         "hostPath /dev/null",  # the NVIDIA toolkit's "all GPUs" volume mount
         "capability SYSLOG",  # the kernel log through syslog(2)
+        "capability SYS_PTRACE",  # a wedged engine's stacks (py-spy reads its memory)
     },
     "Deployment/vllm-decode@inference": {"hostPath /run/flightrec"},
     "Deployment/vllm-decode@default": set(),
@@ -118,7 +120,7 @@ def test_no_container_is_privileged_or_escalates_and_all_drop_every_capability(f
         added = set(caps.get("add", []))
         if c["name"] == "flightrec":
             assert sc.get("readOnlyRootFilesystem") is True
-            assert added <= {"SYSLOG"}
+            assert added <= {"SYSLOG", "SYS_PTRACE"}
         else:
             assert not added, c["name"]
     for v in pod.get("volumes", []):
