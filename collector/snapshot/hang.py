@@ -57,7 +57,11 @@ class HangStacks:
         """The service's: None when ``stacks.enabled`` is off."""
         if not settings.enabled:
             return None
-        return cls(view, StackReader(settings, recorder_dir=recorder_dir), interval_s=settings.interval_s)
+        reader = StackReader(settings, recorder_dir=recorder_dir)
+        warning = reader.readiness()
+        if warning:  # said once at start, not first at the night's wedge
+            log.warning("%s", warning)
+        return cls(view, reader, interval_s=settings.interval_s)
 
     @property
     def bound_s(self) -> float:

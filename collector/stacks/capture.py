@@ -64,6 +64,18 @@ class StackReader:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def readiness(self) -> str | None:
+        """What will keep a wedge's stacks from being read, as far as this process can tell
+        before any engine wedges (no py-spy; Yama refusing a reader without CAP_SYS_PTRACE), or
+        None."""
+        if self.binary is None:
+            return "a wedged engine's stacks cannot be read: " + causes.text(causes.PY_SPY_MISSING).removeprefix("stacks not read: ")
+        access = permissions.read_access(self.proc)
+        if access.cap_sys_ptrace is False and access.yama_scope in (1, 2, 3):
+            cause = {1: causes.YAMA_RESTRICTED, 2: causes.YAMA_ADMIN_ONLY, 3: causes.YAMA_NO_ATTACH}[access.yama_scope]
+            return "a wedged engine's stacks cannot be read: " + causes.text(cause).removeprefix("stacks not read: ")
+        return None
+
     async def _off(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
@@ -71,6 +83,8 @@ class StackReader:
         started = self.clock()
         self.captures += 1
         s = self.settings
+        if fingerprint.get("simulated"):  # its pids are made up (collector.sim): nothing of it runs to be read
+            return part.unavailable("stacks not read: a simulated engine has no processes of its own", started_at=started, finished_at=started)
         try:
             found, access = await self._off(self._find, engine, dict(fingerprint))
         except Exception as exc:  # a /proc that changes under the walk: data, never a raise

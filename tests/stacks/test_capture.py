@@ -162,3 +162,19 @@ def test_an_engine_without_known_pids() -> None:
     reader = StackReader(StacksSettings(), recorder_dir=None)
     doc = asyncio.run(reader.capture("decode-0", {}))
     assert doc["status"] == part.UNAVAILABLE and "no in-engine recorder reported their pids" in doc["reasons"][0]
+
+
+def test_what_will_keep_the_stacks_from_being_read_is_said_at_start(tmp_path: Path) -> None:
+    fakeproc.reader(tmp_path, uid=0, cap_sys_ptrace=False, yama=1)
+    reader = StackReader(StacksSettings(), recorder_dir=None, proc=tmp_path, binary="/bin/true")
+    assert "ptrace_scope is 1" in (reader.readiness() or "")
+    missing = StackReader(StacksSettings(py_spy="/nonexistent/py-spy"), recorder_dir=None, proc=tmp_path)
+    assert "py-spy is not installed" in (missing.readiness() or "")
+    fakeproc.reader(tmp_path / "ok", uid=0, cap_sys_ptrace=True, yama=1)
+    assert StackReader(StacksSettings(), recorder_dir=None, proc=tmp_path / "ok", binary="/bin/true").readiness() is None
+
+
+def test_a_simulated_engine_is_said_to_have_no_processes() -> None:
+    reader = StackReader(StacksSettings(), recorder_dir=None)
+    doc = asyncio.run(reader.capture("decode-0", {"server_pid": 3107, "simulated": True}))
+    assert doc["status"] == part.UNAVAILABLE and doc["reasons"] == ["stacks not read: a simulated engine has no processes of its own"]
