@@ -13,7 +13,7 @@ from collector.stacks.paths import is_stdlib, package_of, short_path
         ("/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", "vllm/v1/engine/core.py", "vllm"),
         ("/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "torch/distributed/distributed_c10d.py", "torch"),
         ("/usr/lib/python3.12/threading.py", "threading.py", "stdlib"),
-        ("/root/.pyenv/versions/3.11.7/lib/python3.11/concurrent/futures/thread.py", "concurrent/futures/thread.py", "stdlib"),
+        ("/opt/python/3.11.7/lib/python3.11/concurrent/futures/thread.py", "concurrent/futures/thread.py", "stdlib"),
         ("/usr/lib/x86_64-linux-gnu/libc.so.6", "libc.so.6", None),
         ("/opt/conda/lib/libnccl.so.2.21.5", "libnccl.so.2.21.5", None),
         ("/srv/app/plugins/blocking_scheduler.py", "/srv/app/plugins/blocking_scheduler.py", None),
