@@ -224,6 +224,7 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
         assert snap is not None, "no snapshot with steps: " + (tmp_path / "sidecar.log").read_text()[-3000:]
         time.sleep(3.0)  # every witness of the death (log, scrape, silent ring) has arrived
         engines = get_json(f"{side_base}/api/v1/engines")["items"]
+        health = get_json(f"{side_base}/healthz")  # the recorder source's figures (gaps, rings), for a failure's message
         written = stats_ring(recorder_dir)
         all_snaps = get_json(f"{side_base}/api/v1/snapshots")["items"]
         for t in threads:
@@ -269,7 +270,12 @@ def test_snapshot_holds_the_steps_up_to_a_sigkill_of_the_engine_core(tmp_path: P
     assert numbers[-1] == reached
     assert numbers == list(range(numbers[0], reached + 1))
     # every step the engine core recorded (its ring holds them all: fewer than ring_steps)
-    assert {s.step for s in recorded} <= set(numbers), sorted({s.step for s in recorded} - set(numbers))[:10]
+    missing = sorted({s.step for s in recorded} - set(numbers))
+    assert not missing, (
+        f"steps the engine core recorded but the snapshot lacks: {missing[:5]}..{missing[-5:]} ({len(missing)}); "
+        f"rings: {sorted(p.name for p in recorder_dir.iterdir())}; sidecar: {json.dumps(health)[:3000]}\n"
+        + (tmp_path / "sidecar.log").read_text(errors="replace")[-6000:]
+    )
     assert max(s["ts"] for s in steps) <= kill_ts + 1.0
     assert any(s["running"] >= 4 for s in steps[-20:])
 
