@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from collector.cgroup import PodCgroup, pod_of_cgroup
+
 
 def parent_pid(pid: int, proc: Path = Path("/proc")) -> int | None:
     """The parent of ``pid``, or None when it is gone or unreadable."""
@@ -19,3 +21,13 @@ def parent_pid(pid: int, proc: Path = Path("/proc")) -> int | None:
             except (IndexError, ValueError):
                 return None
     return None
+
+
+def pod_of_pid(pid: int, proc: Path = Path("/proc")) -> PodCgroup | None:
+    """The Kubernetes pod (and container) ``pid`` runs in, from its cgroup; None when it is in no
+    pod, gone or unreadable."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pod_of_cgroup(text)

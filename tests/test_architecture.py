@@ -19,6 +19,7 @@ RANK = {
     "model": 0,
     "redact": 0,
     "procfs": 0,
+    "cgroup": 0,  # which pod a process runs in, from its cgroup's text (pure; the recorder reads it too)
     "malloc": 0,
     "heap": 0,
     "durable": 0,
@@ -115,7 +116,7 @@ def test_later_stages_read_ingest_only_through_its_view() -> None:
 # shared ground and the channel it writes. Anything else would load the sidecar into every
 # engine process (tests/vllm/test_import_isolation.py checks the same at run time).
 ENGINE_SIDE = {"recorder", "vllm"}
-ENGINE_SIDE_MAY_IMPORT = {"errors", "model", "redact", "channel", "recorder", "vllm"}
+ENGINE_SIDE_MAY_IMPORT = {"errors", "model", "redact", "cgroup", "channel", "recorder", "vllm"}
 
 
 def test_engine_side_imports_only_the_shared_ground() -> None:

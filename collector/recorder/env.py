@@ -7,6 +7,8 @@ both sides agree on the folder.
 
 - ``FLIGHTREC_RECORDER_DIR``: the folder of the ring files (default ``default_recorder_dir()``).
 - ``FLIGHTREC_ENGINE_NAME``: the engine's name, overriding ``vllm-<server pid>``.
+- ``FLIGHTREC_POD_UID``: the engine's pod UID (the downward API's ``metadata.uid``), so that its
+  rings join the pod the sidecar discovered; without it the recorder reads its own cgroup.
 - ``FLIGHTREC_RECORDER_ANY_VLLM``: ``1`` records under a vLLM outside the supported versions
   (``collector.vllm._version``).
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 RECORDER_DIR_ENV = "FLIGHTREC_RECORDER_DIR"
 ENGINE_NAME_ENV = "FLIGHTREC_ENGINE_NAME"
 ANY_VLLM_ENV = "FLIGHTREC_RECORDER_ANY_VLLM"
+POD_UID_ENV = "FLIGHTREC_POD_UID"
 
 
 def default_recorder_dir() -> Path:
@@ -41,6 +44,12 @@ def recorder_dir_from_env(environ: Mapping[str, str] | None = None) -> Path:
 def engine_name_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     return env.get(ENGINE_NAME_ENV) or None
+
+
+def pod_uid_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if environ is None else environ
+    value = env.get(POD_UID_ENV, "").strip().lower()
+    return value or None
 
 
 def any_vllm_from_env(environ: Mapping[str, str] | None = None) -> bool:

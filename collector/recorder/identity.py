@@ -5,15 +5,35 @@ same in the stat logger and in the engine core, so both halves of a step meet), 
 listens (``server_host``/``server_port``, matched by the sidecar against its configured URLs).
 ``name`` is the ``FLIGHTREC_ENGINE_NAME`` override; without it the engine is
 ``vllm-<server_pid>`` and DP engines after the first get ``/dp<index>``.
+
+Under Kubernetes the identity also says which pod the engine runs in (``pod_uid``): the
+downward API's ``FLIGHTREC_POD_UID``, else the pod segment of the process's own cgroup
+(``collector.cgroup``; a container in a cgroup namespace of its own sees ``/`` there, so
+the downward API is the reliable one). The sidecar joins the rings to the pod it discovered by
+that UID, whatever the engine's name or port.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from collector.recorder.env import engine_name_from_env
+from collector.cgroup import pod_of_cgroup
+from collector.recorder.env import engine_name_from_env, pod_uid_from_env
+
+SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def own_pod_uid(cgroup_file: Path = SELF_CGROUP) -> str | None:
+    """The pod this process runs in, from its own cgroup; None outside a pod or where the path
+    does not say (never raises: the engine must start whatever is read here)."""
+    try:
+        found = pod_of_cgroup(cgroup_file.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    return found.pod_uid if found is not None else None
 
 
 def engine_name(base: str | None, engine_index: int, server_pid: int) -> str:
@@ -33,6 +53,7 @@ class EngineIdentity:
     server_port: int | None = None
     name: str | None = None  # FLIGHTREC_ENGINE_NAME, when set
     engine_version: str = "unknown"  # vLLM's version, or the simulator's
+    pod_uid: str | None = None  # the Kubernetes pod's UID; None outside Kubernetes
 
     @classmethod
     def from_env(
@@ -44,9 +65,10 @@ class EngineIdentity:
         server_port: int | None = None,
         engine_version: str = "unknown",
         environ: Mapping[str, str] | None = None,
+        cgroup_file: Path = SELF_CGROUP,
     ) -> EngineIdentity:
         """The identity with ``FLIGHTREC_ENGINE_NAME`` (from ``environ``, else the process's) as
-        the name override."""
+        the name override, and the pod's UID from ``FLIGHTREC_POD_UID``, else ``cgroup_file``."""
         return cls(
             server_pid=server_pid,
             engine_index=engine_index,
@@ -54,6 +76,7 @@ class EngineIdentity:
             server_port=server_port,
             name=engine_name_from_env(environ),
             engine_version=engine_version,
+            pod_uid=pod_uid_from_env(environ) or own_pod_uid(cgroup_file),
         )
 
     @property
@@ -62,10 +85,13 @@ class EngineIdentity:
 
     def facts(self) -> dict[str, Any]:
         """What the meta record and the fingerprint carry for joining."""
-        return {
+        out: dict[str, Any] = {
             "engine_index": self.engine_index,
             "server_pid": self.server_pid,
             "server_host": self.server_host,
             "server_port": self.server_port,
             "name_from": "FLIGHTREC_ENGINE_NAME" if self.name else "server_pid",
         }
+        if self.pod_uid is not None:  # only under Kubernetes
+            out["pod_uid"] = self.pod_uid
+        return out

@@ -7,11 +7,13 @@ here, in this order:
 
 1. the recorder's name is a configured name (``FLIGHTREC_ENGINE_NAME`` set to it), or
    ``<configured>/dp<i>``;
-2. the meta record's ``server_port`` equals the port of exactly one configured URL on this host;
-3. the process listening on a configured URL's port (``/proc/net/tcp*`` -> socket inode ->
+2. the meta record's ``pod_uid`` (the downward API's, or the recorder's own cgroup) is the UID
+   of a pod that Kubernetes discovery follows: whatever the engine's name or port;
+3. the meta record's ``server_port`` equals the port of exactly one configured URL on this host;
+4. the process listening on a configured URL's port (``/proc/net/tcp*`` -> socket inode ->
    ``/proc/PID/fd``) is the recorder's API server pid (from the meta record, else the ring's
    default name) or one of its ancestors;
-4. otherwise the ring keeps the recorder's own name and is marked unconfigured.
+5. otherwise the ring keeps the recorder's own name and is marked unconfigured.
 
 Pure reads of ``/proc`` under a root passed in (tests give a fake tree); lookups are cached
 for ``ttl`` seconds because scanning every process's fds costs milliseconds.
@@ -39,7 +41,7 @@ _LISTEN = "0A"
 class Joined:
     name: str  # the sidecar's engine name
     configured: bool  # a configured engine (else: steps of an engine nobody configured)
-    how: str  # "name", "port", "listener", "none"
+    how: str  # "name", "pod", "port", "listener", "none"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class EngineJoin:
     ) -> None:
         self.names = {str(e.name) for e in engines}
         self.targets = _targets(engines)
+        self.pods: dict[str, str] = {}  # pod UID -> engine name (discovered engines)
         self.proc = proc
         self.ttl = ttl
         self.clock = clock
@@ -129,10 +132,14 @@ class EngineJoin:
         self.discard(str(engine.name))
         self.names.add(str(engine.name))
         self.targets += _targets([engine])
+        uid = getattr(engine, "uid", None)
+        if isinstance(uid, str) and uid:
+            self.pods[uid.lower()] = str(engine.name)
 
     def discard(self, name: str) -> None:
         self.names.discard(name)
         self.targets = [t for t in self.targets if t.name != name]
+        self.pods = {uid: n for uid, n in self.pods.items() if n != name}
 
     def _listening(self, port: int) -> set[int]:
         now = self.clock()
@@ -166,6 +173,10 @@ class EngineJoin:
 
         def named(target: str) -> str:
             return target if index == 0 else f"{target}/dp{index}"
+
+        pod_uid = meta.get("pod_uid")
+        if isinstance(pod_uid, str) and pod_uid.lower() in self.pods:
+            return Joined(named(self.pods[pod_uid.lower()]), True, "pod")
 
         local = [t for t in self.targets if t.host in _LOCAL_HOSTS or t.host == _hostname()]
         port = meta.get("server_port")

@@ -144,3 +144,25 @@ def test_an_unwritable_folder_disables_at_start(tmp_path: Path) -> None:
     rec = StatsRecorder(EngineIdentity(server_pid=1), directory=blocker / "sub")
     rec.write_step(1, **STEP)
     assert not rec.active and rec.failed is not None and "cannot create" in rec.failed
+
+
+def test_the_pod_uid_comes_from_the_downward_api_else_the_own_cgroup(tmp_path: Path) -> None:
+    uid = "7f3c2b1a-9d4e-4c5f-8a6b-0e1d2c3b4a59"
+    cg = tmp_path / "cgroup"
+    cg.write_text(
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/cri-containerd-{'a' * 64}.scope\n"
+    )
+    from_env = EngineIdentity.from_env(server_pid=1, environ={"FLIGHTREC_POD_UID": "0F6B2C4D-8E1A-3B5C-7D9E-0F1A2B3C4D5E"}, cgroup_file=cg)
+    assert from_env.pod_uid == "0f6b2c4d-8e1a-3b5c-7d9e-0f1a2b3c4d5e"  # the downward API wins
+    from_cgroup = EngineIdentity.from_env(server_pid=1, environ={}, cgroup_file=cg)
+    assert from_cgroup.pod_uid == uid
+    assert from_cgroup.facts()["pod_uid"] == uid
+    # outside a pod (or a cgroup namespace that shows "/"), or an unreadable file: no pod, no key
+    cg.write_text("0::/\n")
+    bare = EngineIdentity.from_env(server_pid=1, environ={}, cgroup_file=cg)
+    assert bare.pod_uid is None and "pod_uid" not in bare.facts()
+    assert EngineIdentity.from_env(server_pid=1, environ={}, cgroup_file=tmp_path / "missing").pod_uid is None
+    # and the ring's meta record carries it, for the sidecar's join
+    rec = StatsRecorder(from_cgroup, directory=tmp_path / "rings", pid=7)
+    (meta, _), *_ = records(rec.channel.path)
+    assert meta is not None and meta["pod_uid"] == uid

@@ -87,3 +87,31 @@ def test_listener_lookups_are_cached_for_ttl(tmp_path: Path) -> None:
     assert j.resolve("vllm-5000").configured is False  # cached miss
     clock.now = 11.0
     assert j.resolve("vllm-5000") == Joined("decode-0", True, "listener")
+
+
+def _pod(name: str, uid: str, ip: str) -> object:
+    from collector.parsers.kube_pods import engine_of_pod
+
+    return engine_of_pod(
+        {
+            "metadata": {"name": name, "namespace": "inference", "uid": uid},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"podIP": ip},
+        }
+    )
+
+
+def test_a_discovered_pods_rings_join_it_by_pod_uid_without_ports(tmp_path: Path) -> None:
+    # two engine pods, each its own pid 1 listening on 8000 in its own network namespace: the
+    # port and the pid say nothing; the recorder's pod UID (downward API or cgroup) does
+    j = EngineJoin([], proc=fake_proc(tmp_path))
+    j.add(_pod("vllm-a", "11111111-2222-3333-4444-555555555555", "10.0.0.5"))
+    j.add(_pod("vllm-b", "66666666-7777-8888-9999-000000000000", "10.0.0.6"))
+    meta_b = {"server_pid": 1, "server_port": 8000, "pod_uid": "66666666-7777-8888-9999-000000000000"}
+    assert j.resolve("vllm-1", meta_b) == Joined("vllm-b", True, "pod")
+    assert j.resolve("vllm-1/dp1", {**meta_b, "engine_index": 1}) == Joined("vllm-b/dp1", True, "pod")
+    # an unknown pod (not an engine of this node) stays unconfigured
+    assert j.resolve("vllm-1", {"server_pid": 1, "pod_uid": "aaaaaaaa-2222-3333-4444-555555555555"}).configured is False
+    # the pod is gone: its UID no longer joins
+    j.discard("vllm-b")
+    assert j.resolve("vllm-1", meta_b) == Joined("vllm-1", False, "none")

@@ -17,7 +17,16 @@ from vllm_env import vllm_python  # tests/vllm is on sys.path (pytest prepend im
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the recorder may import of this package: shared ground, the channel, itself.
-OURS_ALLOWED = ("collector", "collector.errors", "collector.model", "collector.redact", "collector.channel", "collector.recorder", "collector.vllm")
+OURS_ALLOWED = (
+    "collector",
+    "collector.errors",
+    "collector.model",
+    "collector.redact",
+    "collector.cgroup",
+    "collector.channel",
+    "collector.recorder",
+    "collector.vllm",
+)
 SIDECAR_LIBRARIES = ("httpx", "pydantic_settings", "yaml", "sqlalchemy", "fastapi", "alembic", "uvicorn", "prometheus_client", "pynvml")
 
 STUBS = """
