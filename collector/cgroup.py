@@ -44,11 +44,10 @@ def pod_of_path(path: str) -> PodCgroup | None:
     """The pod (and container) of one cgroup path, or None when the path is in no pod."""
     if "kubepods" not in path:
         return None
-    found = None
-    for found in _POD.finditer(path):
-        pass
-    if found is None:
+    matches = list(_POD.finditer(path))
+    if not matches:
         return None
+    found = matches[-1]  # the innermost pod segment
     uid = found.group("uid").replace("_", "-")
     rest = path[found.end() :].strip("/").split("/")
     container_id = runtime = None
