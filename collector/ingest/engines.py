@@ -34,6 +34,7 @@ class _Engine:
     steps_received: int = 0
     requests_received: int = 0  # request rows, counted per block (no per-row work)
     learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
+    pod_uid: str | None = None  # the Kubernetes pod discovery found it in
 
 
 class EngineRegistry:
@@ -41,7 +42,16 @@ class EngineRegistry:
         self._engines: dict[str, _Engine] = {}
         self.pids = PidMap(proc_root)
 
-    def ensure(self, name: str, *, url: str | None = None, pair: str | None = None, gpus: list[int] | None = None, configured: bool = False) -> bool:
+    def ensure(
+        self,
+        name: str,
+        *,
+        url: str | None = None,
+        pair: str | None = None,
+        gpus: list[int] | None = None,
+        configured: bool = False,
+        pod_uid: str | None = None,
+    ) -> bool:
         """The engine's record exists (True when this call made it); given facts are kept."""
         st = self._engines.get(name)
         made = st is None
@@ -55,6 +65,8 @@ class EngineRegistry:
             st.gpus = list(gpus)
         if configured:
             st.configured = True
+        if pod_uid is not None:
+            st.pod_uid = pod_uid.lower()
         return made
 
     def __contains__(self, name: object) -> bool:
@@ -97,9 +109,10 @@ class EngineRegistry:
         """NVML lists the processes on GPU ``index``: the engines they belong to run on it."""
         known = self.engine_pids()
         for proc in processes:
-            name = self.pids.engine_of(proc.get("pid") if isinstance(proc, dict) else None, known)
-            if name is not None:
-                self._engines[name].learned_gpus.add(index)
+            pid = proc.get("pid") if isinstance(proc, dict) else None
+            name = self.pids.engine_of(pid, known)
+            for owner in (name,) if name is not None else self.pod_engines(pid):
+                self._engines[owner].learned_gpus.add(index)
 
     # -- what routing asks ------------------------------------------------------------------------
     def gpus_of(self, name: str) -> set[int]:
@@ -109,6 +122,22 @@ class EngineRegistry:
     def owner_of(self, pid: int | None) -> str | None:
         """The engine whose process tree holds ``pid`` (a GPU fault's worker), or None."""
         return self.pids.engine_of(pid, self.engine_pids())
+
+    def owners_of(self, pid: int | None) -> tuple[str, ...]:
+        """The engines ``pid`` belongs to: the one whose process tree holds it, else those of the
+        Kubernetes pod it runs in (its cgroup; a pod's data-parallel engines are all its own)."""
+        owner = self.owner_of(pid)
+        return (owner,) if owner is not None else self.pod_engines(pid)
+
+    def pod_engines(self, pid: object) -> tuple[str, ...]:
+        """The engines of the pod ``pid`` runs in: discovered in that pod, or whose recorder says
+        it runs there (``pod_uid`` in its fingerprint, with the ``/dp<i>`` engines of a pod)."""
+        if not isinstance(pid, int) or pid <= 1 or not self._engines:
+            return ()
+        uid = self.pids.pod_of(pid)
+        if uid is None:
+            return ()
+        return tuple(n for n, st in self._engines.items() if uid in (st.pod_uid, st.fingerprint.get("pod_uid")))
 
     def engine_pids(self) -> dict[int, str]:
         """Known engine processes: the recorder's fingerprint carries the API server's pid."""

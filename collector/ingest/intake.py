@@ -90,11 +90,12 @@ class Intake:
         gpus: list[int] | None = None,
         configured: bool = False,
         up: bool | None = None,
+        pod_uid: str | None = None,
     ) -> None:
         """The engine is known, with its rings, and the facts given are kept (also what engine
         discovery learns of a pod before its first record: its URL, pair, GPUs, or that it is
-        gone, ``up=False``)."""
-        self.engines.ensure(name, url=url, pair=pair, gpus=gpus, configured=configured)
+        gone, ``up=False``; its pod's UID, by which a GPU fault's pid finds it)."""
+        self.engines.ensure(name, url=url, pair=pair, gpus=gpus, configured=configured, pod_uid=pod_uid)
         self.store.of(name)
         if up is False:
             self.engines.went_down(name)

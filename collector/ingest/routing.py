@@ -37,12 +37,12 @@ def route(ev: Event, engines: EngineRegistry, store: RingStore) -> Route:
     if ev.kind not in GPU_FAULTS:
         return Route((), "none")
     # A GPU fault belongs to the engine whose worker it names (pid= in the kernel's line,
-    # walked up the process tree), else to the engines on that GPU (configured, or learnt
+    # walked up the process tree, or in Kubernetes the engines of the pod its cgroup names), else to the engines on that GPU (configured, or learnt
     # from NVML's process lists), else to every engine on this host (better a snapshot
     # too many than none).
-    owner = engines.owner_of(ev.pid)
-    if owner is not None:
-        return Route((owner,), "pid")
+    owners = engines.owners_of(ev.pid)
+    if owners:
+        return Route(owners, "pid")
     index = store.gpu_index(ev.gpu)
     names = engines.names()
     mapped = tuple(n for n in names if index in engines.gpus_of(n))

@@ -40,7 +40,7 @@ class EngineInfo:
 @dataclass(frozen=True)
 class Route:
     """The engines an event belongs to, and how that was decided: ``engine`` (it names one),
-    ``pid`` (the worker it names), ``gpu`` (the engines on its GPU), ``all`` (a GPU fault that
+    ``pid`` (the worker it names: its process tree, or its pod's cgroup), ``gpu`` (the engines on its GPU), ``all`` (a GPU fault that
     matches no engine goes to every engine: better a snapshot too many than none), ``none``."""
 
     engines: tuple[str, ...]

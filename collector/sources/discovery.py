@@ -283,7 +283,7 @@ class KubernetesDiscovery:
         sink = self._sink
         registry = registry_of(sink)
         if registry is not None:
-            registry.engine(engine.name, url=engine.url, pair=engine.pair, configured=True)
+            registry.engine(engine.name, url=engine.url, pair=engine.pair, configured=True, pod_uid=engine.uid)
         if self.join is not None:
             self.join.add(engine)
         if engine.terminating:

@@ -64,3 +64,41 @@ def test_malformed_process_lists_are_ignored_not_fatal(tmp_path: Path) -> None:
     hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, processes=[{"pid": "x"}, {"used_memory": 3}, "junk"]))  # type: ignore[list-item]
     assert writer.pending_rows == 1 and hub.view.engine("decode-0").gpus == set()
     assert hub.view.dropped == 0  # the sample itself was filed
+
+
+POD_A = "7f3c2b1a-9d4e-4c5f-8a6b-0e1d2c3b4a59"
+POD_B = "0e1d2c3b-4a59-4c5f-8a6b-7f3c2b1a9d4e"
+
+
+def _in_pod(proc: Path, pid: int, cgroup: str) -> None:
+    (proc / str(pid) / "cgroup").write_text(cgroup)
+
+
+def test_in_kubernetes_an_xid_goes_to_the_engine_of_its_pids_pod(tmp_path: Path) -> None:
+    # Each engine runs in its own pod, where `vllm serve` is pid 1: the recorders' pids say
+    # nothing of the node's pids. The node's pids 5000 (pod A's worker, cgroup v2, systemd) and
+    # 6000 (pod B's worker, cgroup v1, cgroupfs, CRI-O) name their pods through their cgroups.
+    proc = fake_proc(tmp_path, {5000: 4990, 4990: 4980, 6000: 5990, 5990: 5980, 7000: 1})
+    cid = "ab" * 32
+    _in_pod(
+        proc, 5000, f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_A.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    )
+    _in_pod(proc, 6000, f"11:memory:/kubepods/besteffort/pod{POD_B}/crio-{cid}\n1:name=systemd:/kubepods/besteffort/pod{POD_B}/crio-{cid}\n")
+    _in_pod(proc, 7000, "0::/system.slice/containerd.service\n")  # the node's own process
+    hub, committer = with_committer(Settings(), None, proc_root=proc, spool_dir=tmp_path / "spool", settle_s=5.0, window_s=60.0)
+    # pod A as discovery registers it (its UID from the API server); pod B's engine is known from
+    # its recorder alone (its fingerprint says its pod), with a second data-parallel engine
+    hub.intake.engine("vllm-a", url="http://10.0.0.5:8000", configured=True, pod_uid=POD_A)
+    hub.emit(Fingerprint(engine="vllm-a", ts=0.0, facts={"server_pid": 1}))
+    hub.emit(Fingerprint(engine="vllm-b", ts=0.0, facts={"server_pid": 1, "pod_uid": POD_B}))
+    hub.emit(Fingerprint(engine="vllm-b/dp1", ts=0.0, facts={"server_pid": 1, "engine_index": 1, "pod_uid": POD_B}))
+    # NVML's process lists (node pids): which GPUs each pod's engines use
+    hub.emit(GpuSample(gpu="GPU-0", index=0, ts=1.0, bus_id="0000:00:05.0", processes=[{"pid": 5000, "used_memory": 1}]))
+    hub.emit(GpuSample(gpu="GPU-1", index=1, ts=1.0, bus_id="0000:00:06.0", processes=[{"pid": 6000, "used_memory": 1}, {"pid": 7000}]))
+    assert hub.view.engine("vllm-a").gpus == {0} and hub.view.engine("vllm-b").gpus == {1}
+    hub.emit(Event(kind=EventKind.XID, ts=2.0, source="kmsg", message="Xid 79", xid=79, gpu="0000:00:06.0", pid=6000, severity=Severity.CRITICAL))
+    assert sorted(o.engine for o in committer.ledger.recent()) == ["vllm-b", "vllm-b/dp1"]
+    # a pid in no pod is no engine's: the GPU decides (GPU 0 is pod A's)
+    hub.emit(Event(kind=EventKind.XID, ts=9.0, source="kmsg", message="Xid 31", xid=31, gpu="0000:00:05.0", pid=7000, severity=Severity.WARNING))
+    assert sorted(o.engine for o in committer.ledger.recent()) == ["vllm-a", "vllm-b", "vllm-b/dp1"]
+    assert hub.intake.engines.pids.pod_of(5000) == POD_A and hub.intake.engines.pids.pod_of(7000) is None
