@@ -1,0 +1,233 @@
+"""The kubelet's PodResources API, for real: a gRPC server built from the kubelet's published
+api.proto (the checked-in stubs' server half) on a Unix socket, answering List and Get as the
+kubelet does for the NVIDIA device plugin's allocations (UUIDs, MIG, time-sliced replicas,
+indices, DRA), and the source that reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from collector.sources.base import SourceUnsupported  # noqa: E402
+from collector.sources.pod_resources import DeviceHolder, PodResourcesSource, holders_of  # noqa: E402
+from collector.sources.podresources import api_pb2 as pb  # noqa: E402
+from collector.sources.podresources import api_pb2_grpc as pb_grpc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU0 = "GPU-4a1b7c2d-0e3f-5a6b-7c8d-9e0f1a2b3c4d"
+GPU1 = "GPU-5b2c8d3e-1f4a-6b7c-8d9e-0f1a2b3c4d5e"
+MIG = "MIG-6c3d9e4f-2a5b-7c8d-9e0f-1a2b3c4d5e6f"
+
+
+def node_pods() -> list[Any]:
+    """What the kubelet lists on a GPU node: two engines, a MIG tenant, a CPU-only pod with
+    other devices, a time-sliced pair and a DRA claim."""
+    return [
+        pb.PodResources(
+            name="vllm-decode-0",
+            namespace="inference",
+            containers=[
+                pb.ContainerResources(
+                    name="vllm",
+                    devices=[
+                        pb.ContainerDevices(
+                            resource_name="nvidia.com/gpu", device_ids=[GPU0, GPU1], topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)])
+                        )
+                    ],
+                    cpu_ids=[2, 3],
+                ),
+                pb.ContainerResources(name="log-shipper"),
+            ],
+        ),
+        pb.PodResources(
+            name="notebook",
+            namespace="research",
+            containers=[pb.ContainerResources(name="main", devices=[pb.ContainerDevices(resource_name="nvidia.com/mig-1g.10gb", device_ids=[MIG])])],
+        ),
+        pb.PodResources(
+            name="dpdk",
+            namespace="net",
+            containers=[
+                pb.ContainerResources(name="fwd", devices=[pb.ContainerDevices(resource_name="intel.com/sriov", device_ids=["0000:3b:02.1"])])
+            ],
+        ),
+        pb.PodResources(
+            name="shared-a",
+            namespace="batch",
+            containers=[
+                pb.ContainerResources(
+                    name="w",
+                    devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-7d4e0f5a-3b6c-8d9e-0f1a-2b3c4d5e6f70::3"])],
+                )
+            ],
+        ),
+        pb.PodResources(
+            name="dra-engine",
+            namespace="inference",
+            containers=[
+                pb.ContainerResources(
+                    name="vllm",
+                    dynamic_resources=[
+                        pb.DynamicResource(
+                            claim_name="gpu",
+                            claim_namespace="inference",
+                            claim_resources=[
+                                pb.ClaimResource(
+                                    driver_name="gpu.nvidia.com",
+                                    pool_name="node-1",
+                                    device_name="gpu-3",
+                                    cdi_devices=[pb.CDIDevice(name="k8s.gpu.nvidia.com/device=gpu-3")],
+                                )
+                            ],
+                        )
+                    ],
+                )
+            ],
+        ),
+    ]
+
+
+class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.pods = node_pods()
+        self.calls: list[str] = []
+        self.fail: Any = None
+
+    async def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the proto's name
+        self.calls.append("List")
+        if self.fail is not None:
+            await context.abort(self.fail, "kubelet says no")
+        return pb.ListPodResourcesResponse(pod_resources=self.pods)
+
+    async def Get(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.calls.append(f"Get {request.pod_namespace}/{request.pod_name}")
+        for p in self.pods:
+            if (p.namespace, p.name) == (request.pod_namespace, request.pod_name):
+                return pb.GetPodResourcesResponse(pod_resources=p)
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
+
+
+@asynccontextmanager
+async def kubelet(sock: Path) -> AsyncIterator[Kubelet]:
+    server = grpc.aio.server()
+    k = Kubelet()
+    pb_grpc.add_PodResourcesListerServicer_to_server(k, server)
+    assert server.add_insecure_port(f"unix://{sock}") == 1
+    await server.start()
+    try:
+        yield k
+    finally:
+        await server.stop(None)
+
+
+def run(fn: Callable[[], Any]) -> Any:
+    return asyncio.run(fn())
+
+
+def test_holders_of_keeps_gpus_and_says_who_holds_them() -> None:
+    got = holders_of(node_pods())
+    assert got == [
+        DeviceHolder(GPU0, "nvidia.com/gpu", "inference", "vllm-decode-0", "vllm"),
+        DeviceHolder(GPU1, "nvidia.com/gpu", "inference", "vllm-decode-0", "vllm"),
+        DeviceHolder(MIG, "nvidia.com/mig-1g.10gb", "research", "notebook", "main"),
+        DeviceHolder("GPU-7d4e0f5a-3b6c-8d9e-0f1a-2b3c4d5e6f70::3", "nvidia.com/gpu", "batch", "shared-a", "w"),
+        DeviceHolder("gpu-3", "gpu.nvidia.com", "inference", "dra-engine", "vllm"),
+    ]
+    assert got[3].gpu == "GPU-7d4e0f5a-3b6c-8d9e-0f1a-2b3c4d5e6f70"  # the replica's GPU
+
+
+def test_list_over_the_unix_socket_and_get_for_a_pod_not_listed(tmp_path: Path) -> None:
+    sock = tmp_path / "kubelet.sock"
+
+    async def main() -> None:
+        async with kubelet(sock) as k:
+            src = PodResourcesSource(sock, interval=0.05, timeout=2.0)
+            task = asyncio.create_task(src.run(None))  # type: ignore[arg-type]  # it emits nothing
+            for _ in range(200):
+                if src.ready:
+                    break
+                await asyncio.sleep(0.01)
+            assert src.ready and src.status().up
+            by_gpu = src.by_gpu()
+            assert [(h.namespace, h.pod, h.container) for h in by_gpu[GPU1]] == [("inference", "vllm-decode-0", "vllm")]
+            assert "0000:3b:02.1" not in by_gpu  # not a GPU
+            assert [h.device for h in src.of_pod("inference", "vllm-decode-0")] == [GPU0, GPU1]
+            # a new engine pod the last list did not show: Get asks the kubelet for it alone
+            k.pods.append(
+                pb.PodResources(
+                    name="vllm-new",
+                    namespace="inference",
+                    containers=[pb.ContainerResources(name="vllm", devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["3"])])],
+                )
+            )
+            assert src.wants("inference", "vllm-new")
+            got = await src.get("inference", "vllm-new")
+            assert got == [DeviceHolder("3", "nvidia.com/gpu", "inference", "vllm-new", "vllm")]
+            assert not src.wants("inference", "vllm-new") and src.by_gpu()["3"][0].pod == "vllm-new"
+            assert await src.get("inference", "no-such-pod") is None and src.status().up  # NOT_FOUND is no failure
+            assert "Get inference/vllm-new" in k.calls
+            # the kubelet failing: down with the reason, the map last read kept
+            k.fail = grpc.StatusCode.PERMISSION_DENIED
+            lists = src.lists
+            while src.lists < lists + 2:
+                await asyncio.sleep(0.01)
+            st = src.status()
+            assert not st.up and "PERMISSION_DENIED" in st.reason and src.by_gpu()[GPU0]
+            k.fail = None
+            while not src.status().up:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run(main)
+
+
+def test_no_socket_is_down_with_the_reason(tmp_path: Path) -> None:
+    async def main() -> None:
+        src = PodResourcesSource(tmp_path / "absent.sock", interval=0.01)
+        task = asyncio.create_task(src.run(None))  # type: ignore[arg-type]
+        while src.lists < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        st = src.status()
+        assert not st.up and "no socket at" in st.reason and not src.ready
+
+    run(main)
+
+
+def test_without_grpcio_the_source_is_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "grpc", None)  # import grpc raises ImportError
+
+    async def main() -> None:
+        src = PodResourcesSource(tmp_path / "kubelet.sock")
+        with pytest.raises(SourceUnsupported, match="grpcio"):
+            await src.run(None)  # type: ignore[arg-type]
+        assert not src.status().supported
+
+    run(main)
+
+
+def test_the_checked_in_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    rel = "collector/sources/podresources/api.proto"
+    (tmp_path / rel).parent.mkdir(parents=True)
+    shutil.copy(ROOT / rel, tmp_path / rel)
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.", "--grpc_python_out=.", rel],
+        cwd=tmp_path,
+        check=True,
+    )
+    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+        assert filecmp.cmp(tmp_path / "collector/sources/podresources" / name, ROOT / "collector/sources/podresources" / name, shallow=False), name
