@@ -12,7 +12,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -74,6 +74,9 @@ class Intake:
         self.engines = EngineRegistry(proc_root=proc_root)
         self.store = RingStore(config, scrape_seconds=scrape_seconds)
         self.xid = XidMerger(window_s=2.0, clock=clock)
+        # GPU id (UUID, or an index as a string) -> who holds it, as the kubelet's PodResources
+        # API says (discovery hands it in): a GPU fault's event names them
+        self.gpu_holders: dict[str, tuple[dict[str, Any], ...]] = {}
         self.xid_counts: dict[tuple[str, int], int] = {}
         self.events: deque[Event] = deque()  # filed, waiting for the router
         self.dropped = 0  # observations that raised while being filed (counted, logged once each kind)
@@ -99,6 +102,23 @@ class Intake:
         self.store.of(name)
         if up is False:
             self.engines.went_down(name)
+
+    def set_gpu_holders(self, holders: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Who holds each GPU (namespace, pod, container, device), replacing the last map."""
+        self.gpu_holders = {str(gpu): tuple(dict(h) for h in hs) for gpu, hs in holders.items()}
+
+    def holders_of(self, gpu: str | None) -> list[dict[str, Any]]:
+        """Who holds the GPU an event names (its UUID, bus id or index), as last told."""
+        if gpu is None or not self.gpu_holders:
+            return []
+        if gpu in self.gpu_holders:
+            return [dict(h) for h in self.gpu_holders[gpu]]
+        for s in self.store.gpu_last.values():
+            if gpu in (s.gpu, s.bus_id):
+                for key in (s.gpu, str(s.index)):
+                    if key in self.gpu_holders:
+                        return [dict(h) for h in self.gpu_holders[key]]
+        return []
 
     def file(self, item: Observation) -> None:
         try:

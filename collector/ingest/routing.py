@@ -79,6 +79,10 @@ class EventRouter:
             ev.uid = uuid.uuid4().hex  # before it is filed: its id is part of what ingest accepted
         is_new = True
         if ev.kind in GPU_FAULTS:
+            if "gpu_holders" not in ev.data:  # the pods the kubelet gave that GPU, for the page
+                holders = intake.holders_of(ev.gpu)
+                if holders:
+                    ev.data["gpu_holders"] = holders
             ev, is_new = intake.xid.offer(ev)
             if is_new and ev.xid is not None:
                 key = (ev.gpu or "unknown", ev.xid)

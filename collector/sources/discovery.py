@@ -13,6 +13,13 @@ and gets what a configured engine gets:
 - its name in the recorder's join, so its ring files join it by name;
 - its name, URL and pair registered with ingest (when the sink is the hub).
 
+Which GPUs each engine holds comes from the kubelet's PodResources API
+(``collector.sources.pod_resources``: the device plugin's allocation to the pod, UUIDs mapped to
+NVML's indices through the GPU samples), else from dcgm-exporter's GPU -> pod map; both are
+registered with ingest so that a GPU's Xid goes to the engines on it, and the holders of every
+GPU (engines or not) are handed to ingest for the fault's event and the incident page. A pod the
+last list did not show is asked for with ``Get``.
+
 Each runs under its own ``SupervisedSource``; their statuses are this source's (``/healthz``).
 A pod being deleted (``deletionTimestamp``) stops being scraped at once (an engine stopped on
 purpose is no engine death); its log is followed until ``forget_after_s`` after the pod is gone,
@@ -37,6 +44,7 @@ from collector.parsers.kube_pods import PodEngine, PodFormatError, engine_of_pod
 from collector.sources.base import Sink
 from collector.sources.join import EngineJoin
 from collector.sources.kube_api import Gone, KubeApi, KubeApiError
+from collector.sources.pod_resources import PodResourcesSource
 from collector.sources.supervisor import SupervisedSource
 from collector.tasks import Backoff
 
@@ -70,7 +78,9 @@ class _Followed:
     logs: SupervisedSource | None = None
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     gone_at: float | None = None
-    gpu_indices: list[int] | None = None  # from dcgm-exporter's GPU -> pod map, when it gives one
+    gpu_indices: list[int] | None = None  # from PodResources, else dcgm-exporter's GPU -> pod map
+    gpu_devices: list[dict[str, Any]] | None = None  # the kubelet's devices of the pod (PodResources)
+    gpus_from: str | None = None  # "pod_resources" or "dcgm"
 
 
 class KubernetesDiscovery:
@@ -89,6 +99,7 @@ class KubernetesDiscovery:
         log_factory: LogFactory | None = None,
         join: EngineJoin | None = None,
         gpu_pods: GpuPods | None = None,
+        pod_resources: PodResourcesSource | None = None,
         watch_timeout_s: int = 300,
         retry_s: float = 2.0,
         forget_after_s: float = 60.0,
@@ -104,6 +115,8 @@ class KubernetesDiscovery:
         self.log_factory = log_factory
         self.join = join
         self.gpu_pods = gpu_pods
+        self.pod_resources = pod_resources
+        self._holders_told: dict[str, list[dict[str, Any]]] | None = None
         self.watch_timeout_s = watch_timeout_s
         self.forget_after_s = forget_after_s
         self.clock = clock
@@ -144,7 +157,14 @@ class KubernetesDiscovery:
                 "bad_pods": self.bad_pods,
                 "gone": sorted(self.gone),
                 "engines": [
-                    {**f.engine.to_dict(), "followed": f.gone_at is None, "scraped": f.metrics is not None, "gpu_indices": f.gpu_indices}
+                    {
+                        **f.engine.to_dict(),
+                        "followed": f.gone_at is None,
+                        "scraped": f.metrics is not None,
+                        "gpu_indices": f.gpu_indices,
+                        "gpu_devices": f.gpu_devices,
+                        "gpus_from": f.gpus_from,
+                    }
                     for f in self.followed.values()
                 ],
             },
@@ -322,26 +342,75 @@ class KubernetesDiscovery:
             self.join.discard(f.engine.name)
 
     def map_gpus(self) -> None:
-        """Which GPUs each engine uses, from dcgm-exporter's GPU -> pod map (where NVML's process
-        lists are not read): registered with ingest, so that a GPU's Xid goes to its engine."""
-        if self.gpu_pods is None:
-            return
-        by_pod: dict[tuple[str, str], list[int]] = {}
-        for index, pod in self.gpu_pods().items():
-            by_pod.setdefault(pod, []).append(index)
+        """Which GPUs each engine uses: the kubelet's PodResources allocation to its pod, else
+        dcgm-exporter's GPU -> pod map (where NVML's process lists are not read); registered
+        with ingest, so that a GPU's Xid goes to its engine. The holders of every GPU go to
+        ingest too, for the fault's event."""
         registry = registry_of(self._sink)
+        pr = self.pod_resources if self.pod_resources is not None and self.pod_resources.ready else None
+        index_of = _gpu_index_of(registry)
+        by_pod: dict[tuple[str, str], list[int]] = {}
+        if self.gpu_pods is not None:
+            for index, pod in self.gpu_pods().items():
+                by_pod.setdefault(pod, []).append(index)
         for f in self.followed.values():
-            indices = sorted(by_pod.get((f.engine.namespace, f.engine.pod), []))
-            if f.gone_at is None and indices and indices != f.gpu_indices:
+            if f.gone_at is not None:
+                continue
+            key = (f.engine.namespace, f.engine.pod)
+            devices = pr.of_pod(*key) if pr is not None else []
+            if devices:
+                found = [(h, index_of(h.gpu)) for h in devices]
+                indices = sorted({i for _, i in found if i is not None})
+                f.gpu_devices = [{**h.to_dict(), "index": i} for h, i in found]
+                f.gpus_from = "pod_resources"
+            else:
+                indices = sorted(by_pod.get(key, []))
+                f.gpus_from = "dcgm" if indices else f.gpus_from
+            if indices and indices != f.gpu_indices:
                 f.gpu_indices = indices
                 if registry is not None:
                     registry.engine(f.engine.name, gpus=indices)
+        if pr is not None:
+            holders = {gpu: [h.to_dict() for h in hs] for gpu, hs in pr.by_gpu().items()}
+            setter = getattr(registry, "set_gpu_holders", None)
+            if holders != self._holders_told and callable(setter):
+                setter(holders)
+                self._holders_told = holders
+
+    async def _ask_new_pods(self) -> None:
+        """Engines the last PodResources list did not show (a pod just started): ``Get`` each once."""
+        pr = self.pod_resources
+        if pr is None or not pr.ready:
+            return
+        for f in list(self.followed.values()):
+            if f.gone_at is None and pr.wants(f.engine.namespace, f.engine.pod):
+                await pr.get(f.engine.namespace, f.engine.pod)
 
     async def _reap(self, every: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every)
+            try:
+                await self._ask_new_pods()
+            except Exception:  # noqa: BLE001 - the map from the last list stays
+                log.exception("discovery: asking the kubelet for a new pod's devices failed")
             self.map_gpus()
             now = self.clock()
             for uid, f in list(self.followed.items()):
                 if f.gone_at is not None and now - f.gone_at >= self.forget_after_s:
                     self._stop(uid)
+
+
+def _gpu_index_of(registry: Any) -> Callable[[str], int | None]:
+    """A GPU id as the kubelet gives it -> NVML's index: an index as is
+    (``deviceIDStrategy: index``), a UUID through the GPU samples ingest holds; None when no
+    sample names it yet (a MIG device, or before the first GPU poll)."""
+    store = getattr(registry, "store", None)
+    lookup = getattr(store, "gpu_index", None)
+
+    def index_of(gpu: str) -> int | None:
+        if gpu.isdigit():
+            return int(gpu)
+        found = lookup(gpu) if callable(lookup) else None
+        return found if isinstance(found, int) else None
+
+    return index_of

@@ -29,6 +29,13 @@ class DiscoverySettings(BaseModel):
     follow_logs: bool = Field(default=True, description="follow each engine container's log under log_root")
     watch_timeout_s: int = Field(default=300, ge=10, le=3600, description="a watch is renewed this often (from its last resourceVersion)")
     retry_s: float = Field(default=2.0, gt=0, description="first wait after the API server fails; doubles to 60 s")
+    pod_resources: bool = Field(
+        default=True, description="read which pod holds each GPU from the kubelet's PodResources API (needs grpcio: the kubernetes extra)"
+    )
+    pod_resources_socket: Path = Field(
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), description="the kubelet's PodResources socket (the node's, mounted read-only)"
+    )
+    pod_resources_interval_s: float = Field(default=5.0, gt=0, description="how often the PodResources map is listed again")
     forget_after_s: float = Field(default=60.0, ge=0, description="a deleted pod's engine is followed this long after (its last log lines)")
 
     @model_validator(mode="after")

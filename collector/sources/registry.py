@@ -220,15 +220,25 @@ def _recorder(settings: SourcesConfig) -> list[Source]:
     if settings.recorder != "off":
         out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait))
     if settings.discovery.mode == "kubernetes":
-        # with dcgm-exporter, its GPU -> pod map says which GPUs each discovered engine uses
+        # which GPUs each discovered engine holds: the kubelet's PodResources API, else
+        # dcgm-exporter's GPU -> pod map
         dcgm = _dcgm_source(settings)
-        out.append(_discovery(settings, join, dcgm))
-        if dcgm is not None:
-            out.append(dcgm)
+        pods = _pod_resources(settings)
+        out.append(_discovery(settings, join, dcgm, pods))
+        out += [src for src in (pods, dcgm) if src is not None]
     return out
 
 
-def _discovery(settings: SourcesConfig, join: Any, dcgm: Any = None) -> Any:
+def _pod_resources(settings: SourcesConfig) -> Any:
+    from collector.sources.pod_resources import PodResourcesSource
+
+    d = settings.discovery
+    if not d.pod_resources:
+        return None
+    return PodResourcesSource(d.pod_resources_socket, interval=d.pod_resources_interval_s)
+
+
+def _discovery(settings: SourcesConfig, join: Any, dcgm: Any = None, pod_resources: Any = None) -> Any:
     from collector.parsers.kube_pods import PodEngine
     from collector.sources.discovery import KubernetesDiscovery
     from collector.sources.engine_log import EngineLogSource
@@ -271,6 +281,7 @@ def _discovery(settings: SourcesConfig, join: Any, dcgm: Any = None) -> Any:
         log_factory=logs,
         join=join,
         gpu_pods=(lambda: dcgm.gpu_pods) if dcgm is not None else None,
+        pod_resources=pod_resources,
         watch_timeout_s=d.watch_timeout_s,
         retry_s=d.retry_s,
         forget_after_s=d.forget_after_s,

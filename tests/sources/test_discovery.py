@@ -214,9 +214,13 @@ def test_settings_and_the_sources_table() -> None:
         load_settings(discovery={"mode": "kubernetes"})
     settings = load_settings(discovery={"mode": "kubernetes", "node_name": "gpu-node-a"}, recorder_dir="/tmp/flightrec-test-rings")
     built = BUILDERS["recorder"](settings)
-    rec, disc = built
+    rec, disc, pods = built
     assert isinstance(rec, RecorderSource) and isinstance(disc, KubernetesDiscovery)
     assert disc.join is rec.join  # a discovered engine's rings join it by name
+    # the kubelet's PodResources socket says which GPUs each engine holds
+    assert disc.pod_resources is pods and str(pods.socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    off = load_settings(discovery={"mode": "kubernetes", "node_name": "n", "pod_resources": False})
+    assert [type(s).__name__ for s in BUILDERS["recorder"](off)] == ["RecorderSource", "KubernetesDiscovery"]
     assert disc.node == "gpu-node-a" and disc.label_selector == "flightrec.io/engine"
     assert disc.api.base_url == "https://kubernetes.default.svc"
     assert disc.api.read_timeout == settings.discovery.watch_timeout_s + 30  # a dead connection is noticed
@@ -264,7 +268,7 @@ def test_dcgm_exporters_gpu_to_pod_map_says_which_gpus_an_engine_uses() -> None:
     assert d.status()[0].details["engines"][0]["gpu_indices"] == [2, 3]
     # the settings wire the one dcgm-exporter source to discovery
     settings = load_settings(discovery={"mode": "kubernetes", "node_name": "n"}, gpu_metrics="dcgm", recorder="off")
-    disc, dcgm = BUILDERS["recorder"](settings)
-    assert BUILDERS["dcgm"](settings) == []
+    disc, pods, dcgm = BUILDERS["recorder"](settings)
+    assert disc.pod_resources is pods and BUILDERS["dcgm"](settings) == []
     dcgm.gpu_pods = {0: ("ns", "p")}
     assert disc.gpu_pods() == {0: ("ns", "p")}

@@ -231,3 +231,71 @@ def test_the_checked_in_stubs_are_what_the_proto_generates(tmp_path: Path) -> No
     )
     for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
         assert filecmp.cmp(tmp_path / "collector/sources/podresources" / name, ROOT / "collector/sources/podresources" / name, shallow=False), name
+
+
+def test_discovery_routes_a_gpus_xid_to_the_pod_holding_it_and_names_the_holders(tmp_path: Path) -> None:
+    """Three engine pods on a node: the kubelet gives vllm-decode-0 GPUs 0 and 1 (by UUID); dcgm's
+    map (the fallback) is all that speaks for vllm-prefill-0; nothing says which GPU the third
+    uses. An Xid naming GPU 0 by its bus id goes to vllm-decode-0 alone (without PodResources it
+    would go to every engine whose GPUs are not known), and its event names the pod and container
+    holding that GPU."""
+    import json
+
+    from collector.ingest.hub import hub_for
+    from collector.model import Event, EventKind, GpuSample, Severity
+    from collector.parsers.kube_pods import engine_of_pod
+    from collector.settings import load_settings
+    from collector.sources.discovery import KubernetesDiscovery, _Followed
+    from collector.sources.kube_api import KubeApi
+
+    pods = json.loads((ROOT / "tests" / "fixtures" / "kubernetes" / "podlist-gpu-node-a.json").read_text())["items"]
+    sock = tmp_path / "kubelet.sock"
+
+    async def main() -> None:
+        async with kubelet(sock) as k:
+            hub = hub_for(load_settings())
+            filed: list[Event] = []
+            hub.router.consumers = (*hub.router.consumers, lambda ev, new: filed.append(ev))
+            k.pods[0].name = "vllm-decode-0"
+            src = PodResourcesSource(sock, interval=60.0)
+            task = asyncio.create_task(src.run(hub))
+            while not src.ready:
+                await asyncio.sleep(0.01)
+            d = KubernetesDiscovery(
+                KubeApi("http://127.0.0.1:9"),
+                node="gpu-node-a",
+                label_selector="",
+                metrics_factory=lambda e: None,
+                gpu_pods=lambda: {2: ("inference", "vllm-prefill-0"), 1: ("inference", "vllm-prefill-0")},
+                pod_resources=src,
+            )
+            d._sink = hub
+            for obj in pods[:3]:
+                engine = engine_of_pod(obj)
+                d.followed[engine.uid] = _Followed(engine)
+                hub.intake.engine(engine.name, url=engine.url, configured=True, pod_uid=engine.uid)
+            for i, uuid in enumerate((GPU0, GPU1, "GPU-other")):
+                hub.emit(GpuSample(gpu=uuid, index=i, ts=1.0, bus_id=f"0000:0{i}:00.0"))
+            d.map_gpus()
+            assert hub.view.engine("vllm-decode-0").gpus == {0, 1}  # type: ignore[union-attr]
+            assert hub.view.engine("vllm-prefill-0").gpus == {1, 2}  # type: ignore[union-attr]  # dcgm's (stale) map
+            engines = {e["pod"]: e for e in d.status()[0].details["engines"]}
+            assert engines["vllm-decode-0"]["gpus_from"] == "pod_resources" and engines["vllm-prefill-0"]["gpus_from"] == "dcgm"
+            assert [x["index"] for x in engines["vllm-decode-0"]["gpu_devices"]] == [0, 1]
+            hub.emit(Event(kind=EventKind.XID, ts=2.0, source="kmsg", message="Xid 79", xid=79, gpu="0000:00:00.0", severity=Severity.CRITICAL))
+            ev = filed[-1]
+            assert ev.data["gpu_holders"] == [
+                {"device": GPU0, "resource": "nvidia.com/gpu", "namespace": "inference", "pod": "vllm-decode-0", "container": "vllm"}
+            ]
+            assert [e.uid for e in hub.intake.store.of("vllm-decode-0").events] == [ev.uid]
+            assert not hub.intake.store.of("vllm-prefill-0").events and not hub.intake.store.of("qwen-small-7c9f8d-xk2lp").events
+            # a new engine pod the list did not show is asked for once with Get
+            k.pods.append(pb.PodResources(name="vllm-decode-1", namespace="inference"))
+            d.followed["u3"] = _Followed(engine_of_pod({**pods[3], "status": {"podIP": "10.0.0.9"}}))
+            await d._ask_new_pods()
+            await d._ask_new_pods()
+            assert k.calls.count("Get inference/vllm-decode-1") == 1
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run(main)
