@@ -90,9 +90,16 @@ def incident_view(repo: Any, incident_id: int, *, page_url: Callable[[int], str]
                 seen["sources"] = list(e.get("sources") or [e.get("source")])
                 seen["host"] = key[0]
                 seen["snapshots"] = []
-                cat = (e.get("data") or {}).get("catalog")
+                data = e.get("data") or {}
+                cat = data.get("catalog")
                 if cat:
                     seen["xid_name"] = cat.get("name")
+                # who the kubelet gave the faulty GPU to (PodResources): namespace, pod, container
+                seen["gpu_holders"] = [
+                    {k: str(h.get(k) or "") for k in ("namespace", "pod", "container", "device")}
+                    for h in data.get("gpu_holders") or []
+                    if isinstance(h, dict)
+                ]
             if row["id"] not in seen["snapshots"]:
                 seen["snapshots"].append(row["id"])
     events = sorted(timeline.values(), key=lambda e: e.get("ts") or 0.0)

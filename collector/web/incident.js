@@ -49,7 +49,8 @@
       el('td', { class: 'l' + (logOnly ? ' approx' : '') }, rel(e.ts) + (logOnly ? ' ±1 s' : '')), el('td', { class: 'l' }, e.host || ''),
       el('td', { class: 'l' }, e.engine || '(host)'), el('td', { class: 'l' }, el('span', { class: 'kind kind-' + e.kind }, e.kind)),
       el('td', { class: 'l' }, (e.sources || []).join(', ')), el('td', { class: 'l' }, e.process || ''),
-      el('td', { class: 'l' }, (e.xid !== null && e.xid !== undefined ? 'Xid ' + e.xid + (e.xid_name ? ' (' + e.xid_name + ') ' : ' ') : '') + (e.message || '').slice(0, 240)),
+      el('td', { class: 'l' }, (e.xid !== null && e.xid !== undefined ? 'Xid ' + e.xid + (e.xid_name ? ' (' + e.xid_name + ') ' : ' ') : '') + (e.message || '').slice(0, 240),
+        (e.gpu_holders || []).length ? el('div', { class: 'muted gpu-holders' }, 'GPU held by ' + e.gpu_holders.map((h) => h.namespace + '/' + h.pod + (h.container ? ' (' + h.container + ')' : '')).join(', ')) : null),
       el('td', { class: 'l' }, snapLinks(e.snapshots || []))));
   }
 

@@ -27,6 +27,11 @@ def test_the_view_joins_every_snapshot_of_the_incident(tmp_path: Path) -> None:
     # one timeline: a host's Xid, held by the four snapshots of that host, appears once with all four
     xids = [e for e in view["timeline"] if e["kind"] == "xid"]
     assert len(xids) == 2 and sorted(len(e["snapshots"]) for e in xids) == [4, 4]
+    # the pod and container the kubelet gave the faulty GPU to
+    assert xids[0]["gpu_holders"] == [
+        {"namespace": "inference", "pod": "decode-0", "container": "vllm", "device": "GPU-4a1b7c2d-0e3f-5a6b-7c8d-9e0f1a2b3c4d"}
+    ]
+    assert all(e["gpu_holders"] == [] for e in view["timeline"] if e["kind"] != "xid")
     assert [e["ts"] for e in view["timeline"]] == sorted(e["ts"] for e in view["timeline"])
     assert {e["engine"] for e in view["timeline"] if e["kind"] == "cuda_error"} == {"decode-0", "prefill-0", "engine-2", "engine-3"}
     names = {a["alertname"] for a in view["alerts"]}

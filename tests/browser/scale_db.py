@@ -89,7 +89,19 @@ def engine_doc(host: str, name: str, *, steps: int, seed: int, pair: str | None,
                 "xid": 79,
                 "gpu": "0000:18:00.0",
                 "uid": f"xid-{host}",
-                "data": {"catalog": lookup(79).to_dict()},
+                "data": {
+                    "catalog": lookup(79).to_dict(),
+                    # who the kubelet gave that GPU (the PodResources API), as routing names them
+                    "gpu_holders": [
+                        {
+                            "device": "GPU-4a1b7c2d-0e3f-5a6b-7c8d-9e0f1a2b3c4d",
+                            "resource": "nvidia.com/gpu",
+                            "namespace": "inference",
+                            "pod": "decode-0",
+                            "container": "vllm",
+                        }
+                    ],
+                },
             },
             {
                 "kind": "cuda_error",

@@ -123,6 +123,8 @@ def test_the_incident_page_puts_every_engine_on_one_timeline(scale_url: str, bro
         assert lanes == 10  # eight engines and each host's own witnesses
         kinds = page.evaluate("[...document.querySelectorAll('#timeline tbody tr')].map(r => r.dataset.kind)")
         assert kinds.count("xid") == 2 and kinds.count("cuda_error") == 8 and kinds.count("anomaly") == 8
+        holders = page.evaluate("[...document.querySelectorAll('#timeline .gpu-holders')].map(d => d.textContent)")
+        assert holders == ["GPU held by inference/decode-0 (vllm)"] * 2
         alerts = page.evaluate("[...document.querySelectorAll('#alerts tbody tr')].map(r => r.cells[1].textContent)")
         assert "GpuXidError" in alerts and "VllmEngineCrashed" in alerts
         assert page.evaluate("document.querySelectorAll('#snapshots tbody a').length") == 8
