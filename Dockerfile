@@ -14,8 +14,9 @@ COPY pyproject.toml README.md ./
 COPY collector ./collector
 # installed as data: `flightrec rules` renders it with the deployment's runbook links
 COPY rules/flightrec-alerts.yml ./rules/flightrec-alerts.yml
-# The migrations are part of the package (collector/storage/migrations).
-RUN pip install . && rm -rf /src
+# The migrations are part of the package (collector/storage/migrations). The kubernetes extra
+# (grpcio, protobuf) reads the kubelet's PodResources API in the DaemonSet.
+RUN pip install '.[kubernetes]' && rm -rf /src
 
 # Non-root by default (uid 10001). On a GPU node the kernel log and the engines' rings need more:
 # the compose file's GPU-node settings, or the Kubernetes DaemonSet (root, CAP_SYSLOG only).

@@ -187,6 +187,10 @@ def test_the_node_form_finds_engines_and_sees_gpus_logs_and_the_kernel(tmp_path:
     # the engines' logs where the kubelet keeps them, read-only
     [logs] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/var/log/pods"]
     assert {"name": logs["name"], "mountPath": str(settings.discovery.log_root), "readOnly": True} in side["volumeMounts"]
+    # the kubelet's PodResources socket (which pod holds each GPU), read-only, where the settings look
+    [pr] = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/var/lib/kubelet/pod-resources"]
+    assert {"name": pr["name"], "mountPath": str(settings.discovery.pod_resources_socket.parent), "readOnly": True} in side["volumeMounts"]
+    assert settings.discovery.pod_resources and settings.discovery.pod_resources_socket.name == "kubelet.sock"
     # the kernel log through syslog(2): no /dev/kmsg device, CAP_SYSLOG; a wedged engine's stacks:
     # the node's pids and CAP_SYS_PTRACE; no other capability
     assert settings.kmsg == "syslog"
@@ -224,6 +228,7 @@ def test_the_engines_the_daemonset_finds(tmp_path: Path) -> None:
     vllm = container(tmpl["spec"], node.discovery.container)
     assert vllm["command"] == ["vllm", "serve"]  # PID 1, no shell, output to stdout
     assert env(vllm)["FLIGHTREC_ENGINE_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env(vllm)["FLIGHTREC_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}  # rings join their pod by UID
     assert env(vllm)["FLIGHTREC_RECORDER_DIR"] == str(node.recorder_dir)
     [rec] = [v for v in tmpl["spec"]["volumes"] if v.get("hostPath", {}).get("path") == str(node.recorder_dir)]
     assert {"name": rec["name"], "mountPath": str(node.recorder_dir)} in vllm["volumeMounts"]

@@ -37,13 +37,14 @@ EXPECTED = {
         "hostPath /run/flightrec",  # the engines' recorder rings
         "hostPath /var/lib/flightrec",  # the spool that survives a restart
         "hostPath /dev/null",  # the NVIDIA toolkit's "all GPUs" volume mount
+        "hostPath /var/lib/kubelet/pod-resources",  # the kubelet's PodResources socket: which pod holds each GPU
         "capability SYSLOG",  # the kernel log through syslog(2)
         "capability SYS_PTRACE",  # a wedged engine's stacks (py-spy reads its memory)
     },
     "Deployment/vllm-decode@inference": {"hostPath /run/flightrec"},
     "Deployment/vllm-decode@default": set(),
 }
-HOST_PATHS_READ_ONLY = {"/var/log/pods", "/dev/null"}
+HOST_PATHS_READ_ONLY = {"/var/log/pods", "/dev/null", "/var/lib/kubelet/pod-resources"}
 
 
 def workloads() -> list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]]:
