@@ -119,6 +119,8 @@ class PodResourcesSource:
         self.last_ok: float | None = None
         self.lists = 0
         self.gets = 0
+        self.get_errors = 0
+        self.last_get_error = ""
         self.errors = 0
         self.holders: list[DeviceHolder] = []  # the last list's, plus pods asked for since
         self._stub: Any = None
@@ -154,6 +156,8 @@ class PodResourcesSource:
                 "socket": str(self.socket),
                 "lists": self.lists,
                 "gets": self.gets,
+                "get_errors": self.get_errors,
+                "last_get_error": self.last_get_error or None,
                 "errors_total": self.errors,
                 "last_error": self.last_error or None,
                 "devices": [h.to_dict() for h in self.holders],
@@ -180,7 +184,6 @@ class PodResourcesSource:
             self._failed(f"List: {exc.code().name}: {exc.details()}")
             return False
         self.holders = holders_of(resp.pod_resources, self.prefixes)
-        self._asked.clear()
         self._ok()
         return True
 
@@ -190,12 +193,16 @@ class PodResourcesSource:
         if self._stub is None:
             return None
         self.gets += 1
-        self._asked.add((namespace, pod))
+        if len(self._asked) > 10_000:
+            self._asked.clear()
+        self._asked.add((namespace, pod))  # once per pod: one without GPUs is never in the map
         try:
             resp = await self._stub.Get(self._msgs.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace), timeout=self.timeout)
         except self._grpc.aio.AioRpcError as exc:
-            if exc.code() != self._grpc.StatusCode.NOT_FOUND:
-                self._failed(f"Get {namespace}/{pod}: {exc.code().name}: {exc.details()}")
+            # not a failure of the source: a kubelet without the Get feature gate, or a pod it
+            # does not know yet, is answered by the next List
+            self.get_errors += 1
+            self.last_get_error = f"Get {namespace}/{pod}: {exc.code().name}: {exc.details()}"
             return None
         got = holders_of([resp.pod_resources], self.prefixes)
         self.holders = [h for h in self.holders if (h.namespace, h.pod) != (namespace, pod)] + got

@@ -175,7 +175,9 @@ def test_list_over_the_unix_socket_and_get_for_a_pod_not_listed(tmp_path: Path) 
             got = await src.get("inference", "vllm-new")
             assert got == [DeviceHolder("3", "nvidia.com/gpu", "inference", "vllm-new", "vllm")]
             assert not src.wants("inference", "vllm-new") and src.by_gpu()["3"][0].pod == "vllm-new"
-            assert await src.get("inference", "no-such-pod") is None and src.status().up  # NOT_FOUND is no failure
+            # an error to Get (no such pod, or a kubelet without the Get feature gate) is counted, no failure
+            assert await src.get("inference", "no-such-pod") is None and src.status().up
+            assert src.status().details["get_errors"] == 1 and "NOT_FOUND" in src.status().details["last_get_error"]
             assert "Get inference/vllm-new" in k.calls
             # the kubelet failing: down with the reason, the map last read kept
             k.fail = grpc.StatusCode.PERMISSION_DENIED
@@ -299,3 +301,48 @@ def test_discovery_routes_a_gpus_xid_to_the_pod_holding_it_and_names_the_holders
             await asyncio.gather(task, return_exceptions=True)
 
     run(main)
+
+
+CLIENT = """
+import asyncio, sys
+from pathlib import Path
+from collector.sources.pod_resources import PodResourcesSource
+
+async def main():
+    src = PodResourcesSource(Path(sys.argv[1]))
+    src._connect()
+    ok = await src.list_once()
+    print(ok, src.status().reason, sorted(src.by_gpu()))
+    try:
+        (Path(sys.argv[1]).parent / "probe").write_text("x")
+        print("writable")
+    except OSError as exc:
+        print("errno", exc.errno)
+
+asyncio.run(main())
+"""
+
+
+def test_the_socket_answers_through_a_read_only_mount(tmp_path: Path) -> None:
+    """As the DaemonSet mounts it: the node's pod-resources folder bound read-only (a mount
+    namespace of the test's own, through unshare); connecting to the socket writes nothing."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no unshare -rm here (user and mount namespaces)")
+    node, mounted = tmp_path / "node-pod-resources", tmp_path / "var-lib-kubelet-pod-resources"
+    node.mkdir()
+    mounted.mkdir()
+
+    async def main() -> str:
+        async with kubelet(node / "kubelet.sock"):
+            script = f'mount --bind -o ro "{node}" "{mounted}" && exec "{sys.executable}" -c "$0" "{mounted}/kubelet.sock"'
+            proc = await asyncio.create_subprocess_exec(
+                "unshare", "-rm", "sh", "-c", script, CLIENT, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            return out.decode()
+
+    out = run(main)
+    first, second = out.splitlines()
+    assert first.startswith("True") and GPU0 in first and MIG in first
+    assert second == "errno 30"  # EROFS: the mount is read-only, and List answered through it
