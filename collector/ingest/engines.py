@@ -132,12 +132,15 @@ class EngineRegistry:
     def pod_engines(self, pid: object) -> tuple[str, ...]:
         """The engines of the pod ``pid`` runs in: discovered in that pod, or whose recorder says
         it runs there (``pod_uid`` in its fingerprint, with the ``/dp<i>`` engines of a pod)."""
-        if not isinstance(pid, int) or pid <= 1 or not self._engines:
+        if not isinstance(pid, int) or pid <= 1:
+            return ()
+        pods = {n: u for n, st in self._engines.items() if (u := st.pod_uid or st.fingerprint.get("pod_uid"))}
+        if not pods:  # no engine in a pod (a bare process, compose): no cgroup to read
             return ()
         uid = self.pids.pod_of(pid)
         if uid is None:
             return ()
-        return tuple(n for n, st in self._engines.items() if uid in (st.pod_uid, st.fingerprint.get("pod_uid")))
+        return tuple(n for n, u in pods.items() if u == uid)
 
     def engine_pids(self) -> dict[int, str]:
         """Known engine processes: the recorder's fingerprint carries the API server's pid."""
