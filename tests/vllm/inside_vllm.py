@@ -14,6 +14,7 @@ MARKER = "FLIGHTREC-RESULT "
 work = Path(tempfile.mkdtemp(prefix="flightrec-inside-"))
 os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
 os.environ["FLIGHTREC_ENGINE_NAME"] = "inside"
+os.environ["FLIGHTREC_POD_UID"] = "7f3c2b1a-9d4e-4c5f-8a6b-0e1d2c3b4a59"  # the downward API's metadata.uid
 os.environ["NCCL_NET_PLUGIN"] = "libnccl-net-test.so"
 os.environ["VLLM_API_KEY"] = "s3cret"
 

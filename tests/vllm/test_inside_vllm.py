@@ -38,6 +38,7 @@ def test_fingerprint_from_a_real_vllm_config(report: dict[str, Any]) -> None:
     assert fp["host_pool_gib"] is None and "import_prefix_via_host" not in fp  # no HiSparse here
     assert fp["block_size"] == 64 and fp["tensor_parallel_size"] == 1 and fp["max_model_len"] == 2048
     assert fp["cuda_graph_mode"] == "NONE" and isinstance(fp["compilation_mode"], str)
+    assert fp["pod_uid"] == "7f3c2b1a-9d4e-4c5f-8a6b-0e1d2c3b4a59"  # the rings join their pod's engine by it
     assert fp["env"]["NCCL_NET_PLUGIN"] == "libnccl-net-test.so" and fp["env"]["VLLM_API_KEY"] == "***"
 
 
