@@ -196,6 +196,8 @@ class RecorderSource:
             "gap_bytes": self.gap_bytes,
             "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
             "unconfigured": sorted({t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}),
+            # how each engine's rings joined it: name, pod (its UID), port, listener, none
+            "joined_by": {t.engine: t.joined.how for t in self._tails.values() if t.engine and t.joined is not None},
         }
 
     def joined_engines(self) -> set[str]:

@@ -227,6 +227,7 @@ def test_a_ring_named_by_its_pid_joins_the_engine_listening_on_its_port(tmp_path
     assert hub.view.engine("vllm-4242") is None
     assert src.joined_engines() == {"decode-0"}
     assert src.figures()["engines"] == ["decode-0"] and src.figures()["unconfigured"] == []
+    assert src.figures()["joined_by"] == {"decode-0": "listener"}
 
 
 def test_an_unmatched_ring_waits_then_is_kept_under_its_own_name_unconfigured(tmp_path: Path) -> None:
