@@ -170,7 +170,13 @@ class PodResourcesSource:
         self._grpc, self._msgs = grpc, msgs
         channel = grpc.aio.insecure_channel(
             f"unix://{self.socket}",
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.enable_retries", 0)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+                ("grpc.enable_retries", 0),
+                # a restarted kubelet (an upgrade) is reached again within seconds, not gRPC's 2 min
+                ("grpc.initial_reconnect_backoff_ms", 500),
+                ("grpc.max_reconnect_backoff_ms", 5000),
+            ],
         )
         self._stub = stubs.PodResourcesListerStub(channel)
         return channel

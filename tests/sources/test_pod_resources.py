@@ -346,3 +346,30 @@ def test_the_socket_answers_through_a_read_only_mount(tmp_path: Path) -> None:
     first, second = out.splitlines()
     assert first.startswith("True") and GPU0 in first and MIG in first
     assert second == "errno 30"  # EROFS: the mount is read-only, and List answered through it
+
+
+def test_a_restarted_kubelet_is_read_again_within_seconds(tmp_path: Path) -> None:
+    sock = tmp_path / "kubelet.sock"
+
+    async def main() -> None:
+        src = PodResourcesSource(sock, interval=0.1, timeout=1.0)
+        async with kubelet(sock):
+            task = asyncio.create_task(src.run(None))  # type: ignore[arg-type]
+            while not src.ready:
+                await asyncio.sleep(0.01)
+        # the kubelet is gone (its socket with it), then back on a new socket at the same path
+        while src.status().up:
+            await asyncio.sleep(0.01)
+        assert GPU0 in src.by_gpu()  # the map last read is kept meanwhile
+        sock.unlink(missing_ok=True)
+        async with kubelet(sock) as k:
+            k.pods = k.pods[1:2]  # the node changed meanwhile
+            t0 = asyncio.get_running_loop().time()
+            while not (src.status().up and GPU0 not in src.by_gpu()):
+                assert asyncio.get_running_loop().time() - t0 < 8.0, src.status()
+                await asyncio.sleep(0.05)
+            assert list(src.by_gpu()) == [MIG]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run(main)
