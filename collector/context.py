@@ -15,6 +15,7 @@ from typing import Any
 from collector import __version__
 from collector.alerting.router import Alerter
 from collector.detectors.task import DetectorTask
+from collector.detectors.wedge_watch import WedgeWatch
 from collector.fleet.forwarder import FleetRows
 from collector.ingest.hub import Hub
 from collector.ingest.view import EngineInfo, IngestView
@@ -77,6 +78,7 @@ class AppContext:
     tasks: TaskSet = field(default_factory=TaskSet)  # the stages' supervised tasks
     unsupported: list[SourceStatus] = field(default_factory=list)
     alerter: Alerter | None = None
+    wedges: WedgeWatch | None = None  # the wedge watch (seconds since each engine's last step)
     port: Callable[[], int] | None = None  # the port served on (a bind to port 0 learns it late)
     lateness: Lateness = field(default_factory=Lateness)
     fleet: FleetRows | None = None  # the split placement's forwarder to the shared store (docs/fleet.md)
@@ -228,6 +230,7 @@ class AppContext:
             name = e.name
             last = view.last_step(name)
             scrape = view.last_scrape(name)
+            state = view.engine_state(name)
             out.append(
                 {
                     "name": name,
@@ -235,6 +238,10 @@ class AppContext:
                     "url": e.url,
                     "pair": e.pair,
                     "up": e.up,
+                    # the verdict (collector/ingest/state.py): ok, idle, sleeping, starting, wedged, down, gpu_fault
+                    "state": state.state if state is not None else None,
+                    "state_since": state.since if state is not None else None,
+                    "state_reason": state.reason if state is not None else None,
                     "configured": e.configured,
                     "last_seen": e.last_seen,
                     "steps_in_ring": view.steps_held(name),
@@ -252,6 +259,14 @@ class AppContext:
                 }
             )
         return out
+
+    def engine_health(self, name: str) -> dict[str, Any] | None:
+        """The health verdict of one engine ({engine, state, since, reason, healthy}), or None
+        for an engine the sidecar does not know."""
+        state = self.view.engine_state(name)
+        if state is None:
+            return None
+        return {"engine": name, "state": state.state, "since": state.since, "reason": state.reason, "healthy": state.healthy}
 
     def detector_states(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(s) for s in self.detectors.states()]

@@ -22,6 +22,7 @@ from collector.alerting.router import Alerter
 from collector.context import AppContext, Lateness
 from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
+from collector.detectors.wedge_watch import WedgeWatch
 from collector.fleet.forwarder import FleetRows
 from collector.fleet.placement import placement
 from collector.fleet.stores import Stores, open_stores, prune, row_sink
@@ -166,6 +167,8 @@ class Service:
         detectors = DetectorTask(
             view, hub.emit, settings.detectors, behind=lateness.behind, consumers=[alerter.on_transition] if alerter is not None else []
         )
+        # a wedge: requests held, no step for far longer than the engine's pace (an event back into ingest)
+        wedges = WedgeWatch(view, hub.emit, settings.detectors.wedge, scrape_interval_s=settings.scrape_interval, behind=lateness.behind)
         ctx = self.ctx = AppContext(
             settings=settings,
             hub=hub,
@@ -178,6 +181,7 @@ class Service:
             supervised=[SupervisedSource(s) for s in sources],
             unsupported=unsupported,
             alerter=alerter,
+            wedges=wedges,
             port=lambda: self.port,
             lateness=lateness,
             fleet=rows if isinstance(rows, FleetRows) else None,
@@ -201,6 +205,7 @@ class Service:
         tasks.append(start("writer", writer.run))
         tasks.append(start("snapshots", committer.run))
         tasks.append(start("detectors", detectors.run))
+        tasks.append(start("wedges", wedges.run))
         tasks.append(start("retention", lambda: self._retention(stores)))
         if isinstance(rows, FleetRows):
             tasks.append(start("fleet", rows.run))

@@ -187,6 +187,23 @@ def alert_for_event(
             starts_at=event.ts,
             generator_url=generator,
         )
+    if event.kind is EventKind.ENGINE_WEDGED:
+        # Resolved by the caller when the engine steps again (engine_resumed) or goes down, not by a hold.
+        name = "VllmEngineWedged"
+        return Alert(
+            name=name,
+            severity=Severity.CRITICAL,
+            labels=base_labels,
+            annotations=_annotations(
+                f"vLLM {where} is wedged: requests held, no step (its /health may still answer 200)",
+                event.message[:2000] + (f"\nAction: {event.data['suggested_action']}" if event.data.get("suggested_action") else ""),
+                runbook_base,
+                name,
+                **snapshot_note,
+            ),
+            starts_at=event.ts,
+            generator_url=generator,
+        )
     if event.kind is EventKind.NCCL_ERROR:
         name = "VllmNcclError"
         return Alert(

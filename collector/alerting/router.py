@@ -87,6 +87,7 @@ class Alerter:
         self.gpus = gpus or (lambda: ())
         self._held: dict[str, list[tuple[float, Event]]] = {}  # engine -> triggers waiting for a commit
         self._down: dict[str, Alert] = {}
+        self._wedged: dict[str, Alert] = {}  # engine -> its VllmEngineWedged, resolved when it steps again
 
     @property
     def public_url(self) -> str:
@@ -112,6 +113,8 @@ class Alerter:
         self.client.fire(alert)
         if ev.kind is EventKind.ENGINE_DOWN and ev.engine:
             self._down[ev.engine] = alert
+        if ev.kind is EventKind.ENGINE_WEDGED and ev.engine:
+            self._wedged[ev.engine] = alert
 
     # Ingest consumer: runs on the loop, after the trigger policy has opened any snapshot.
     def on_event(self, ev: Event, is_new: bool) -> None:
@@ -121,6 +124,9 @@ class Alerter:
             return
         if ev.kind is EventKind.ANOMALY:
             return  # anomalies page through their detector transitions
+        if ev.kind is EventKind.ENGINE_RESUMED and ev.engine:
+            self._resolve_wedge(ev.engine)  # it steps again: the wedge's page resolves
+            return
         if not is_trigger(ev):
             self._fire(ev)
             return
@@ -190,6 +196,19 @@ class Alerter:
             if self.engine_up(name):
                 self.client.resolve(alert.key)
                 del self._down[name]
+        for name in list(self._wedged):
+            if self.engine_up(name) is False:  # a wedge that ends in the engine's death: its crash or down page says so
+                self._resolve_wedge(name)
+
+    def _resolve_wedge(self, engine: str) -> None:
+        held = self._held.get(engine)
+        if held:  # a wedge whose snapshot has not committed yet: it is over before it paged
+            self._held[engine] = [(s, e) for s, e in held if e.kind is not EventKind.ENGINE_WEDGED]
+        alert = self._wedged.pop(engine, None)
+        if alert is None:  # paged before its snapshot's commit, or not at all: its label set is the same
+            alert = self._alert(Event(kind=EventKind.ENGINE_WEDGED, ts=self.clock(), source="detector", message="", engine=engine))
+        if alert is not None:
+            self.client.resolve(alert.key)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -149,6 +149,24 @@ def create_app(ctx: AppContext) -> FastAPI:
     async def healthz() -> dict[str, Any]:
         return ctx.health()
 
+    @app.get(
+        "/api/v1/engines/{name:path}/health",
+        response_model=schemas.EngineHealth,
+        responses={
+            503: {"model": schemas.EngineHealth, "description": "wedged, down or its GPU faulted"},
+            404: {"description": "no such engine on this sidecar"},
+        },
+    )
+    async def engine_health(name: Annotated[str, Path(max_length=128)]) -> JSONResponse:
+        """One engine's health verdict, for a Kubernetes probe or a load balancer: 200 while it is
+        ok, idle, asleep or starting, 503 while it is wedged, down or its GPU faulted. No token,
+        like /healthz: it says no more than the engine's own /health would."""
+        verdict = ctx.engine_health(name)
+        if verdict is None:
+            raise HTTPException(404, f"no engine named {name!r} on this sidecar")
+        healthy = verdict.pop("healthy")
+        return JSONResponse(verdict, status_code=200 if healthy else 503)
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics(_: None = Read) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

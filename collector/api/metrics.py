@@ -106,6 +106,12 @@ class SidecarCollector(Collector):
         ttft = g("flightrec_engine_time_to_first_token_mean_seconds", "mean time to first token of the requests seen over the last scrape interval")
         itl = g("flightrec_engine_inter_token_latency_mean_seconds", "mean inter-token latency over the last scrape interval")
 
+        # a wedge (docs/alerting.md#wedged-engines): both born at 0 for every known engine
+        wedged = g("flightrec_engine_wedged", "1 while the engine is wedged: requests held, no step for far longer than its pace")
+        since_step = g("flightrec_engine_seconds_since_step", "seconds since the engine's last step while it holds requests, else 0")
+        watch = getattr(self.ctx, "wedges", None)
+        stuck = watch.seconds_since_step() if watch is not None else {}
+
         def put(fam: GaugeMetricFamily, key: list[str], value: float | None) -> None:
             if value is not None:  # unknown is absent, never 0
                 fam.add_metric(key, float(value))
@@ -117,6 +123,9 @@ class SidecarCollector(Collector):
             up.add_metric(key, 1.0 if st.up else 0.0)
             steps.add_metric(key, st.steps_received)
             rows.add_metric(key, st.requests_received)
+            verdict = view.engine_state(name)
+            wedged.add_metric(key, 1.0 if verdict is not None and verdict.state == "wedged" else 0.0)
+            since_step.add_metric(key, round(stuck.get(name, 0.0), 3))
             last = view.last_step(name)
             scrapes = view.scrapes(name)
             if last is not None:
@@ -144,7 +153,7 @@ class SidecarCollector(Collector):
                 put(running, key, v.get("num_requests_running"))
                 put(waiting, key, v.get("num_requests_waiting"))
                 put(kv, key, v.get("kv_cache_usage_perc"))
-        yield from (up, running, waiting, kv, step, mirror, steps, rows, source, gen, prompt, preempt, ttft, itl)
+        yield from (up, running, waiting, kv, step, mirror, steps, rows, source, gen, prompt, preempt, ttft, itl, wedged, since_step)
 
     def _live_engines(self, view: IngestView) -> list[str]:
         """The engines known and not gone (a deleted pod's engine is no longer scraped: its last

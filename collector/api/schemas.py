@@ -36,6 +36,13 @@ class EngineOut(BaseModel):
     url: str | None = None
     pair: str | None = None
     up: bool | None = None
+    state: str | None = Field(
+        None,
+        description="the engine's verdict: ok, idle, sleeping, starting, wedged, down or gpu_fault "
+        "(null: an engine another sidecar stored, not watched here)",
+    )
+    state_since: float | None = Field(None, description="when it entered that state, unix s (a wedge: its last step)")
+    state_reason: str | None = None
     last_seen: float | None = None
     steps_in_ring: int = 0
     last_step: int | None = None
@@ -50,6 +57,13 @@ class EngineOut(BaseModel):
     last_scrape: dict[str, Any] | None = None
     recorder: str | None = Field(None, description="recording, none, or missing (serves /metrics, no recorder)")
     recorder_fix: str | None = None
+
+
+class EngineHealth(BaseModel):
+    engine: str
+    state: str = Field(description="ok, idle, sleeping, starting (200); wedged, down, gpu_fault (503)")
+    since: float | None = Field(None, description="when it entered that state, unix s")
+    reason: str = ""
 
 
 class DetectorOut(BaseModel):

@@ -55,7 +55,18 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     add_settings_options(demo)
     demo.add_argument("--port", type=int, help="HTTP port, 0 for any free one (default: settings, 8787)")
-    demo.add_argument("--exit-after-snapshot", action="store_true", help="exit 0 once the crash snapshot is stored")
+    demo.add_argument(
+        "--exit-after-snapshot",
+        action="store_true",
+        help="exit 0 once the crash snapshot is stored (with --hang: once the wedge's snapshot is stored and the engine moved again)",
+    )
+    demo.add_argument(
+        "--hang",
+        action="store_true",
+        help="a wedge instead of the crash: at the fault point the decode engine's step never ends (requests held, /health 200) "
+        "for --hang-for seconds, then it moves again",
+    )
+    demo.add_argument("--hang-for", type=float, default=40.0, metavar="SECONDS", help="how long the wedge lasts (default 40)")
     demo.add_argument("--speed", type=float, default=1500.0, help="simulated engine steps per second")
     demo.add_argument("--serve-completions", action="store_true", help="no built-in load: the pair serves /v1/completions, for flightrec replay")
     demo.add_argument(
@@ -182,7 +193,15 @@ async def _phases(pair: Any) -> None:
     """Print each phase of the ramp as it passes: the demo is otherwise silent for ~30 s."""
     phases = pair.cfg.scenario.phases
     seen: int | None = None
-    while pair.crashed_at is None:
+    told_wedge = False
+    while pair.crashed_at is None and pair.resumed_at is None:
+        if pair.wedged_at is not None and not told_wedge:
+            told_wedge = True
+            print(
+                f"  the decode engine wedged after step {pair.wedge_step}: its step never ends, {len(pair.decode.running)} requests held, "
+                "/health 200 (for {:.0f} s)".format(pair.cfg.hang_s or 0),
+                flush=True,
+            )
         st = pair.status()
         idx = st.get("phase")
         if idx is not None and idx != seen and idx < len(phases):
@@ -193,7 +212,10 @@ async def _phases(pair: Any) -> None:
                 flush=True,
             )
         await asyncio.sleep(0.25)
-    print(f"  the decode engine died at step {pair.crash_step} (Xid, both TP workers' CUDA errors, crash dump)", flush=True)
+    if pair.resumed_at is not None and pair.wedged_at is not None:
+        print(f"  the decode engine moved again after {pair.resumed_at - pair.wedged_at:.1f} s", flush=True)
+    else:
+        print(f"  the decode engine died at step {pair.crash_step} (Xid, both TP workers' CUDA errors, crash dump)", flush=True)
 
 
 async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorder_dir: Path) -> int:
@@ -201,7 +223,16 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
     from collector.sim.pair import PairConfig, SimPair
     from collector.sources.nvml import NvmlSource
 
-    pair = SimPair(PairConfig(workdir=workdir, recorder_dir=recorder_dir, steps_per_second=args.speed, serve_completions=args.serve_completions))
+    hang = bool(getattr(args, "hang", False))
+    pair = SimPair(
+        PairConfig(
+            workdir=workdir,
+            recorder_dir=recorder_dir,
+            steps_per_second=args.speed,
+            serve_completions=args.serve_completions,
+            hang_s=args.hang_for if hang else None,
+        )
+    )
     await pair.start()
     settings = base.model_copy(
         update={
@@ -214,13 +245,15 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
     )
     svc = Service(settings, extra_sources=[NvmlSource(pair.nvml, interval=0.5)])
     stored = asyncio.Event()
+    resumed = asyncio.Event()
 
     def url() -> str:
         return f"http://{settings.host}:{svc.port}"
 
     def on_snapshot(doc: Any, trigger: Any) -> None:
         if doc.engine == "decode-0" and not stored.is_set():
-            print(f"crash snapshot {doc.id} of {doc.engine} (trigger {trigger.kind.value}: {trigger.message[:100]})")
+            what = "wedge" if trigger.kind.value == "engine_wedged" else "crash"
+            print(f"{what} snapshot {doc.id} of {doc.engine} (trigger {trigger.kind.value}: {trigger.message[:160]})")
             print(f"  page:   {url()}/snapshots/{doc.id}")
             print(f"  API:    {url()}/api/v1/snapshots/{doc.id}")
             print(f"  export: {url()}/api/v1/snapshots/{doc.id}/export", flush=True)
@@ -229,6 +262,21 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
             stored.set()
 
     svc.on_snapshot.append(on_snapshot)
+
+    async def watch_state() -> None:
+        """--hang: the decode engine's verdict as it changes (GET /api/v1/engines/decode-0/health)."""
+        told = None
+        while True:
+            await asyncio.sleep(0.5)
+            ctx = svc.ctx
+            verdict = ctx.engine_health("decode-0") if ctx is not None else None
+            if verdict is not None and verdict["state"] != told:
+                if told is not None or verdict["state"] != "idle":
+                    print(f"  decode-0 is {verdict['state']}: {verdict['reason']}", flush=True)
+                if told == "wedged" and verdict["state"] == "ok":
+                    resumed.set()
+                told = verdict["state"]
+
     service_task = asyncio.create_task(_run_service(svc))
     started = asyncio.create_task(svc.started.wait())
     await asyncio.wait({service_task, started}, return_when=asyncio.FIRST_COMPLETED)
@@ -247,20 +295,27 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
         print(f"replay target: http://127.0.0.1:{pair.decode.port} (/v1/completions; no built-in load)", flush=True)
     sim_task = asyncio.create_task(pair.run())
     phase_task = asyncio.create_task(_phases(pair))
+    state_task = asyncio.create_task(watch_state()) if hang else None
     rc = 0
     if args.exit_after_snapshot:
         try:
             await asyncio.wait_for(stored.wait(), timeout=DEMO_TIMEOUT_S)
             await asyncio.sleep(settings.snapshot_settle_s + 0.5)  # let the late evidence amend it
+            if hang:  # and the wedge's end: the engine steps again, its state back to ok
+                await asyncio.wait_for(resumed.wait(), timeout=args.hang_for + 30.0)
         except TimeoutError:
-            print("flightrec: demo: no snapshot within 2 minutes", file=sys.stderr)
+            print(
+                "flightrec: demo: no snapshot within 2 minutes" if not stored.is_set() else "flightrec: demo: the engine never moved again",
+                file=sys.stderr,
+            )
             rc = EXIT_FAILURE
         svc.request_stop()
     try:
         await service_task
     finally:
-        for t in (sim_task, phase_task):
+        others = [t for t in (sim_task, phase_task, state_task) if t is not None]
+        for t in others:
             t.cancel()
-        await asyncio.gather(sim_task, phase_task, return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         await pair.close()
     return rc

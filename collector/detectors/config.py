@@ -6,7 +6,9 @@ also roughly seconds.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Self
+
+from pydantic import BaseModel, Field, model_validator
 
 
 class StallThresholds(BaseModel):
@@ -78,6 +80,25 @@ class ScrapeGoneThresholds(BaseModel):
     after_s: float = Field(5.0, gt=0)  # no successful scrape of a known engine for this long
 
 
+class WedgeThresholds(BaseModel):
+    """A wedged engine: it holds requests and has not stepped for ``threshold`` seconds, where
+    ``threshold = min(ceiling_s, max(floor_s, pace_factor x its longest step gap of the last
+    pace_window_s))`` (docs/alerting.md#wedged-engines)."""
+
+    enabled: bool = True
+    floor_s: float = Field(10.0, gt=0)  # never wedged sooner than this after its last step
+    ceiling_s: float = Field(120.0, gt=0)  # always wedged this long after its last step, whatever its pace
+    pace_factor: float = Field(4.0, ge=1)  # times its longest recent step gap (a slow prefill is its pace)
+    pace_window_s: float = Field(900.0, gt=0)  # how far back its step gaps count
+    interval_s: float = Field(1.0, gt=0)  # how often the watch looks
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.ceiling_s < self.floor_s:
+            raise ValueError(f"wedge.ceiling_s ({self.ceiling_s}) is below wedge.floor_s ({self.floor_s})")
+        return self
+
+
 class DetectorThresholds(BaseModel):
     enter_after: int = Field(2, ge=1)  # evaluations in a row before a worse state is published
     exit_after: int = Field(5, ge=1)  # evaluations in a row before a better state is published
@@ -90,3 +111,4 @@ class DetectorThresholds(BaseModel):
     throttling: ThrottlingThresholds = ThrottlingThresholds()
     ecc: EccThresholds = EccThresholds()
     scrape_gone: ScrapeGoneThresholds = ScrapeGoneThresholds()
+    wedge: WedgeThresholds = WedgeThresholds()

@@ -16,7 +16,10 @@ from typing import Any
 
 from collector.ingest.fingerprints import merge_fingerprint
 from collector.ingest.pidmap import PidMap
+from collector.ingest.progress import Progress, ProgressBook
+from collector.ingest.state import EngineState, StateBook
 from collector.ingest.view import EngineInfo
+from collector.model import Event
 
 
 @dataclass
@@ -35,6 +38,8 @@ class _Engine:
     requests_received: int = 0  # request rows, counted per block (no per-row work)
     learned_gpus: set[int] = field(default_factory=set)  # from NVML's process lists
     pod_uid: str | None = None  # the Kubernetes pod discovery found it in
+    progress: ProgressBook = field(default_factory=ProgressBook)  # last step, its time, requests held
+    marks: StateBook = field(default_factory=StateBook)  # its state's marks (wedge, fault) and since when
 
 
 class EngineRegistry:
@@ -79,19 +84,49 @@ class EngineRegistry:
         return list(self._engines)
 
     # -- what ingest learns ---------------------------------------------------------------------
-    def saw_step(self, name: str, ts: float, request_rows: int, halves: int = 1) -> None:
+    def saw_step(
+        self,
+        name: str,
+        ts: float,
+        request_rows: int,
+        halves: int = 1,
+        *,
+        step: int | None = None,
+        held: int | None = None,
+        held_ts: float | None = None,
+    ) -> None:
         """``halves``: 2 for a step whose two halves came as one record (the recorder source
-        pairs the halves it reads in one poll): each half counts as received."""
+        pairs the halves it reads in one poll): each half counts as received. ``step``: the
+        newest step's number; ``held``: running + waiting of the newest step that carries them
+        (read at ``held_ts``): the engine's progress (``collector.ingest.progress``)."""
         st = self._engines[name]
         st.steps_received += halves
         st.requests_received += request_rows
         st.last_seen = ts
         st.up = st.ever_up = True
+        if step is not None:
+            st.progress.saw_steps(step, ts, held, held_ts)
 
-    def saw_scrape(self, name: str, ts: float) -> None:
+    def saw_scrape(self, name: str, ts: float, values: dict[str, float] | None = None) -> None:
         st = self._engines[name]
         st.up = st.ever_up = True
         st.last_scrape_ok = ts
+        if values is not None:
+            st.progress.saw_scrape(ts, values)
+
+    def saw_event(self, name: str, ev: Event) -> None:
+        """An event routed to the engine: a wedge, its end, a crash or a GPU fault marks its state."""
+        self._engines[name].marks.saw_event(ev)
+
+    def progress(self, name: str) -> Progress | None:
+        st = self._engines.get(name)
+        return st.progress.read() if st is not None else None
+
+    def state(self, name: str, now: float) -> EngineState | None:
+        st = self._engines.get(name)
+        if st is None:
+            return None
+        return st.marks.state(now, up=st.up, configured=st.configured, progress=st.progress.read())
 
     def went_down(self, name: str) -> None:
         self._engines[name].up = False

@@ -194,6 +194,7 @@ class Intake:
         ring, offer = rings.ring, self.rows.offer_step
         halves = rows = 0
         last_ts: float | None = None
+        last_step = 0
         for rec in recs:
             try:
                 # Records come from other processes: a wrong type must not poison the ring's order.
@@ -221,13 +222,20 @@ class Intake:
                 rows += block.n
             # a step's two halves may come as one record (paired by the recorder source): each counts
             halves += 2 if rec.halves == HALF_STATS | HALF_REQUESTS else 1
-            last_ts = rec.ts
+            last_ts, last_step = rec.ts, rec.step
         if last_ts is not None:
-            self.engines.saw_step(engine, last_ts, rows, halves)
+            # the engine's progress: the newest step, and running + waiting of the newest step
+            # that carries them (its stats half; usually the last or the one before)
+            held = held_ts = None
+            for rec in reversed(recs):
+                if rec.running is not None and rec.waiting is not None:
+                    held, held_ts = rec.running + rec.waiting, rec.ts
+                    break
+            self.engines.saw_step(engine, last_ts, rows, halves, step=last_step, held=held, held_ts=held_ts)
 
     def _scrape(self, s: MetricsScrape) -> None:
         self.engine(s.engine)
         self.store.add_scrape(s)
         if s.origin == "scrape":  # a replayed log line proves nothing live
-            self.engines.saw_scrape(s.engine, s.ts)
+            self.engines.saw_scrape(s.engine, s.ts, s.values)
             self.rows.offer_scrape(s)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from collector.ingest.intake import Intake
+from collector.ingest.progress import Progress
 from collector.ingest.routing import route
+from collector.ingest.state import EngineState
 from collector.ingest.view import EngineInfo, Route
 from collector.model import Event, GpuSample, LogLine, MetricsScrape, StepRecord
 
@@ -35,6 +37,12 @@ class LiveView:
 
     def route(self, ev: Event) -> Route:
         return route(ev, self._engines, self._store)
+
+    def progress(self, name: str) -> Progress | None:
+        return self._engines.progress(name)
+
+    def engine_state(self, name: str) -> EngineState | None:
+        return self._engines.state(name, self._in.clock())
 
     def steps(self, engine: str) -> list[StepRecord]:
         rings = self._store.engines.get(engine)

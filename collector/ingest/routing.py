@@ -97,6 +97,7 @@ class EventRouter:
         targets = route(ev, intake.engines, intake.store)
         for name in targets.engines:
             intake.engine(name)
+            intake.engines.saw_event(name, ev)  # a wedge, its end, a crash, a GPU fault: the engine's state
         if is_new:
             intake.store.add_event(ev, targets.engines)
         else:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from collector.ingest.progress import Progress
+from collector.ingest.state import EngineState
 from collector.model import Event, GpuSample, LogLine, MetricsScrape, StepRecord
 
 RouteBy = Literal["engine", "pid", "gpu", "all", "none"]
@@ -58,6 +60,8 @@ class IngestView(Protocol):
     def engine_names(self) -> list[str]: ...
     def engine(self, name: str) -> EngineInfo | None: ...
     def route(self, ev: Event) -> Route: ...
+    def progress(self, name: str) -> Progress | None: ...  # last step, its time, requests held
+    def engine_state(self, name: str) -> EngineState | None: ...  # ok, idle, wedged, down, gpu_fault...
 
     # an engine's rings
     def steps(self, engine: str) -> list[StepRecord]: ...

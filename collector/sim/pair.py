@@ -37,6 +37,10 @@ class PairConfig:
     scenario: Scenario = field(default_factory=Scenario)
     # no built-in load: requests come over /v1/completions (collector.sim.openai), for replay
     serve_completions: bool = False
+    # a wedge instead of the crash: at the fault point the decode engine's step never ends for
+    # this many seconds (its requests held, /health 200, /metrics frozen, its rings still), then
+    # it moves again and the ramp goes on to its end (None: the crash, as the report's)
+    hang_s: float | None = None
 
 
 class SimPair:
@@ -77,6 +81,10 @@ class SimPair:
         )
         self.crashed_at: float | None = None
         self.crash_step: int | None = None
+        self.wedged_at: float | None = None  # the decode engine's last step before its wedge (hang mode)
+        self.wedge_step: int | None = None
+        self.resumed_at: float | None = None
+        self.finished = False  # hang mode: the ramp ran to its end
         self.done = asyncio.Event()
         self._extra_steps: int | None = None
         self._kmsg_seq = 1000
@@ -102,8 +110,9 @@ class SimPair:
         per_tick = max(1, round(cfg.steps_per_second * cfg.tick_s))
         last_log = time.monotonic()
         try:
-            while self.crashed_at is None:
+            while self.crashed_at is None and not self.finished:
                 t0 = time.monotonic()
+                self._release()
                 for _ in range(per_tick):
                     if self._one_step():
                         break
@@ -113,9 +122,22 @@ class SimPair:
                     self.prefill.log_throughput()
                     self.decode.log_throughput()
                 await asyncio.sleep(max(0.0, cfg.tick_s - (time.monotonic() - t0)))
-            await self._die()
+            if self.crashed_at is not None:
+                await self._die()
         finally:
             self.done.set()
+
+    @property
+    def wedged(self) -> bool:
+        return self.wedged_at is not None and self.resumed_at is None
+
+    def _release(self) -> None:
+        """Hang mode: the wedged step ends once the hang's time has passed."""
+        hang_s = self.cfg.hang_s
+        if self.wedged and hang_s is not None and self.wedged_at is not None and time.time() >= self.wedged_at + hang_s:
+            self.resumed_at = time.time()
+            self.decode.write("EngineCore_DP0", "INFO", "core.py:420", f"step {self.wedge_step} took {self.resumed_at - self.wedged_at:.1f} s")
+            log.warning("simulated decode engine moves again after %.1f s", self.resumed_at - self.wedged_at)
 
     def _one_step(self) -> bool:
         sc = self.cfg.scenario
@@ -130,6 +152,10 @@ class SimPair:
                 r.ready_at_step = self.decode.step_counter + sc.transfer_steps
                 r.status = "waiting"
                 self.decode.waiting.append(r)
+        if self.wedged:
+            # the decode engine's step never ends: it records nothing, its counters and gauges
+            # stand still, /health answers 200; its API server still accepts what prefill hands over
+            return self.cfg.hang_s is not None and self.client.phase is None
         if self.decode.waiting or self.decode.running:
             finished, _ = self.decode.step()
             for r in finished:
@@ -138,13 +164,21 @@ class SimPair:
                 self.frontend.finished(finished)
             elif finished:
                 self.client.finished(len(finished))
-        if self._at_fault_point():
+        if self.wedged_at is None and self._at_fault_point():
             self._extra_steps = (self._extra_steps or 0) + 1
             if self._extra_steps >= sc.crash_extra_steps:
+                if self.cfg.hang_s is not None:  # the next step of decode never ends
+                    self.wedged_at = time.time()
+                    self.wedge_step = self.decode.step_counter
+                    log.warning("simulated decode engine wedged after step %s", self.wedge_step)
+                    return True
                 self.crashed_at = time.time()
                 self.crash_step = self.decode.step_counter
                 return True
-        return self.frontend is None and self.client.phase is None
+        if self.frontend is None and self.client.phase is None:
+            self.finished = self.cfg.hang_s is not None  # hang mode: the ramp ran to its end
+            return True
+        return False
 
     def _at_fault_point(self) -> bool:
         sc = self.cfg.scenario
@@ -191,6 +225,8 @@ class SimPair:
 
     def status(self) -> dict[str, Any]:
         return {
+            "wedged_at": self.wedged_at,
+            "resumed_at": self.resumed_at,
             "decode_step": self.decode.step_counter,
             "prefill_step": self.prefill.step_counter,
             "phase": self.client.phase_index,

@@ -93,6 +93,10 @@ class SnapshotLedger:
         """The snapshots this event started or joined: engine -> id (None until committed)."""
         return {o.engine: o.snapshot_id for o in self._recent if o.holds(ev)}
 
+    def opened_by(self, engine: str, trigger_uid: str) -> OpenSnapshot | None:
+        """The snapshot of ``engine`` that the event with id ``trigger_uid`` opened, if recent."""
+        return next((o for o in reversed(self._recent) if o.engine == engine and o.trigger.uid == trigger_uid), None)
+
     def opens_for(self, ev: Event) -> list[OpenSnapshot]:
         """The snapshots this event opened (a manual request's answer)."""
         return [o for o in self._recent if o.trigger is ev]

@@ -98,6 +98,12 @@ class TriggerPolicy:
             if ev.uid:
                 self.ledger.amend(ev)
             return
+        if ev.kind is EventKind.ENGINE_RESUMED and ev.engine:
+            # the wedge's end: its stored event joins the wedge's snapshot (and so its incident)
+            o = self.ledger.opened_by(ev.engine, str(ev.data.get("wedged_uid") or ""))
+            if o is not None and o.snapshot_id is not None:
+                self.queue.link_later(ev, o.snapshot_id)
+            return
         if not is_trigger(ev):
             return
         if ev.kind is EventKind.MANUAL and ev.engine is None:

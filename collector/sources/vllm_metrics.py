@@ -79,6 +79,7 @@ KEPT_SAMPLES: frozenset[str] = frozenset(
         "num_requests_waiting",
         "num_requests_waiting_by_reason",
         "kv_cache_usage_perc",
+        "engine_sleep_state",  # {sleep_state="awake"} 0: put to sleep (/sleep), not wedged
         "num_preemptions_total",
         "prompt_tokens_total",
         "generation_tokens_total",

@@ -170,4 +170,5 @@ def test_every_detector_with_thresholds_is_in_the_table() -> None:
 
     configured = {name for name, value in DetectorThresholds() if hasattr(value, "enabled")}
     listed = [name for name, _ in ENGINE_DETECTORS + GPU_DETECTORS]
-    assert sorted(listed) == sorted(configured)  # each once, none without its thresholds
+    # the wedge is judged by a watch of its own (detectors/wedge_watch.py): it emits events, not states
+    assert sorted(listed) == sorted(configured - {"wedge"})  # each once, none without its thresholds
