@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Watch:
     moved_at: float | None = None  # its last movement as last seen
+    step: int | None = None  # its recorder step number then
     busy_since: float | None = None  # first seen holding requests in this busy spell
     gaps: deque[tuple[float, float]] = field(default_factory=deque)  # (when seen, gap s), long ones only
     wedged: Event | None = None  # the open wedge's event
@@ -102,10 +103,10 @@ class WedgeWatch:
         busy = bool(p.held) and not p.sleeping
         if moved and p.step_ts is not None:
             if w.moved_at is not None and w.busy_since is not None and w.wedged is None:  # a wedge is no pace
-                gap = p.step_ts - max(w.moved_at, w.busy_since)
+                gap = self._gap(w, p.step_ts, p.step, now)
                 if gap * thr.pace_factor > thr.floor_s:  # only a gap that could raise the threshold counts
                     w.gaps.append((now, gap))
-            w.moved_at = p.step_ts
+            w.moved_at, w.step = p.step_ts, p.step
         while w.gaps and w.gaps[0][0] < now - thr.pace_window_s:
             w.gaps.popleft()
         resumed = self._resumed(name, w, now) if moved and w.wedged is not None else None
@@ -145,6 +146,18 @@ class WedgeWatch:
         )
         w.wedged = ev
         return ev
+
+    def _gap(self, w: _Watch, moved_at: float, step: int | None, now: float) -> float:
+        """The longest step gap since the last tick, as well as the ticks can tell: one step,
+        its whole span; several (the recorder numbers them), their mean, or the time the ticks
+        saw no movement before these steps came (a long prefill, then quick steps), whichever
+        is longer, never more than the span."""
+        start = max(w.moved_at or moved_at, w.busy_since or moved_at)
+        span = moved_at - start
+        if step is None or w.step is None or step - w.step <= 1:
+            return span
+        unmoved = now - self.thr.interval_s - start
+        return min(span, max(span / (step - w.step), unmoved))
 
     def _resumed(self, name: str, w: _Watch, now: float) -> Event:
         wedge = w.wedged
