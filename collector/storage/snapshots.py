@@ -174,8 +174,11 @@ class SnapshotStore:
             header = SnapshotDoc(host=self.d.host, engine="", created_at=0.0, fault_ts=0.0, trigger=dict(summary.get("trigger") or {}))
             header.fingerprint = dict(row.fingerprint or {})
             sig_columns, signature = crash_signature(header, [ev], stored=summary.get("signature"))
-            if signature != summary.get("signature"):
+            resumed = _resumed(ev)
+            if signature != summary.get("signature") or resumed:
                 summary["signature"] = signature
+                if resumed:  # a wedge's end: when the engine moved again and how long it was stuck
+                    summary["resumed"] = resumed
                 conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(summary=nul_free(summary), **nul_free(sig_columns)))
             return linked
 
@@ -300,3 +303,11 @@ class SnapshotStore:
     def count(self) -> int:
         with self.d.tx() as conn:
             return int(conn.execute(select(func.count()).select_from(SnapshotRow)).scalar_one())
+
+
+def _resumed(ev: dict[str, Any]) -> dict[str, Any] | None:
+    """An ``engine_resumed`` event's note for its wedge's snapshot summary, else None."""
+    if ev.get("kind") != "engine_resumed":
+        return None
+    data = ev.get("data") or {}
+    return {"ts": data.get("resumed_ts", ev.get("ts")), "stuck_s": data.get("stuck_s"), "event_ts": ev.get("ts")}
