@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 DISTINCT_KINDS = frozenset({EventKind.XID, EventKind.GPU_LOST, EventKind.ANOMALY})
 GPU_FAULTS = frozenset({EventKind.XID, EventKind.GPU_LOST})
+# a wedge's end waits this many seconds at most for its snapshot's amendment before it is linked
+RESUME_LINK_TRIES = 300
 
 
 class TriggerPolicy:
@@ -92,6 +94,20 @@ class TriggerPolicy:
         self._waits: set[asyncio.Future[None]] = set()  # amendments waiting for their stacks
         self._closing = False
 
+    def _link_when_amended(self, o: OpenSnapshot, ev: Event, tries: int) -> None:
+        """Links a wedge's end to its snapshot once the snapshot is committed and its amendment
+        decided (the store keeps the end's note through an amendment written after it too);
+        looked at once a second."""
+        if o.snapshot_id is not None and o.amended:
+            self.queue.link_later(ev, o.snapshot_id)
+            return
+        if tries <= 0 or self._closing:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            self._timers.append(loop.call_later(1.0, self._link_when_amended, o, ev, tries - 1))
+            self._timers = [t for t in self._timers if not t.cancelled() and t.when() >= loop.time()]  # fired ones dropped
+
     # -- deciding (a consumer of ingest's events) ------------------------------------------------
     def on_event(self, ev: Event, is_new: bool) -> None:
         if not is_new:  # a second witness merged into an Xid: the first decided, the merged one is held
@@ -101,8 +117,8 @@ class TriggerPolicy:
         if ev.kind is EventKind.ENGINE_RESUMED and ev.engine:
             # the wedge's end: its stored event joins the wedge's snapshot (and so its incident)
             o = self.ledger.opened_by(ev.engine, str(ev.data.get("wedged_uid") or ""))
-            if o is not None and o.snapshot_id is not None:
-                self.queue.link_later(ev, o.snapshot_id)
+            if o is not None:
+                self._link_when_amended(o, ev, RESUME_LINK_TRIES)
             return
         if not is_trigger(ev):
             return

@@ -147,6 +147,8 @@ class SnapshotStore:
         summary["trigger"] = old.get("trigger")
         if old.get("replays"):  # linked by a replay since the first commit
             summary["replays"] = old["replays"]
+        if old.get("resumed"):  # a wedge's end linked since the first commit
+            summary["resumed"] = old["resumed"]
         summary["amended_at"] = time.time()
         # the late evidence (the workers' tracebacks) is in now: it amends the stored signature
         sig_columns, summary["signature"] = crash_signature(doc, item.events, stored=old.get("signature"))
