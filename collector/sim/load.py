@@ -141,6 +141,7 @@ class EngineLoad:
         self.rings.fingerprint(fingerprint_facts(cfg, index, port), clock())
         n = cfg.running
         self.step_no = 0
+        self.running_now = n  # what its gauges say it holds: cfg.running under load, 0 once drained
         self.last_kv_usage = 0.0
         self.counters = Counters()
         self.kv_capacity_tokens = int(n * (cfg.isl + cfg.osl) * 1.25)
@@ -204,6 +205,22 @@ class EngineLoad:
     def _encode_static(self) -> None:
         self._ids_blob = "\0".join(self.ids).encode()
         self._prompt_bytes = self.prompt.tobytes()
+
+    def drain(self) -> None:
+        """The load is over: its requests end (the client went away) and one last step says it
+        holds none, as a real engine's last step does. An idle engine is not a wedged one."""
+        if self.running_now == 0:
+            return
+        now = self.clock()
+        for slot in range(self.cfg.running):
+            self.rings.end(self.ids[slot], now, self.output.get(slot), "abort")
+        self.step_no += 1
+        self.rings.step(
+            self.step_no, now, running=0, kv_cache_usage=0.0, prompt_tokens=0, generation_tokens=0, finished=self.cfg.running, extras=None
+        )
+        self.counters.steps += 1  # aborted, not finished: vLLM's success counter does not count them
+        self.running_now = 0
+        self.last_kv_usage = 0.0
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> None:

@@ -32,7 +32,7 @@ class EngineMetrics:
         with self._lock:
             e, m, seen = self.engine, self.metrics, self._seen
             c = e.counters
-            m.running.set(e.cfg.running)
+            m.running.set(e.running_now)
             m.waiting.set(0)
             m.waiting_capacity.set(0)
             m.waiting_deferred.set(0)
@@ -41,7 +41,7 @@ class EngineMetrics:
             m.generation_tokens.inc(c.generation_tokens - seen.generation_tokens)
             m.success.inc(c.finished - seen.finished)
             for _ in range(min(c.steps - seen.steps, 10_000)):
-                m.iteration_tokens.observe(e.cfg.running)
+                m.iteration_tokens.observe(e.running_now or 1)
             seen.prompt_tokens, seen.generation_tokens = c.prompt_tokens, c.generation_tokens
             seen.finished, seen.steps = c.finished, c.steps
             return generate_latest(m.registry)

@@ -189,3 +189,26 @@ def test_without_metrics_the_config_names_no_engine_but_loads(tmp_path: Path) ->
     assert simulate_main(args) == 0
     settings = load_settings(str(config))
     assert settings.engines == [] and settings.recorder_dir == (tmp_path / "rec").resolve()
+
+
+def test_when_the_load_ends_its_last_step_holds_nothing_an_idle_engine_not_a_wedged_one(tmp_path: Path) -> None:
+    from collector.sim.load_http import EngineMetrics
+
+    cfg = LoadConfig(recorder_dir=tmp_path, engines=1, running=8, isl=100, osl=6, chunk=64, seed=3)
+    engine = EngineLoad(cfg, 0, port=8000)
+    page = EngineMetrics(engine)
+    for _ in range(10):
+        engine.step()
+    assert 'vllm:num_requests_running{engine="0"' in page.page().decode()
+    engine.drain()
+    engine.drain()  # once only
+    engine.close()
+    rings = {parse_ring_file_name(p.name): p for p in tmp_path.glob("*.ring")}
+    by_role = {r.role: read_ring(p) for r, p in rings.items() if r}
+    steps = [o for o in by_role["stats"][1] if isinstance(o, StepRecord)]
+    assert [s.step for s in steps] == list(range(1, 12)) and steps[-1].running == 0 and steps[-1].finished == 8
+    wl = [rec for o in by_role["sched"][1] if isinstance(o, WorkloadBatch) for rec in o.records]
+    aborted = [w for w in wl if isinstance(w, WorkloadEnd) and w.finish == "abort"]
+    assert len(aborted) == 8  # every request it held ended
+    running = [f for f in text_string_to_metric_families(page.page().decode()) if f.name == "vllm:num_requests_running"]
+    assert [s.value for s in running[0].samples] == [0.0]
