@@ -39,8 +39,14 @@ def _swagger_dir() -> Path | None:
     return static if all((static / name).is_file() for name in SWAGGER_FILES) else None
 
 
+# Answered without a token: the sidecar's health, and an engine's health verdict (a probe has no
+# token; it says no more than the engine's own /health would)
+OPEN_PATHS = frozenset({"/healthz", "/api/v1/engines/{name}/health"})
+
+
 def install_openapi(app: FastAPI) -> None:
-    """Bearer security on every operation but /healthz, and the error responses listed."""
+    """Bearer security on every operation but the open ones (``OPEN_PATHS``), and the error
+    responses listed."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -59,7 +65,7 @@ def install_openapi(app: FastAPI) -> None:
         }
         for path, ops in doc.get("paths", {}).items():
             for method, op in ops.items():
-                if path == "/healthz":
+                if path in OPEN_PATHS:
                     op["security"] = []
                     continue
                 op["security"] = [{"bearer": []}]

@@ -149,6 +149,7 @@ def test_openapi_has_the_bearer_scheme_and_the_error_responses(client: TestClien
     assert {"401", "403", "503"} <= set(snapshots["get"]["responses"]) and "413" not in snapshots["get"]["responses"]
     assert {"401", "403", "413", "503"} <= set(snapshots["post"]["responses"])
     assert doc["paths"]["/healthz"]["get"]["security"] == []
+    assert doc["paths"]["/api/v1/engines/{name}/health"]["get"]["security"] == []  # a probe has no token
     params = {p["name"] for p in doc["paths"]["/api/v1/events"]["get"]["parameters"]}
     assert {"cursor", "since", "until"} <= params
 

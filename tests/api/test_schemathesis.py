@@ -24,7 +24,7 @@ from test_snapshots_api import make_doc, store
 from collector.api.app import create_app
 
 TOKEN = "schemathesis-t0ken"
-OPEN = {"/healthz"}
+OPEN = {"/healthz", "/api/v1/engines/{name}/health"}  # a probe's: no token
 # examples per operation and mode; RELIABILITY.md records a run with FLIGHTREC_SCHEMATHESIS_EXAMPLES=300
 EXAMPLES = int(os.environ.get("FLIGHTREC_SCHEMATHESIS_EXAMPLES", "40"))
 CHECKS = [checks.not_a_server_error, checks.response_schema_conformance, checks.content_type_conformance]
