@@ -10,12 +10,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY collector ./collector
+# the migrations: setup.py ships alembic/ inside the package (collector.storage.migrations)
+COPY alembic ./alembic
 # installed as data: `flightrec rules` renders it with the deployment's runbook links
 COPY rules/flightrec-alerts.yml ./rules/flightrec-alerts.yml
-# The migrations are part of the package (collector/storage/migrations). The kubernetes extra
-# (grpcio, protobuf) reads the kubelet's PodResources API in the DaemonSet.
+# The kubernetes extra (grpcio, protobuf) reads the kubelet's PodResources API in the DaemonSet.
 RUN pip install '.[kubernetes]' && rm -rf /src
 
 # Non-root by default (uid 10001). On a GPU node the kernel log and the engines' rings need more:

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.exc import SQLAlchemyError
 
+import collector
 from collector.storage.db import StorageError
+
+MIGRATIONS_PACKAGE = "collector.storage.migrations"
 
 
 def script_location() -> Path:
-    """The migrations folder, inside the package (``collector/storage/migrations``), wherever
-    and however it is installed (a checkout, a wheel, ``pip install --target``)."""
-    folder = importlib.resources.files("collector.storage.migrations")
-    path = Path(str(folder))
-    if not (path / "env.py").is_file():  # a zipped install: Alembic needs a folder of files
-        raise StorageError(f"cannot read the migrations as files at {folder}")
-    return path
+    """The migrations folder. An install (a wheel, ``pip install --target``, the image) carries
+    ``alembic/`` inside the package as ``collector.storage.migrations`` (setup.py maps it); a
+    checkout run without installing (``PYTHONPATH=.``) has it at the top, beside ``collector/``."""
+    candidates: list[Path] = []
+    try:
+        spec = importlib.util.find_spec(MIGRATIONS_PACKAGE)
+    except ImportError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations is not None:
+        candidates += [Path(p) for p in spec.submodule_search_locations]
+    candidates.append(Path(collector.__file__).resolve().parents[1] / "alembic")
+    for path in candidates:
+        if (path / "env.py").is_file() and (path / "versions").is_dir():
+            return path
+    # a zipped install: Alembic needs a folder of files
+    raise StorageError(f"cannot read the migrations as files (looked in {', '.join(map(str, candidates))})")
 
 
 def _config(url: str) -> Config:

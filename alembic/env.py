@@ -1,5 +1,7 @@
 """Alembic environment: the URL comes from the caller (``flightrec db upgrade`` passes the
-settings' database) or from ``alembic -x db=URL``; runs on SQLite (batch mode) and Postgres."""
+settings' database), from ``alembic -x db=URL``, or else from the settings (``-x config=FILE``,
+``FLIGHTREC_DATABASE``, default ``sqlite:///flightrec.db``), so that ``alembic -c alembic.ini
+upgrade head`` works from a checkout; runs on SQLite (batch mode) and Postgres."""
 
 from __future__ import annotations
 
@@ -16,9 +18,14 @@ target_metadata = Base.metadata
 def _url() -> str:
     x = context.get_x_argument(as_dictionary=True)
     url = x.get("db") or config.get_main_option("sqlalchemy.url")
-    if not url:
-        raise SystemExit("no database URL: pass -x db=URL or use 'flightrec db upgrade'")
-    return url
+    if url:
+        return url
+    from collector.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(x.get("config")).database
+    except SettingsError as exc:
+        raise SystemExit(f"no database URL: {exc} (pass -x db=URL, or use 'flightrec db upgrade')") from exc
 
 
 def include_object(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
