@@ -77,21 +77,43 @@ class SnapshotStore:
         A snapshot joins the incident whose faults lie within ``incident_window_s`` of its own:
         TP workers failing at one step, the P and D engines of a pair, several hosts writing to
         one Postgres. The fingerprints of the engine's pair peers are stored with it, so the
-        triage checklist (NCCL_NET_PLUGIN on both engines) is answerable from one snapshot."""
+        triage checklist (NCCL_NET_PLUGIN on both engines) is answerable from one snapshot.
+
+        The snapshots and their parts (the megabytes) are inserted first, while other nodes
+        insert theirs; only the filing (the nearby incidents read, one updated or added, the
+        snapshots pointed at it) takes the store-wide lock, at the end of the transaction, so
+        that nodes' snapshots of one fault join one incident while a storm's commits run side by
+        side. The lock is transaction-scoped: it goes with the commit, and the next filer sees
+        this one's incident. One transaction still: no reader ever sees a snapshot unfiled."""
         blobs = [dict(i.blobs) if i.blobs is not None else pack_parts(i.doc) for i in items]  # compressed outside the transaction
         out: list[tuple[int, bool]] = []
+        unfiled: list[tuple[SnapshotCommit, int]] = []
         with self.d.tx() as conn:
-            if self.d.dialect == "postgresql" and any(isinstance(i, SnapshotCommit) for i in items):
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": INCIDENT_LOCK})
             for item, parts in zip(items, blobs, strict=True):
                 if isinstance(item, SnapshotCommit):
-                    out.append(self._commit(conn, item, parts, incident_window_s))
+                    sid, stored = self._insert(conn, item, parts)
+                    out.append((sid, stored))
+                    if stored:
+                        unfiled.append((item, sid))
                 else:
                     self._amend(conn, item, parts)
                     out.append((item.snapshot_id, True))
+            if unfiled:
+                self._file(conn, unfiled, incident_window_s)
         return out
 
-    def _commit(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes], window: float) -> tuple[int, bool]:
+    def _file(self, conn: Connection, unfiled: list[tuple[SnapshotCommit, int]], window: float) -> None:
+        """The batch's new snapshots filed under their incidents, in order, under the lock."""
+        if self.d.dialect == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": INCIDENT_LOCK})
+        for item, snap_id in unfiled:
+            incident_id = self.incidents.file(conn, item.doc, window, item.incident_key)
+            conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(incident_id=incident_id))
+            self.incidents.counted(conn, incident_id)
+            item.doc.incident_id = incident_id
+
+    def _insert(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes]) -> tuple[int, bool]:
+        """The snapshot's row (its incident filed later, in ``_file``), parts and events."""
         doc = item.doc
         if item.trigger_uid:
             have = conn.execute(
@@ -106,14 +128,13 @@ class SnapshotStore:
                 return int(have.id), False
         doc.peers = self._peers(conn, doc)
         blobs["peers"] = pack(doc.peers)
-        incident_id = self.incidents.file(conn, doc, window, item.incident_key)
         summary = dict(doc.summary)
         summary["trigger"] = {k: doc.trigger.get(k) for k in ("kind", "source", "message", "xid", "gpu", "process", "severity")}
         sig_columns, summary["signature"] = crash_signature(doc, item.events)  # the fleet view's grouping
         snap_id = conn.execute(
             insert(SnapshotRow)
             .values(
-                incident_id=incident_id,
+                incident_id=None,
                 host=doc.host,
                 engine=doc.engine,
                 created_at=doc.created_at,
@@ -130,10 +151,9 @@ class SnapshotStore:
             .returning(SnapshotRow.id)
         ).scalar_one()
         self._insert_parts(conn, snap_id, blobs)
-        self.incidents.counted(conn, incident_id)
         for ev in item.events:
             self.events.link(conn, ev, snap_id)
-        doc.id, doc.incident_id = snap_id, incident_id
+        doc.id = snap_id
         return int(snap_id), True
 
     def _amend(self, conn: Connection, item: SnapshotAmend, blobs: dict[str, bytes]) -> None:

@@ -1,0 +1,102 @@
+"""A fault storm on one Postgres: each node's snapshot and its parts go in beside the others',
+and only the filing under an incident takes the store-wide lock, so that nodes' snapshots of one
+fault still join one incident."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from collector.storage.repo import Repository
+from collector.storage.snapshots import INCIDENT_LOCK, SnapshotCommit
+from tests.storage.test_repo import doc, repo
+
+pytestmark = pytest.mark.postgres
+
+
+def _commit(r: Repository, engine: str, ts: float, uid: str) -> tuple[int, int]:
+    d = doc(engine, host=r.host, ts=ts, steps=256, reqs=4)
+    [(sid, stored)] = r.commit_snapshots([SnapshotCommit(d, "k", trigger_uid=uid)], incident_window_s=30)
+    assert stored
+    return sid, int(d.incident_id or 0)
+
+
+def _libpq(url: str) -> tuple[str, str]:
+    """The psycopg URL and the search_path the fixture's schema sets."""
+    u = make_url(url)
+    options = str(u.query.get("options", ""))
+    return u.set(drivername="postgresql").difference_update_query(["options"]).render_as_string(hide_password=False), options
+
+
+def test_a_storm_of_concurrent_commits_files_one_incident_per_fault(pg_url: str) -> None:
+    from collector.storage.migrate import upgrade
+
+    upgrade(pg_url)
+    nodes = [repo(pg_url, f"node-{i:02d}") for i in range(16)]
+    t = time.time()
+    start = threading.Barrier(len(nodes))
+
+    def storm(i: int, r: Repository) -> tuple[int, int]:
+        start.wait()  # all at once: the filing is what keeps them one incident
+        return _commit(r, "decode-0", t + i * 0.5, "storm-1")
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        first = list(pool.map(storm, range(len(nodes)), nodes))
+        start.reset()
+        second = list(pool.map(lambda i, r: (start.wait(), _commit(r, "decode-0", t + 600 + i * 0.5, "storm-2"))[1], range(len(nodes)), nodes))
+    (a,) = {iid for _, iid in first}
+    (b,) = {iid for _, iid in second}
+    assert a != b
+    for incident, snaps in ((a, first), (b, second)):
+        inc = nodes[0].get_incident(incident)
+        assert inc["snapshot_count"] == len(nodes)
+        assert inc["hosts"] == [f"node-{i:02d}" for i in range(len(nodes))]
+        assert sorted(s["id"] for s in inc["snapshots"]) == sorted(sid for sid, _ in snaps)
+    for r in nodes:
+        r.db.dispose()
+
+
+def test_the_parts_go_in_before_the_store_wide_lock(pg_url: str) -> None:
+    """While another filer holds the lock, a node's commit has already inserted its snapshot
+    and parts and waits only to file them; an amendment (no filing) does not wait at all."""
+    from collector.storage.migrate import upgrade
+
+    upgrade(pg_url)
+    a, b = repo(pg_url, "node-a"), repo(pg_url, "node-b")
+    amended, _ = _commit(b, "decode-0", time.time(), "earlier")
+    url, options = _libpq(pg_url)
+    holder = psycopg.connect(url, options=options, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (INCIDENT_LOCK,))
+    result: list[tuple[int, int]] = []
+    waiter = threading.Thread(target=lambda: result.append(_commit(a, "decode-0", time.time(), "late")))
+    waiter.start()
+    try:
+        held: list[str] = []
+        for _ in range(100):
+            row = holder.execute(
+                "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objid = %s", (INCIDENT_LOCK & 0xFFFFFFFF,)
+            ).fetchone()
+            if row is not None:
+                held = [
+                    str(r[0])
+                    for r in holder.execute("SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND mode = 'RowExclusiveLock'", (row[0],))
+                ]
+                break
+            time.sleep(0.05)
+        assert "snapshot_parts" in held and "snapshots" in held, held  # inserted, waiting only to file
+        assert not result
+        b.amend_snapshot(amended, doc("decode-0", host="node-b", steps=300))  # no filing: no wait
+    finally:
+        holder.execute("SELECT pg_advisory_unlock(%s)", (INCIDENT_LOCK,))
+        holder.close()
+    waiter.join(10)
+    assert len(result) == 1 and result[0][1] > 0
+    assert a.get_snapshot(result[0][0]).incident_id == result[0][1]
+    assert len(b.get_snapshot(amended).steps) == 300
+    a.db.dispose()
+    b.db.dispose()
