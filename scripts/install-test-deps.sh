@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System parts the tests talk to for real: Alertmanager, Prometheus and promtool (Debian packages
-# prometheus-alertmanager and prometheus), Chromium for the page test, and a running Postgres.
+# prometheus-alertmanager and prometheus), Chromium for the page test, PgBouncer (the fleet tests
+# start one in transaction mode in front of Postgres), and a running Postgres.
 # Idempotent: installs only what is missing, starts Postgres only if it is down.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v pg_ctlcluster >/dev/null 2>&1 || need+=(postgresql)
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 if ((${#need[@]})); then
     echo "installing: ${need[*]}"
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -56,6 +56,13 @@ CONNECT_TIMEOUT_S = 3
 # above statement_timeout, so only a server that is not running at all is cut.
 HUNG_AFTER_S = STATEMENT_TIMEOUT_MS / 1000 + 2
 
+# ``?pool_mode=transaction`` on a Postgres URL: the server is reached through a transaction
+# pooler (PgBouncer's pool_mode = transaction). The parameter is ours, taken off the URL.
+POOL_MODE = "pool_mode"
+TIMEOUTS_PER_TRANSACTION = (
+    f"SELECT set_config('statement_timeout', '{STATEMENT_TIMEOUT_MS}', true), set_config('lock_timeout', '{STATEMENT_TIMEOUT_MS}', true)"
+)
+
 _WATCHDOGS: weakref.WeakKeyDictionary[Engine, HangWatchdog] = weakref.WeakKeyDictionary()
 
 
@@ -66,6 +73,14 @@ def hang_watchdog(engine: Engine) -> HangWatchdog | None:
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
+
+
+def _transaction_pooled(mode: Any) -> bool:
+    if mode in (None, "session"):
+        return False
+    if mode == "transaction":
+        return True
+    raise StorageError(f"{POOL_MODE}={mode}: use transaction (PgBouncer's pool_mode = transaction) or session; statement pooling breaks transactions")
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -98,22 +113,33 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
+    pooled = _transaction_pooled(parsed.query.get(POOL_MODE))
     given = parsed.query.get("options", "")  # e.g. -csearch_path=...: kept, ours appended
     given = " ".join(given) if isinstance(given, tuple) else given
-    options = f"{given} -c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}".strip()
-    engine = create_engine(
-        parsed.difference_update_query(["options"]),
-        connect_args={
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "options": options,
-            # a peer that stops answering mid-query (SIGSTOP, a dead link) is noticed by TCP
-            "keepalives": 1,
-            "keepalives_idle": 5,
-            "keepalives_interval": 2,
-            "keepalives_count": 2,
-        },
-        **kwargs,
-    )
+    connect_args: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        # a peer that stops answering mid-query (SIGSTOP, a dead link) is noticed by TCP
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+    }
+    if pooled:
+        # Behind a transaction pooler each transaction may run on another server connection:
+        # no prepared statements (psycopg prepares a statement run 5 times, on one connection),
+        # and the timeouts set per transaction (PgBouncer refuses a startup ``options``).
+        connect_args["prepare_threshold"] = None
+        if given:
+            connect_args["options"] = given
+    else:
+        connect_args["options"] = f"{given} -c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}".strip()
+    engine = create_engine(parsed.difference_update_query(["options", POOL_MODE]), connect_args=connect_args, **kwargs)
+    if pooled:
+
+        @event.listens_for(engine, "begin")
+        def _timeouts(conn: Any) -> None:
+            conn.exec_driver_sql(TIMEOUTS_PER_TRANSACTION)
+
     dog = HangWatchdog(HUNG_AFTER_S)
     watch(engine, dog)
     _WATCHDOGS[engine] = dog
