@@ -18,9 +18,9 @@ class IncidentStore:
         self.d = database
 
     def file(self, conn: Connection, doc: SnapshotDoc, window: float, key: str) -> int:
-        """The incident a snapshot joins: the nearest whose faults lie within ``window`` of its
-        own (so a spooled snapshot committed late still finds its fault's incident), else a new
-        one."""
+        """The incident a snapshot joins, counted in: the nearest whose faults lie within
+        ``window`` of its own (so a spooled snapshot committed late still finds its fault's
+        incident), else a new one. Runs under the store-wide lock: one statement per step."""
         t = doc.fault_ts
         rows = (
             conn.execute(
@@ -40,7 +40,13 @@ class IncidentStore:
             conn.execute(
                 update(IncidentRow)
                 .where(IncidentRow.id == best["id"])
-                .values(updated_at=max(best["updated_at"], t), opened_at=min(best["opened_at"], t), hosts=hosts, engines=engines)
+                .values(
+                    updated_at=max(best["updated_at"], t),
+                    opened_at=min(best["opened_at"], t),
+                    hosts=hosts,
+                    engines=engines,
+                    snapshot_count=IncidentRow.snapshot_count + 1,
+                )
             )
             return int(best["id"])
         title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
@@ -55,14 +61,11 @@ class IncidentStore:
                     trigger_kind=str(doc.trigger.get("kind")),
                     hosts=[doc.host],
                     engines=[f"{doc.host}/{doc.engine}"],
-                    snapshot_count=0,
+                    snapshot_count=1,
                 )
                 .returning(IncidentRow.id)
             ).scalar_one()
         )
-
-    def counted(self, conn: Connection, incident_id: int) -> None:
-        conn.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(snapshot_count=IncidentRow.snapshot_count + 1))
 
     def list_incidents(self, *, limit: int = 50, before_id: int | None = None) -> list[dict[str, Any]]:
         q = select(IncidentRow).order_by(IncidentRow.id.desc()).limit(limit)

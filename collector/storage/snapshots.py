@@ -109,7 +109,6 @@ class SnapshotStore:
         for item, snap_id in unfiled:
             incident_id = self.incidents.file(conn, item.doc, window, item.incident_key)
             conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(incident_id=incident_id))
-            self.incidents.counted(conn, incident_id)
             item.doc.incident_id = incident_id
 
     def _insert(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes]) -> tuple[int, bool]:
