@@ -12,7 +12,8 @@ from a thread of its own), as bench_fleet.py's sidecars share interpreters.
 
 Measured, printed, and written with ``--json``:
 - stored: snapshots in the store against the nodes, duplicates (one per host and trigger);
-- fault to shared store: from each node's fault moment until its commit returned (p50, p99, max);
+- fault to shared store: from each node's fault moment until its commit returned (p50, p99, max),
+  failed attempts retried every 2 s as the commit queue does (counted, with their errors);
 - incidents: every snapshot of the storm in one incident (its faults lie within the incident
   window of each other), its snapshot count and hosts;
 - the store-wide incident lock: how long each commit waited for it and held it (taken at the end
@@ -47,6 +48,7 @@ sys.path.append(str(ROOT / "scripts"))
 
 HOST_PREFIX = "storm-node-"
 WINDOW_S = 30.0  # the sidecar's default incident_window_s
+RETRY_S = 2.0  # the commit queue's retry_every
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -96,7 +98,7 @@ def worker(spec: dict[str, Any]) -> int:
     from collector.snapshot import spool
     from collector.snapshot.document import SnapshotDoc
     from collector.storage import snapshots as snapshots_mod
-    from collector.storage.db import make_engine
+    from collector.storage.db import StorageError, make_engine
     from collector.storage.repo import Repository
     from collector.storage.writer import event_row
 
@@ -138,13 +140,25 @@ def worker(spec: dict[str, Any]) -> int:
         spool.write(folder, f"{trig.uid}.snap", doc.header(), {"incident_key": f"{host}/decode-0"}, blobs)
         t1 = time.time()
         item = snapshots_mod.SnapshotCommit(doc, f"{host}/decode-0", blobs=blobs, counts=counts, trigger_uid=trig.uid, events=[event_row(trig)])
-        [(sid, stored)] = repos[host].commit_snapshots([item], incident_window_s=WINDOW_S)
+        attempts, errors = 0, []
+        while True:  # as the commit queue does: a failed attempt is retried every RETRY_S, the snapshot spooled meanwhile
+            attempts += 1
+            try:
+                [(sid, stored)] = repos[host].commit_snapshots([item], incident_window_s=WINDOW_S)
+                break
+            except StorageError as exc:
+                if exc.permanent or attempts >= 30:
+                    raise
+                errors.append(str(exc).splitlines()[0][:200])
+                time.sleep(RETRY_S)
         t2, t2m = time.time(), time.monotonic()
         wait, acquired, filed = lock_s.pop(threading_ident(), (None, None, None))
         return {
             "host": host,
             "snapshot_id": sid,
             "stored": stored,
+            "attempts": attempts,
+            "errors": errors,
             "fault_to_store_s": t2 - fault_ts,
             "spool_s": t1 - t0,
             "commit_s": t2 - t1,
@@ -275,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             "incidents": [{"id": i[0], "snapshots": i[1], "hosts": i[2]} for i in incidents],
             "fault_to_store_s": {"p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat)},
             "commit_s": {"p50": pct([r["commit_s"] for r in results], 50), "p99": pct([r["commit_s"] for r in results], 99)},
+            "retried": {"commits": sum(1 for r in results if r["attempts"] > 1), "errors": sorted({e for r in results for e in r["errors"]})[:5]},
             "spool_s": {"p50": pct([r["spool_s"] for r in results], 50), "p99": pct([r["spool_s"] for r in results], 99)},
             "lock_wait_s": {"p50": pct(waits, 50), "p99": pct(waits, 99), "max": max(waits)} if waits else None,
             "lock_held_s": {
@@ -351,6 +366,8 @@ def _print(f: dict[str, Any]) -> None:
     print(
         f"  commit p50 {ms(f['commit_s']['p50'])} p99 {ms(f['commit_s']['p99'])}; spool p50 {ms(f['spool_s']['p50'])} p99 {ms(f['spool_s']['p99'])}"
     )
+    if f["retried"]["commits"]:
+        print(f"  commits retried: {f['retried']['commits']} ({'; '.join(f['retried']['errors'])})")
     if f["lock_held_s"]:
         print(
             f"  incident lock: wait p50 {ms(f['lock_wait_s']['p50'])} p99 {ms(f['lock_wait_s']['p99'])}; "

@@ -4,13 +4,54 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Double, Integer, String, Text, bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from collector.snapshot.document import SnapshotDoc
 from collector.storage.cursor import SUMMARY_COLUMNS
 from collector.storage.database import Database, NotFound, nul_free
 from collector.storage.models import IncidentRow, SnapshotRow
+
+# ``IncidentStore.file`` as one statement, for Postgres: under the store-wide lock each filing is
+# one round trip, whatever the client's scheduling (tests/storage/test_incident_filing.py files
+# the same faults through both and compares). Host lists are sorted as Python sorts (COLLATE "C").
+_FILE_SQL = text("""
+WITH cand AS (
+    SELECT id, opened_at, updated_at FROM incidents
+    WHERE opened_at <= :t + :w AND updated_at >= :t - :w
+    ORDER BY updated_at DESC, id DESC LIMIT 8
+), best AS (
+    SELECT id FROM cand
+    ORDER BY CASE WHEN opened_at <= :t AND :t <= updated_at THEN 0 ELSE LEAST(abs(:t - opened_at), abs(:t - updated_at)) END,
+             updated_at DESC, id DESC
+    LIMIT 1
+), upd AS (
+    UPDATE incidents i SET
+        updated_at = GREATEST(i.updated_at, :t),
+        opened_at = LEAST(i.opened_at, :t),
+        hosts = (SELECT jsonb_agg(x ORDER BY x COLLATE "C") FROM (SELECT jsonb_array_elements_text(i.hosts) UNION SELECT :host) AS s(x)),
+        engines = (SELECT jsonb_agg(x ORDER BY x COLLATE "C") FROM (SELECT jsonb_array_elements_text(i.engines) UNION SELECT :eng) AS s(x)),
+        snapshot_count = i.snapshot_count + 1
+    FROM best WHERE i.id = best.id
+    RETURNING i.id
+), ins AS (
+    INSERT INTO incidents (key, title, opened_at, updated_at, trigger_kind, hosts, engines, snapshot_count)
+    SELECT :key, :title, :t, :t, :kind, jsonb_build_array(:host), jsonb_build_array(:eng), 1
+    WHERE NOT EXISTS (SELECT 1 FROM best)
+    RETURNING id
+)
+UPDATE snapshots SET incident_id = (SELECT id FROM upd UNION ALL SELECT id FROM ins) WHERE id = :sid
+RETURNING incident_id
+""").bindparams(
+    bindparam("t", type_=Double()),
+    bindparam("w", type_=Double()),
+    bindparam("host", type_=Text()),
+    bindparam("eng", type_=Text()),
+    bindparam("key", type_=String()),
+    bindparam("title", type_=Text()),
+    bindparam("kind", type_=String()),
+    bindparam("sid", type_=Integer()),
+)
 
 
 class IncidentStore:
@@ -49,7 +90,7 @@ class IncidentStore:
                 )
             )
             return int(best["id"])
-        title = f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"
+        title = _title(doc)
         return int(
             conn.execute(
                 insert(IncidentRow)
@@ -66,6 +107,24 @@ class IncidentStore:
                 .returning(IncidentRow.id)
             ).scalar_one()
         )
+
+    def file_snapshot(self, conn: Connection, doc: SnapshotDoc, window: float, key: str, snapshot_id: int) -> int:
+        """``file`` and the snapshot pointed at its incident; on Postgres in one statement."""
+        if self.d.dialect != "postgresql":
+            incident_id = self.file(conn, doc, window, key)
+            conn.execute(update(SnapshotRow).where(SnapshotRow.id == snapshot_id).values(incident_id=incident_id))
+            return incident_id
+        params = {
+            "t": doc.fault_ts,
+            "w": window,
+            "host": doc.host,
+            "eng": f"{doc.host}/{doc.engine}",
+            "key": key,
+            "title": nul_free(_title(doc)),
+            "kind": str(doc.trigger.get("kind")),
+            "sid": snapshot_id,
+        }
+        return int(conn.execute(_FILE_SQL, params).scalar_one())
 
     def list_incidents(self, *, limit: int = 50, before_id: int | None = None) -> list[dict[str, Any]]:
         q = select(IncidentRow).order_by(IncidentRow.id.desc()).limit(limit)
@@ -85,3 +144,7 @@ class IncidentStore:
                 for r in conn.execute(select(*SUMMARY_COLUMNS).where(SnapshotRow.incident_id == incident_id).order_by(SnapshotRow.id))
             ]
         return out
+
+
+def _title(doc: SnapshotDoc) -> str:
+    return f"{doc.trigger.get('kind')} on {doc.host}/{doc.engine}: {str(doc.trigger.get('message', ''))[:200]}"

@@ -107,8 +107,7 @@ class SnapshotStore:
         if self.d.dialect == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": INCIDENT_LOCK})
         for item, snap_id in unfiled:
-            incident_id = self.incidents.file(conn, item.doc, window, item.incident_key)
-            conn.execute(update(SnapshotRow).where(SnapshotRow.id == snap_id).values(incident_id=incident_id))
+            incident_id = self.incidents.file_snapshot(conn, item.doc, window, item.incident_key, snap_id)
             item.doc.incident_id = incident_id
 
     def _insert(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes]) -> tuple[int, bool]:

@@ -4,9 +4,11 @@ fault still join one incident."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 import pytest
@@ -100,3 +102,38 @@ def test_the_parts_go_in_before_the_store_wide_lock(pg_url: str) -> None:
     assert len(b.get_snapshot(amended).steps) == 300
     a.db.dispose()
     b.db.dispose()
+
+
+def _filed(url: str, faults: list[tuple[str, str, float]]) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """The faults committed one by one: for each snapshot the first snapshot of its incident,
+    and each incident's span, hosts, engines and count (keyed the same way)."""
+    from collector.storage.migrate import upgrade
+
+    upgrade(url)
+    nodes: dict[str, Repository] = {}
+    incident_of: list[int] = []
+    for i, (host, engine, ts) in enumerate(faults):
+        r = nodes.setdefault(host, repo(url, host))
+        incident_of.append(_commit(r, engine, ts, f"f{i}")[1])
+    first = {iid: incident_of.index(iid) for iid in incident_of}
+    r = next(iter(nodes.values()))
+    shapes = []
+    for iid in sorted(first, key=first.__getitem__):
+        inc = r.get_incident(iid)
+        shapes.append((first[iid], inc["opened_at"], inc["updated_at"], inc["hosts"], inc["engines"], inc["snapshot_count"], inc["title"]))
+    for n in nodes.values():
+        n.db.dispose()
+    return [first[i] for i in incident_of], shapes
+
+
+def test_postgres_files_in_one_statement_exactly_as_the_rule_does(pg_url: str, sqlite_url: str) -> None:
+    """The same faults, committed in the same (late, shuffled) order: Postgres's one-statement
+    filing groups them exactly as the rule in Python does on SQLite."""
+    rng = random.Random(7)
+    t = 1_796_000_000.0
+    centres = [0.0, 20.0, 45.0, 100.0, 400.0, 431.0]
+    hosts = ["node-B", "node-a", "node_c", "Node-d", "node-e"]  # mixed case and punctuation: the sort order
+    faults = [(rng.choice(hosts), rng.choice(["decode-0", "prefill-0"]), t + rng.choice(centres) + rng.uniform(-15, 15)) for _ in range(60)]
+    on_pg, on_sqlite = _filed(pg_url, faults), _filed(sqlite_url, faults)
+    assert on_pg == on_sqlite
+    assert 3 <= len(on_pg[1]) < 60  # faults joined, and several incidents
