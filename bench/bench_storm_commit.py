@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", help="a Postgres server URL to make the bench's database on (default: a cluster of the bench's own, fsync on)")
     p.add_argument("--pgbouncer", type=int, default=0, metavar="N", help="through PgBouncer in transaction mode, N server connections")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--start-s", type=float, default=20.0, help="seconds the workers have to start before the storm")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         upgrade(url)
 
         rng = random.Random(args.seed)
-        t0 = time.time() + 20.0  # the workers start (imports, the template) before the first fault
+        t0 = time.time() + args.start_s  # the workers start (imports, the template) before the first fault
         nodes = [{"host": f"{HOST_PREFIX}{i:03d}", "offset": rng.uniform(0, args.storm_s)} for i in range(args.nodes)]
         procs = []
         for k in range(args.procs):
