@@ -79,26 +79,38 @@ class SnapshotStore:
         one Postgres. The fingerprints of the engine's pair peers are stored with it, so the
         triage checklist (NCCL_NET_PLUGIN on both engines) is answerable from one snapshot.
 
-        The snapshots and their parts (the megabytes) are inserted first, while other nodes
-        insert theirs; only the filing (the nearby incidents read, one updated or added, the
-        snapshots pointed at it) takes the store-wide lock, at the end of the transaction, so
-        that nodes' snapshots of one fault join one incident while a storm's commits run side by
-        side. The lock is transaction-scoped: it goes with the commit, and the next filer sees
-        this one's incident. One transaction still: no reader ever sees a snapshot unfiled."""
+        The snapshots and their parts (the megabytes) are inserted first, beside other nodes'
+        commits; only the filing (the nearby incidents read, one updated or added, the snapshot
+        pointed at it) takes the store-wide lock, so that nodes' snapshots of one fault join one
+        incident while a storm's commits run side by side. The lock is transaction-scoped: it
+        goes with the filing's commit, and the next filer sees this one's incident.
+
+        On Postgres, when every new snapshot has a trigger id, the filing is a transaction of
+        its own after the parts' commit: the lock is held for one statement per snapshot and a
+        commit of a few rows, never for the flush of megabytes of WAL, and a filing that fails
+        (the lock not had within the lock timeout) costs only itself: the retry finds the stored
+        snapshot by its trigger, unfiled, and files it (returned as stored now: its first commit
+        completes then). Meanwhile, for milliseconds, a reader sees the snapshot without its
+        incident. Without a trigger id (a tool's commit) nothing would find it again: it is
+        filed in the same transaction."""
         blobs = [dict(i.blobs) if i.blobs is not None else pack_parts(i.doc) for i in items]  # compressed outside the transaction
         out: list[tuple[int, bool]] = []
         unfiled: list[tuple[SnapshotCommit, int]] = []
+        apart = self.d.dialect == "postgresql" and all(i.trigger_uid for i in items if isinstance(i, SnapshotCommit))
         with self.d.tx() as conn:
             for item, parts in zip(items, blobs, strict=True):
                 if isinstance(item, SnapshotCommit):
-                    sid, stored = self._insert(conn, item, parts)
+                    sid, stored, filed = self._insert(conn, item, parts)
                     out.append((sid, stored))
-                    if stored:
+                    if not filed:
                         unfiled.append((item, sid))
                 else:
                     self._amend(conn, item, parts)
                     out.append((item.snapshot_id, True))
-            if unfiled:
+            if unfiled and not apart:
+                self._file(conn, unfiled, incident_window_s)
+        if unfiled and apart:
+            with self.d.tx() as conn:
                 self._file(conn, unfiled, incident_window_s)
         return out
 
@@ -110,8 +122,9 @@ class SnapshotStore:
             incident_id = self.incidents.file_snapshot(conn, item.doc, window, item.incident_key, snap_id)
             item.doc.incident_id = incident_id
 
-    def _insert(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes]) -> tuple[int, bool]:
-        """The snapshot's row (its incident filed later, in ``_file``), parts and events."""
+    def _insert(self, conn: Connection, item: SnapshotCommit, blobs: dict[str, bytes]) -> tuple[int, bool, bool]:
+        """The snapshot's row (its incident filed later, in ``_file``), parts and events:
+        (snapshot id, stored now, filed already)."""
         doc = item.doc
         if item.trigger_uid:
             have = conn.execute(
@@ -123,7 +136,9 @@ class SnapshotStore:
                 for ev in item.events[:1]:  # the trigger's row, which the kill may have left unwritten
                     self.events.link(conn, ev, have.id)
                 doc.id, doc.incident_id = have.id, have.incident_id
-                return int(have.id), False
+                if have.incident_id is None:  # an earlier attempt's, whose filing failed: its first commit completes now
+                    return int(have.id), True, False
+                return int(have.id), False, True
         doc.peers = self._peers(conn, doc)
         blobs["peers"] = pack(doc.peers)
         summary = dict(doc.summary)
@@ -152,7 +167,7 @@ class SnapshotStore:
         for ev in item.events:
             self.events.link(conn, ev, snap_id)
         doc.id = snap_id
-        return int(snap_id), True
+        return int(snap_id), True, False
 
     def _amend(self, conn: Connection, item: SnapshotAmend, blobs: dict[str, bytes]) -> None:
         doc, snap_id = item.doc, item.snapshot_id

@@ -63,45 +63,90 @@ def test_a_storm_of_concurrent_commits_files_one_incident_per_fault(pg_url: str)
         r.db.dispose()
 
 
-def test_the_parts_go_in_before_the_store_wide_lock(pg_url: str) -> None:
-    """While another filer holds the lock, a node's commit has already inserted its snapshot
-    and parts and waits only to file them; an amendment (no filing) does not wait at all."""
+def _hold_the_lock(pg_url: str) -> psycopg.Connection[Any]:
+    url, options = _libpq(pg_url)
+    holder = psycopg.connect(url, options=options, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (INCIDENT_LOCK,))
+    return holder
+
+
+def _waiting_filer(holder: psycopg.Connection[Any]) -> bool:
+    row = holder.execute(
+        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s", (INCIDENT_LOCK & 0xFFFFFFFF,)
+    ).fetchone()
+    return row is not None
+
+
+def _stored(holder: psycopg.Connection[Any], uid: str) -> list[tuple[Any, ...]]:
+    return list(holder.execute("SELECT id, incident_id FROM snapshots WHERE trigger_uid = %s", (uid,)).fetchall())
+
+
+def test_the_parts_are_committed_before_the_store_wide_lock(pg_url: str) -> None:
+    """While another filer holds the lock, a node's snapshot and parts are already committed
+    (seen from another connection, unfiled) and only its filing waits; an amendment (no
+    filing) does not wait at all."""
     from collector.storage.migrate import upgrade
 
     upgrade(pg_url)
     a, b = repo(pg_url, "node-a"), repo(pg_url, "node-b")
     amended, _ = _commit(b, "decode-0", time.time(), "earlier")
-    url, options = _libpq(pg_url)
-    holder = psycopg.connect(url, options=options, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s)", (INCIDENT_LOCK,))
+    holder = _hold_the_lock(pg_url)
     result: list[tuple[int, int]] = []
     waiter = threading.Thread(target=lambda: result.append(_commit(a, "decode-0", time.time(), "late")))
     waiter.start()
     try:
-        held: list[str] = []
         for _ in range(100):
-            row = holder.execute(
-                "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objid = %s", (INCIDENT_LOCK & 0xFFFFFFFF,)
-            ).fetchone()
-            if row is not None:
-                held = [
-                    str(r[0])
-                    for r in holder.execute("SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND mode = 'RowExclusiveLock'", (row[0],))
-                ]
+            if _waiting_filer(holder):
                 break
             time.sleep(0.05)
-        assert "snapshot_parts" in held and "snapshots" in held, held  # inserted, waiting only to file
-        assert not result
+        ((sid, incident),) = _stored(holder, "late")
+        assert incident is None and not result  # committed, waiting only to be filed
+        parts = holder.execute("SELECT count(*) FROM snapshot_parts WHERE snapshot_id = %s", (sid,)).fetchone()
+        assert parts is not None and parts[0] >= 5
         b.amend_snapshot(amended, doc("decode-0", host="node-b", steps=300))  # no filing: no wait
     finally:
         holder.execute("SELECT pg_advisory_unlock(%s)", (INCIDENT_LOCK,))
         holder.close()
     waiter.join(10)
-    assert len(result) == 1 and result[0][1] > 0
-    assert a.get_snapshot(result[0][0]).incident_id == result[0][1]
+    assert len(result) == 1 and result[0][0] == sid and result[0][1] > 0
+    assert a.get_snapshot(sid).incident_id == result[0][1]
     assert len(b.get_snapshot(amended).steps) == 300
     a.db.dispose()
     b.db.dispose()
+
+
+@pytest.mark.slow
+def test_a_filing_that_times_out_is_done_by_the_retry(pg_url: str) -> None:
+    """The lock not had within the lock timeout: the commit fails (the queue retries it), the
+    snapshot stays stored once, and the retry files it and says it is stored now."""
+    from collector.model import Event, EventKind, Severity
+    from collector.storage.db import StorageError
+    from collector.storage.migrate import upgrade
+    from collector.storage.writer import event_row
+
+    upgrade(pg_url)
+    a = repo(pg_url, "node-a")
+    t = time.time()
+    ev = event_row(Event(kind=EventKind.XID, ts=t, source="kmsg", message="Xid 79", severity=Severity.CRITICAL, xid=79, uid="xid-1"))
+    item = SnapshotCommit(doc("decode-0", host="node-a", ts=t), "k", trigger_uid="xid-1", events=[ev])
+    holder = _hold_the_lock(pg_url)
+    try:
+        with pytest.raises(StorageError, match="lock timeout|statement timeout"):
+            a.commit_snapshots([item], incident_window_s=30)
+        ((sid, incident),) = _stored(holder, "xid-1")
+        assert incident is None
+    finally:
+        holder.execute("SELECT pg_advisory_unlock(%s)", (INCIDENT_LOCK,))
+        holder.close()
+    again = SnapshotCommit(doc("decode-0", host="node-a", ts=t), "k", trigger_uid="xid-1", events=[ev])
+    assert a.commit_snapshots([again], incident_window_s=30) == [(sid, True)]
+    assert again.doc.incident_id and a.get_snapshot(sid).incident_id == again.doc.incident_id
+    assert a.get_incident(again.doc.incident_id)["snapshot_count"] == 1
+    assert a.snapshot_count() == 1
+    third = SnapshotCommit(doc("decode-0", host="node-a", ts=t), "k", trigger_uid="xid-1", events=[ev])
+    assert a.commit_snapshots([third], incident_window_s=30) == [(sid, False)]  # filed: a retake is a duplicate
+    assert len([e for e in a.list_events(limit=100) if e["uid"] == "xid-1"]) == 1
+    a.db.dispose()
 
 
 def _filed(url: str, faults: list[tuple[str, str, float]]) -> tuple[list[int], list[tuple[Any, ...]]]:
