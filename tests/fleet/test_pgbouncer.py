@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -101,3 +102,11 @@ def test_a_url_without_the_pool_mode_is_refused_by_pgbouncer_with_a_clear_error(
         Repository(make_engine(plain), host="node-a").snapshot_count()
     with pytest.raises(StorageError, match="pool_mode=statement: use transaction"):
         make_engine(plain + "?pool_mode=statement")
+
+
+def test_the_pgbouncer_started_here_is_gone_after_stop() -> None:
+    with LocalPgBouncer(PG_URL) as b:
+        assert b.proc is not None
+        pid = b.proc.pid
+        assert b.admin("SHOW VERSION")
+    assert not Path(f"/proc/{pid}").exists()

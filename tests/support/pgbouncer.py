@@ -4,7 +4,8 @@ For tests and benchmarks (not shipped in the package): ``LocalPgBouncer`` writes
 passes every database name through to the server (``* = host=... port=...``), trusts its
 clients as the server does, pools server connections per transaction (``pool_mode =
 transaction``, the mode docs/fleet.md has 1,000 nodes use), starts Debian's ``pgbouncer`` on a
-free port (as ``postgres`` when run as root: it refuses root), and stops it again. Its
+free port (as ``postgres`` when run as root: it refuses root), and stops it again (the process
+itself, checked gone). Its
 ``server_connections`` counts what it holds open on the server (``SHOW POOLS`` on its admin
 console).
 """
@@ -76,12 +77,12 @@ class LocalPgBouncer:
         )
         (self.dir / "users.txt").write_text('"postgres" ""\n')
         user: list[str] = []
-        if os.geteuid() == 0:
+        if os.geteuid() == 0:  # its own -u, not runuser: the process started is the one stop() signals
             pw = pwd.getpwnam("postgres")
             for p in (self.dir, *self.dir.iterdir()):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
-            user = ["runuser", "-u", "postgres", "--"]
-        self.proc = subprocess.Popen([*user, binary, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            user = ["-u", "postgres"]
+        self.proc = subprocess.Popen([binary, *user, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
