@@ -238,7 +238,7 @@ class AppContext:
                     "url": e.url,
                     "pair": e.pair,
                     "up": e.up,
-                    # the verdict (collector/ingest/state.py): ok, idle, sleeping, starting, wedged, down, gpu_fault
+                    # the verdict (collector/ingest/state.py): ok, idle, sleeping, paused, starting, wedged, down, gpu_fault
                     "state": state.state if state is not None else None,
                     "state_since": state.since if state is not None else None,
                     "state_reason": state.reason if state is not None else None,

@@ -256,6 +256,11 @@ class Event:
         return out
 
 
+# vLLM's counters whose change between two scrapes means the engine stepped (one observation of
+# iteration_tokens per step; the tokens it computed): an engine's progress without the recorder
+PROGRESS_COUNTERS = ("iteration_tokens_total_count", "prompt_tokens_total", "generation_tokens_total")
+
+
 @dataclass(slots=True)
 class MetricsScrape:
     """Values kept from one /metrics scrape of one engine (vLLM families, by engine label)."""
@@ -267,6 +272,9 @@ class MetricsScrape:
     model_name: str | None = None
     # "scrape" for /metrics; "log" for the engine log's 10 s stat line (a fallback series)
     origin: str = "scrape"
+    # vLLM's GET /is_paused, asked only while the engine holds requests and its counters stood
+    # still since the previous scrape (None: not asked, or no such endpoint)
+    paused: bool | None = None
 
 
 @dataclass(slots=True)

@@ -159,7 +159,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     )
     async def engine_health(name: Annotated[str, Path(max_length=128)]) -> JSONResponse:
         """One engine's health verdict, for a Kubernetes probe or a load balancer: 200 while it is
-        ok, idle, asleep or starting, 503 while it is wedged, down or its GPU faulted. No token,
+        ok, idle, asleep, paused or starting, 503 while it is wedged, down or its GPU faulted. No token,
         like /healthz: it says no more than the engine's own /health would."""
         verdict = ctx.engine_health(name)
         if verdict is None:

@@ -38,7 +38,7 @@ class EngineOut(BaseModel):
     up: bool | None = None
     state: str | None = Field(
         None,
-        description="the engine's verdict: ok, idle, sleeping, starting, wedged, down or gpu_fault "
+        description="the engine's verdict: ok, idle, sleeping, paused, starting, wedged, down or gpu_fault "
         "(null: an engine another sidecar stored, not watched here)",
     )
     state_since: float | None = Field(None, description="when it entered that state, unix s (a wedge: its last step)")
@@ -61,7 +61,7 @@ class EngineOut(BaseModel):
 
 class EngineHealth(BaseModel):
     engine: str
-    state: str = Field(description="ok, idle, sleeping, starting (200); wedged, down, gpu_fault (503)")
+    state: str = Field(description="ok, idle, sleeping, paused, starting (200); wedged, down, gpu_fault (503)")
     since: float | None = Field(None, description="when it entered that state, unix s")
     reason: str = ""
 

@@ -7,7 +7,7 @@ the image. /healthz needs no token and answers 200 while the process works (a de
 source too), so only a sidecar that stopped serving fails it.
 
 With ``--engine`` it asks ``GET /api/v1/engines/NAME/health`` (no token either): exit 0 while the
-engine is ok, idle, asleep or starting, 1 while it is wedged, down or its GPU faulted (the
+engine is ok, idle, asleep, paused or starting, 1 while it is wedged, down or its GPU faulted (the
 state, since when and why on one line), 2 for an engine the sidecar does not know.
 """
 

@@ -9,7 +9,8 @@ longest gap between two of its movements while it held requests, as the ticks se
 steps between two ticks count as one gap of at most the tick: an upper bound, and only gaps
 that could raise the threshold above its floor are kept).
 
-Not wedged: an engine that holds nothing (idle), one asleep (vLLM's ``/sleep``), one that is down
+Not wedged: an engine that holds nothing (idle), one asleep (vLLM's ``/sleep``) or paused (its
+``/is_paused``, asked when its counters stand still with requests held), one that is down
 or never answered (its own states), and any engine while the sidecar itself is behind (its own
 late reads would look like the engine's stop; those ticks are skipped, as the detectors' are).
 """
@@ -100,7 +101,7 @@ class WedgeWatch:
             return None
         thr = self.thr
         moved = p.step_ts is not None and (w.moved_at is None or p.step_ts > w.moved_at)
-        busy = bool(p.held) and not p.sleeping
+        busy = bool(p.held) and not p.sleeping and not p.paused
         if moved and p.step_ts is not None:
             if w.moved_at is not None and w.busy_since is not None and w.wedged is None:  # a wedge is no pace
                 gap = self._gap(w, p.step_ts, p.step, now)

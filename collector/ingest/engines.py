@@ -107,12 +107,12 @@ class EngineRegistry:
         if step is not None:
             st.progress.saw_steps(step, ts, held, held_ts)
 
-    def saw_scrape(self, name: str, ts: float, values: dict[str, float] | None = None) -> None:
+    def saw_scrape(self, name: str, ts: float, values: dict[str, float] | None = None, paused: bool | None = None) -> None:
         st = self._engines[name]
         st.up = st.ever_up = True
         st.last_scrape_ok = ts
         if values is not None:
-            st.progress.saw_scrape(ts, values)
+            st.progress.saw_scrape(ts, values, paused)
 
     def saw_event(self, name: str, ev: Event) -> None:
         """An event routed to the engine: a wedge, its end, a crash or a GPU fault marks its state."""

@@ -237,5 +237,5 @@ class Intake:
         self.engine(s.engine)
         self.store.add_scrape(s)
         if s.origin == "scrape":  # a replayed log line proves nothing live
-            self.engines.saw_scrape(s.engine, s.ts, s.values)
+            self.engines.saw_scrape(s.engine, s.ts, s.values, s.paused)
             self.rows.offer_scrape(s)

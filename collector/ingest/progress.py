@@ -9,7 +9,9 @@ engine by the registry at the cost of a few assignments per filed poll or scrape
   observation per step; ``prompt_tokens_total``, ``generation_tokens_total``), whose change
   between two scrapes is progress at the later scrape's time (the step was taken within the
   interval before it), and the running and waiting gauges; and vLLM's sleep gauge
-  (``engine_sleep_state{sleep_state="awake"}`` 0: the engine was put to sleep).
+  (``engine_sleep_state{sleep_state="awake"}`` 0: the engine was put to sleep), and what its
+  ``/is_paused`` said when the scrape asked (``MetricsScrape.paused``: vLLM's pause for RL weight
+  updates holds requests without stepping, by design).
 
 Progress is the newer of the two: a recorder that stopped while the counters still move is not
 an engine that stopped. Held requests are the newest reading's. Nothing here judges; a wedge is
@@ -21,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# vLLM's counters whose change between scrapes means the engine stepped
-PROGRESS_COUNTERS = ("iteration_tokens_total_count", "prompt_tokens_total", "generation_tokens_total")
+from collector.model import PROGRESS_COUNTERS
+
 AWAKE = 'engine_sleep_state{sleep_state="awake"}'
 
 
@@ -36,13 +38,14 @@ class Progress:
     held_ts: float | None  # when ``held`` was read
     first_seen: float | None  # first record or scrape of it: the start of a wait before any step
     sleeping: bool  # vLLM says it was put to sleep (/sleep): holds nothing, steps nothing
+    paused: bool  # vLLM says it is paused (/pause): holds requests, steps nothing, by design
     from_recorder: bool  # its steps come from the recorder (else only from /metrics)
 
 
 class ProgressBook:
     """One engine's progress, updated by ingest as it files; read as a frozen ``Progress``."""
 
-    __slots__ = ("_counters", "first_seen", "from_recorder", "held", "held_ts", "moved_ts", "sleeping", "step", "step_ts")
+    __slots__ = ("_counters", "first_seen", "from_recorder", "held", "held_ts", "moved_ts", "paused", "sleeping", "step", "step_ts")
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -52,6 +55,7 @@ class ProgressBook:
         self.held_ts: float | None = None
         self.first_seen: float | None = None
         self.sleeping = False
+        self.paused = False
         self.from_recorder = False
         self._counters: tuple[float, ...] | None = None
 
@@ -65,12 +69,18 @@ class ProgressBook:
         if held is not None and held_ts is not None and (self.held_ts is None or held_ts >= self.held_ts):
             self.held, self.held_ts = held, held_ts
 
-    def saw_scrape(self, ts: float, values: Mapping[str, float]) -> None:
+    def saw_scrape(self, ts: float, values: Mapping[str, float], paused: bool | None = None) -> None:
+        """``paused``: /is_paused's answer when the scrape asked (None: not asked)."""
         if self.first_seen is None:
             self.first_seen = ts
         counters = tuple(values.get(k, -1.0) for k in PROGRESS_COUNTERS)
-        if self._counters is not None and counters != self._counters and any(v >= 0 for v in counters):
+        moved = self._counters is not None and counters != self._counters and any(v >= 0 for v in counters)
+        if moved:
             self.moved_ts = ts
+        if paused is not None:
+            self.paused = paused
+        elif moved:
+            self.paused = False  # it steps: whatever it was, it is not paused now
         self._counters = counters
         running, waiting = values.get("num_requests_running"), values.get("num_requests_waiting")
         if running is not None and waiting is not None and (self.held_ts is None or ts >= self.held_ts):
@@ -87,5 +97,6 @@ class ProgressBook:
             held_ts=self.held_ts,
             first_seen=self.first_seen,
             sleeping=self.sleeping,
+            paused=self.paused,
             from_recorder=self.from_recorder,
         )

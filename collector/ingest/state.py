@@ -5,6 +5,7 @@
     ok         yes       it holds requests and steps
     idle       yes       it holds none (or has not said yet), answering
     sleeping   yes       vLLM put it to sleep (/sleep): it steps nothing and should not
+    paused     yes       vLLM paused it (/pause, RL weight updates): it holds requests, steps nothing
     starting   yes       configured, never answered yet (loading, capturing graphs)
     wedged     no        it holds requests and has not stepped for far longer than its own pace
     down       no        its /metrics stopped answering, or it died (a fatal error in its log)
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from collector.ingest.progress import Progress
 from collector.model import CRASH_KINDS, Event, EventKind, Severity
 
-STATES = ("ok", "idle", "sleeping", "starting", "wedged", "down", "gpu_fault")
+STATES = ("ok", "idle", "sleeping", "paused", "starting", "wedged", "down", "gpu_fault")
 # The health verdict's failures (503, a non-zero exit). ``starting`` is not among them: a liveness
 # probe that failed a loading engine would restart it before it ever answered.
 UNHEALTHY = frozenset({"wedged", "down", "gpu_fault"})
@@ -94,6 +95,8 @@ class StateBook:
             return EngineState("starting", None, "not answered yet" if configured else "named by a record, not answered yet")
         if progress.sleeping:
             return EngineState("sleeping", None, "vLLM says it is asleep (/sleep)")
+        if progress.paused:
+            return EngineState("paused", None, f"vLLM says it is paused (/is_paused), holding {progress.held or 0} requests")
         if not progress.held:
             return EngineState("idle", None, "holds no request" if progress.held is not None else "has not said what it holds yet")
         return EngineState("ok", None, f"holds {progress.held} requests and steps")

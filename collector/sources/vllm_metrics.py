@@ -37,6 +37,7 @@ and become status and events.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -46,7 +47,7 @@ from typing import Protocol
 
 import httpx
 
-from collector.model import Event, EventKind, MetricsScrape, Severity, SourceStatus
+from collector.model import PROGRESS_COUNTERS, Event, EventKind, MetricsScrape, Severity, SourceStatus
 from collector.parsers.prom_text import (
     MetricsParseError,
     ParsedPage,
@@ -106,6 +107,11 @@ DEFAULT_INTERVAL = 1.0  # seconds between scrapes of one engine
 DEFAULT_TIMEOUT = 2.0  # seconds, for each of /metrics and /health
 DEFAULT_HEALTH_FAIL_THRESHOLD = 3  # failed scrapes in a row before ENGINE_DOWN
 _COUNTER_PARTS = ("_sum", "_count")
+# vLLM's pause state (pause_generation, for RL weight updates: requests held, no step, by design).
+# Served where /pause is, under VLLM_SERVER_DEV_MODE; a 404 elsewhere, after which it is not asked
+# again. Asked only when a page shows requests held and step and token counters that did not move
+# since the previous page: a paused engine looks wedged otherwise.
+PAUSE_PATH = "/is_paused"
 
 
 class EngineTarget(Protocol):
@@ -229,12 +235,14 @@ class _EngineState:
     last_error: str = ""
     last_duration_s: float | None = None
     engines_seen: set[str] = field(default_factory=set)
+    progress: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each page engine's step/token counters
+    pause_endpoint: bool | None = None  # /is_paused answers (None: not asked yet; False: 404)
 
 
 ClientFactory = Callable[[], httpx.AsyncClient]
-# What one scrape's two GETs gave: the page's records and counter keys, or why not; /health's
-# failure, or None.
-Fetched = tuple[tuple[list[MetricsScrape], set[str]] | BaseException, BaseException | None]
+# What one scrape's GETs gave: the page's records and counter keys, or why not; /health's
+# failure, or None; /is_paused's answer, or None (not asked, or no answer).
+Fetched = tuple[tuple[list[MetricsScrape], set[str]] | BaseException, BaseException | None, bool | None]
 MAX_SCRAPE_THREADS = 32
 
 
@@ -397,7 +405,14 @@ class VllmMetricsSource:
                 health = ScrapeError(f"GET {state.url}/health: HTTP {status}")
         except HttpGetError as exc:
             health = ScrapeError(str(exc))
-        return metrics, health
+        paused = None
+        if not isinstance(metrics, BaseException) and _stood_still(state, metrics[0]):
+            try:
+                status, body = conn.get(PAUSE_PATH, self._timeout)
+                paused = _pause_answer(state, status, body)
+            except HttpGetError:
+                paused = None
+        return metrics, health, paused
 
     # through an httpx client on the loop
 
@@ -408,7 +423,14 @@ class VllmMetricsSource:
                 self._get(client, state.url + "/health"),
                 return_exceptions=True,
             )
-            return metrics, health if isinstance(health, BaseException) else None
+            paused = None
+            if not isinstance(metrics, BaseException) and _stood_still(state, metrics[0]):
+                try:
+                    response = await client.get(state.url + PAUSE_PATH, timeout=self._timeout)
+                    paused = _pause_answer(state, response.status_code, response.content)
+                except httpx.HTTPError:
+                    paused = None
+            return metrics, health if isinstance(health, BaseException) else None, paused
 
         return fetch
 
@@ -431,7 +453,7 @@ class VllmMetricsSource:
     async def _scrape(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], state: _EngineState, sink: Sink) -> None:
         started = self._monotonic()
         ts = self._clock()
-        metrics, health = await fetch(state, ts)
+        metrics, health, paused = await fetch(state, ts)
         state.last_duration_s = self._monotonic() - started
         # A page read while /health fails is still evidence (an engine on its way down often
         # serves one): emit it, and count the scrape as failed.
@@ -439,6 +461,7 @@ class VllmMetricsSource:
             scrapes, counters = metrics
             for scrape in scrapes:
                 scrape.rates = self._rates.update(scrape.engine, started, scrape.values, counters)
+                scrape.paused = paused
                 state.engines_seen.add(scrape.engine)
                 sink.emit(scrape)
         errors = [r for r in (metrics, health) if isinstance(r, BaseException)]
@@ -494,3 +517,39 @@ class VllmMetricsSource:
         state.consecutive_failures = 0
         state.last_ok = ts
         state.last_error = ""
+
+
+def _stood_still(state: _EngineState, scrapes: Sequence[MetricsScrape]) -> bool:
+    """Whether an engine of the page holds requests and its step and token counters did not
+    move since the previous page (remembered per engine): the moment to ask /is_paused."""
+    if state.pause_endpoint is False:
+        return False
+    still = False
+    for s in scrapes:
+        v = s.values
+        counters = tuple(v.get(k, -1.0) for k in PROGRESS_COUNTERS)
+        before = state.progress.get(s.engine)
+        state.progress[s.engine] = counters
+        if before == counters and v.get("num_requests_running", 0.0) + v.get("num_requests_waiting", 0.0) > 0:
+            still = True
+    return still
+
+
+def _pause_answer(state: _EngineState, status: int, body: bytes) -> bool | None:
+    """``{"is_paused": true}`` -> True; a 404 (no dev-mode routes) or an answer that is not vLLM's
+    is remembered: never asked again. A failure (5xx, timeout) says nothing and is asked again."""
+    if status in (404, 405):
+        state.pause_endpoint = False
+        return None
+    if status != 200:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    paused = answer.get("is_paused") if isinstance(answer, dict) else None
+    if not isinstance(paused, bool):  # something else answers there: not vLLM's pause state
+        state.pause_endpoint = False
+        return None
+    state.pause_endpoint = True
+    return paused

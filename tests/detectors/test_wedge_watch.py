@@ -125,11 +125,11 @@ def test_requests_that_arrive_after_a_long_idle_start_the_clock_afresh() -> None
     assert rig.kinds() == []
 
 
-def _scrape(rig: Rig, t: float, *, tokens: float, running: float, awake: float | None = None) -> None:
+def _scrape(rig: Rig, t: float, *, tokens: float, running: float, awake: float | None = None, paused: bool | None = None) -> None:
     values = {"num_requests_running": running, "num_requests_waiting": 0.0, "generation_tokens_total": tokens, "prompt_tokens_total": 100.0}
     if awake is not None:
         values['engine_sleep_state{sleep_state="awake"}'] = awake
-    rig.hub.emit(MetricsScrape(engine=ENGINE, ts=T0 + t, values=values))
+    rig.hub.emit(MetricsScrape(engine=ENGINE, ts=T0 + t, values=values, paused=paused))
 
 
 def test_an_engine_without_the_recorder_wedges_on_frozen_counters_and_resumes_when_they_move() -> None:
@@ -154,6 +154,25 @@ def test_an_engine_put_to_sleep_is_asleep_not_wedged() -> None:
         rig.at(s)
     assert rig.kinds() == []
     assert rig.state() == "sleeping"
+
+
+def test_an_engine_vllm_paused_holds_its_requests_without_being_wedged_and_is_judged_afresh_after() -> None:
+    rig = Rig()
+    for s in range(1, 121):  # paused from 10 s (RL weight update): counters still, /is_paused says so
+        still = s >= 10
+        _scrape(rig, s, tokens=float(min(s, 10) * 50), running=4.0, paused=True if still and s > 10 else None)
+        rig.at(s)
+    assert rig.kinds() == []
+    assert rig.state() == "paused"
+    for s in range(121, 126):  # resumed: it steps again
+        _scrape(rig, s, tokens=float(s * 50), running=4.0)
+        rig.at(s)
+    assert rig.state() == "ok"
+    for s in range(126, 150):  # then it stops, and is not paused: a wedge, timed from its last step
+        _scrape(rig, s, tokens=125 * 50.0, running=4.0, paused=False if s > 126 else None)
+        rig.at(s)
+    assert rig.kinds() == ["engine_wedged"]
+    assert 10.0 <= rig.events[0].ts - (T0 + 125) <= 11.0
 
 
 def test_a_down_engine_is_down_not_wedged_and_a_gpu_fault_is_its_own_state() -> None:

@@ -407,3 +407,48 @@ def test_default_client_reports_a_refused_engine_down() -> None:
     assert down.kind is EventKind.ENGINE_DOWN and down.severity is Severity.CRITICAL
     assert "ConnectionRefusedError" in down.message
     assert not sink.scrapes()
+
+
+def _pausable(paused: bool | None, asked: list[str], moving: bool = False) -> Callable[[httpx.Request], httpx.Response]:
+    """A loaded engine (requests running and waiting) whose counters stand still (or move), and
+    whose /is_paused answers ``paused`` (None: a 404, no dev-mode routes)."""
+    n = [0]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/is_paused":
+            asked.append(request.url.path)
+            return httpx.Response(404) if paused is None else httpx.Response(200, json={"is_paused": paused})
+        n[0] += 1
+        page = (
+            LOADED
+            if not moving
+            else re.sub(r"(vllm:generation_tokens_total\{[^}]*\}) (\S+)", lambda m: f"{m.group(1)} {float(m.group(2)) + n[0]}", LOADED)
+        )
+        return httpx.Response(200, text=page)
+
+    return handler
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_a_loaded_engine_whose_counters_stand_still_is_asked_whether_vllm_paused_it(paused: bool) -> None:
+    asked: list[str] = []
+    sink, mono = ListSink(), FakeClock()
+    source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], clock=FakeClock(1000.0), monotonic=mono)
+    asyncio.run(scrape_sequence(source, serve(_pausable(paused, asked)), sink, mono, 3))
+    got = [s.paused for s in sink.scrapes("decode-0")]
+    assert got == [None, paused, paused]  # the first page has nothing to compare with
+    assert asked == ["/is_paused", "/is_paused"]
+
+
+def test_no_pause_endpoint_is_asked_once_and_moving_counters_never() -> None:
+    asked: list[str] = []
+    sink, mono = ListSink(), FakeClock()
+    source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], monotonic=mono)
+    asyncio.run(scrape_sequence(source, serve(_pausable(None, asked)), sink, mono, 4))
+    assert asked == ["/is_paused"] and all(s.paused is None for s in sink.scrapes())
+    asked.clear()
+    source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], monotonic=mono)
+    asyncio.run(scrape_sequence(source, serve(_pausable(True, asked, moving=True)), sink, mono, 4))
+    assert asked == []  # it steps: nothing to ask
