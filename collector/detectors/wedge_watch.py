@@ -88,6 +88,7 @@ class WedgeWatch:
             if ev is not None:
                 out.append(ev)
                 self.emit(ev)
+            self.view.engine_state(name)  # its state read each tick: a change is dated within a tick, read or not
         return out
 
     def _look(self, name: str, now: float) -> Event | None:
@@ -101,7 +102,14 @@ class WedgeWatch:
             return None
         thr = self.thr
         moved = p.step_ts is not None and (w.moved_at is None or p.step_ts > w.moved_at)
-        busy = bool(p.held) and not p.sleeping and not p.paused
+        held, busy_from = p.held, p.held_ts
+        if not held and p.step_ts is not None and not p.sleeping and not p.paused:
+            # it said it holds nothing at its last step; requests its API server accepted since,
+            # not ended, are held all the same (a hang in the first step after an idle spell)
+            accepted, first = self.view.accepted_since(name, p.step_ts)
+            if accepted:
+                held, busy_from = accepted, first
+        busy = bool(held) and not p.sleeping and not p.paused
         if moved and p.step_ts is not None:
             if w.moved_at is not None and w.busy_since is not None and w.wedged is None:  # a wedge is no pace
                 gap = self._gap(w, p.step_ts, p.step, now)
@@ -115,11 +123,11 @@ class WedgeWatch:
             w.busy_since, w.stuck_s = None, None
             return resumed
         if w.busy_since is None:
-            w.busy_since = p.held_ts if p.held_ts is not None else now
+            w.busy_since = busy_from if busy_from is not None else now
         longest = max((g for _, g in w.gaps), default=None)
         interval = None if p.from_recorder else self.scrape_interval_s
         verdict = judge_wedge(
-            held=p.held, moved_at=w.moved_at, busy_since=w.busy_since, now=now, longest_gap_s=longest, thr=thr, scrape_interval_s=interval
+            held=held, moved_at=w.moved_at, busy_since=w.busy_since, now=now, longest_gap_s=longest, thr=thr, scrape_interval_s=interval
         )
         w.stuck_s = verdict.stuck_s
         if resumed is not None or not verdict.wedged or w.wedged is not None:
@@ -134,7 +142,7 @@ class WedgeWatch:
             engine=name,
             data={
                 "detector": NAME,
-                "held": p.held,
+                "held": held,
                 "last_step": p.step,
                 "last_step_ts": last_step_ts,
                 "stuck_s": round(verdict.stuck_s, 3),

@@ -41,6 +41,12 @@ class LiveView:
     def progress(self, name: str) -> Progress | None:
         return self._engines.progress(name)
 
+    def accepted_since(self, name: str, ts: float) -> tuple[int, float | None]:
+        """Requests its API server accepted after ``ts`` and not ended (its workload records),
+        and the first one's arrival; (0, None) without them."""
+        rings = self._store.engines.get(name)
+        return rings.workload.open_since(ts) if rings is not None else (0, None)
+
     def engine_state(self, name: str) -> EngineState | None:
         return self._engines.state(name, self._in.clock())
 

@@ -14,8 +14,9 @@ engine by the registry at the cost of a few assignments per filed poll or scrape
   updates holds requests without stepping, by design).
 
 Progress is the newer of the two: a recorder that stopped while the counters still move is not
-an engine that stopped. Held requests are the newest reading's. Nothing here judges; a wedge is
-the watch's call.
+an engine that stopped. Held requests are the newest reading's (the watch adds the requests the
+engine core accepted since its last step, from the workload log: ``IngestView.accepted_since``).
+Nothing here judges; a wedge is the watch's call.
 """
 
 from __future__ import annotations

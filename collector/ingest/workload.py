@@ -125,6 +125,18 @@ class WorkloadLog:
     def __len__(self) -> int:
         return len(self._id) - self._head
 
+    def open_since(self, ts: float) -> tuple[int, float | None]:
+        """Requests the API server accepted after ``ts`` that have not ended, and the first one's
+        arrival: what an engine holds before its first step reports it (the wedge watch)."""
+        count, first = 0, None
+        arrival, base = self._arrival, self._base
+        for seq in self._open.values():
+            at = arrival[seq - base]
+            if at > ts:
+                count += 1
+                first = at if first is None or at < first else first
+        return count, first
+
     def _intern(self, name: str) -> str:
         return self._names.setdefault(name, name) if len(self._names) < 4096 else name
 

@@ -231,3 +231,39 @@ def test_one_long_step_among_quick_ones_between_two_ticks_is_still_seen_as_its_p
     rig.at(80.0)
     assert rig.kinds() == ["engine_wedged"]
     assert rig.events[0].data["longest_gap_s"] == pytest.approx(9.0, abs=1.0)
+
+
+def test_a_state_is_dated_when_it_changed_not_when_it_was_first_asked() -> None:
+    rig = Rig()
+    rig.steps(20.0, every=0.1, held=lambda t: 8 if t < 15 else 0)  # idle from 15 s
+    rig.at(100.0)
+    st = rig.hub.view.engine_state(ENGINE)
+    assert st is not None and st.state == "idle" and st.since is not None
+    assert st.since - T0 <= 16.0  # the tick after its last busy step, not 100 s when first asked
+
+
+def _arrive(rig: Rig, t: float, rid: str) -> None:
+    from collector.model import WorkloadArrival, WorkloadBatch
+
+    rig.hub.emit(WorkloadBatch(engine=ENGINE, ts=T0 + t, records=[WorkloadArrival(rid, T0 + t, 100, 16, 1, False, False)]))
+
+
+def test_a_hang_in_the_first_step_after_idle_is_seen_from_the_requests_its_api_server_accepted() -> None:
+    rig = Rig()
+    rig.steps(10.0, every=0.1, held=lambda t: 8 if t < 9 else 0)  # idle from 9 s: its last step held nothing
+    rig.at(100.0)
+    _arrive(rig, 100.2, "cmpl-a")  # accepted; the first step never ends, so no step says it holds it
+    rig.at(120.0)
+    assert rig.kinds() == ["engine_wedged"]
+    wedge = rig.events[0]
+    assert wedge.data["held"] == 1 and 10.0 <= wedge.ts - (T0 + 100.2) <= 11.0
+
+
+def test_requests_accepted_and_stepped_are_no_wedge() -> None:
+    rig = Rig()
+    rig.steps(10.0, every=0.1, held=lambda t: 0)
+    rig.at(100.0)
+    _arrive(rig, 100.2, "cmpl-b")
+    rig.steps(103.0, every=0.1, held=lambda t: 1 if t < 102 else 0)  # stepped it, finished it
+    rig.at(200.0)
+    assert rig.kinds() == []
