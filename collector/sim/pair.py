@@ -85,6 +85,7 @@ class SimPair:
         self.wedge_step: int | None = None
         self.resumed_at: float | None = None
         self.finished = False  # hang mode: the ramp ran to its end
+        self._deferred: list[tuple[Any, float]] = []  # handed to decode while it was wedged: (request, arrival)
         self.done = asyncio.Event()
         self._extra_steps: int | None = None
         self._kmsg_seq = 1000
@@ -136,6 +137,9 @@ class SimPair:
         hang_s = self.cfg.hang_s
         if self.wedged and hang_s is not None and self.wedged_at is not None and time.time() >= self.wedged_at + hang_s:
             self.resumed_at = time.time()
+            for r, arrival in self._deferred:  # its engine core adds them now (their arrival is the API server's)
+                self.decode.workload_arrive(r, max_tokens=r.max_tokens, ts=arrival)
+            self._deferred.clear()
             self.decode.write("EngineCore_DP0", "INFO", "core.py:420", f"step {self.wedge_step} took {self.resumed_at - self.wedged_at:.1f} s")
             log.warning("simulated decode engine moves again after %.1f s", self.resumed_at - self.wedged_at)
 
@@ -148,7 +152,10 @@ class SimPair:
             moved, _ = self.prefill.step()
             for r in moved:
                 self.prefill.workload_end(r, output_len=1)
-                self.decode.workload_arrive(r, max_tokens=r.max_tokens)
+                if self.wedged:  # its engine core takes new requests between steps: after the wedge
+                    self._deferred.append((r, time.time()))
+                else:
+                    self.decode.workload_arrive(r, max_tokens=r.max_tokens)
                 r.ready_at_step = self.decode.step_counter + sc.transfer_steps
                 r.status = "waiting"
                 self.decode.waiting.append(r)
