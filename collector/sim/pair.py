@@ -223,6 +223,14 @@ class SimPair:
         d.write_lines(vllm_logs.worker_failure("Worker_TP1", d.pids["Worker_TP1"], ts, vllm_logs.TRACEBACK_TP1))
         d.write_lines(vllm_logs.crash_dump(d.pids["EngineCore_DP0"], ts, d.dump_step(), sc.model, "0.11.1"))
         done, failed = self.client.fail_rest() if self.frontend is None else self.frontend.fail_all()
+        # the proxy fails them on prefill too: its engine aborts what it held, and its last step
+        # says it holds nothing (idle from here, not stopped with requests held: that is a wedge)
+        p = self.prefill
+        for r in [*p.running, *p.waiting]:
+            p.workload_end(r, output_len=0, finish="abort")
+        p.running.clear()
+        p.waiting.clear()
+        p.step()
         await asyncio.sleep(0.05)
         d.write_lines(vllm_logs.api_server_death(d.pids["APIServer"], time.time()))
         d.write("APIServer", "INFO", "api_server.py:1990", f"C{sc.phases[sc.crash_phase].concurrency} phase: {done} done / {failed} failed")
