@@ -107,8 +107,6 @@ def main(args: argparse.Namespace) -> int:
         if args.start_delay > 0:  # a sidecar started on the config reads the rings from step 1
             stop.wait(args.start_delay)
         report = run(engines, cfg, stop, progress if args.progress_every > 0 else None, args.progress_every or 10.0)
-        for e in engines:  # the load is over: idle engines hold nothing (a wedged one would)
-            e.drain()
         for line in report.lines():
             print(line, flush=True)
         if args.summary_json:

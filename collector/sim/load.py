@@ -368,7 +368,8 @@ def run(
     progress_every: float = 10.0,
 ) -> RunReport:
     """Step the engines round-robin (engine ``i`` half a period apart from ``i+1``) until
-    ``stop`` is set or the duration has passed."""
+    ``stop`` is set or the duration has passed; then each engine's last step, holding nothing
+    (``EngineLoad.drain``), counted with the rest."""
     pacer = Pacer(cfg.steps_per_second * len(engines))
     cpu0, t0 = time.process_time(), time.monotonic()
     end = None if cfg.duration is None else t0 + cfg.duration
@@ -397,6 +398,8 @@ def run(
         if progress is not None and now >= next_progress:
             next_progress += progress_every
             progress(report())
+    for e in engines:  # the load is over: idle engines hold nothing (a wedged one would); counted
+        e.drain()
     return report()
 
 
