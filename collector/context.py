@@ -231,6 +231,7 @@ class AppContext:
             last = view.last_step(name)
             scrape = view.last_scrape(name)
             state = view.engine_state(name)
+            runs = view.run_info(name)
             out.append(
                 {
                     "name": name,
@@ -248,6 +249,8 @@ class AppContext:
                     "steps_received": e.steps_received,
                     "request_rows_received": e.requests_received,
                     "last_step": last.step if last else None,
+                    "run": runs.run,  # the engine's current run; the one before, kept apart, below
+                    "previous_run": runs.previous_summary(),
                     "running": last.running if last else None,
                     "waiting": last.waiting if last else None,
                     "kv_cache_usage": last.kv_cache_usage if last else None,

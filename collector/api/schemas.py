@@ -46,6 +46,12 @@ class EngineOut(BaseModel):
     last_seen: float | None = None
     steps_in_ring: int = 0
     last_step: int | None = None
+    run: int | None = Field(None, description="the engine's current run: its recorder's run id (a restart begins a new one)")
+    previous_run: dict[str, Any] | None = Field(
+        None,
+        description="the run before the current one, kept apart (run, ended_at, steps_in_ring, first_step, last_step); "
+        "null when none; its steps are in the snapshots of its own faults, never mixed with the current run's",
+    )
     running: int | None = None
     waiting: int | None = None
     kv_cache_usage: float | None = None

@@ -209,13 +209,19 @@ class RingReader:
             raise RingCorrupt(f"{self.path}: cannot open: {exc}") from exc
         try:
             info = self.info()
-            size = os.fstat(self._fd).st_size
+            st = os.fstat(self._fd)
         except (OSError, RingCorrupt):
             os.close(self._fd)
             raise
-        if size != HEADER_SIZE + info.capacity:
+        if st.st_size != HEADER_SIZE + info.capacity:
             os.close(self._fd)
             raise RingCorrupt(f"{self.path}: size does not match its header")
+        # the file this reader holds open, and who wrote it: a writer started again under the
+        # same name replaces the file (``os.replace``: a new inode) while this one still reads
+        # the old (``replaced``)
+        self.file_id = (st.st_dev, st.st_ino)
+        self.created = info.created
+        self.writer_pid = info.pid
         self.pos = info.tail
         self.lost_bytes = 0
         self.corrupt_records = 0
@@ -234,6 +240,22 @@ class RingReader:
         if magic != MAGIC or version != VERSION or hdr != HEADER_SIZE or cap <= 0:
             raise RingCorrupt(f"{self.path}: not a flight-recorder ring (magic {magic!r})")
         return RingInfo(cap, head, tail, pid, created)
+
+    def replaced(self) -> bool:
+        """Whether the path now names another ring than the one this reader holds: another file
+        (a new inode), or this file rewritten in place (another creation time or writer pid in
+        its header). A path gone is not a replacement (the folder's listing says it is gone)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) != self.file_id:
+            return True
+        try:
+            info = self.info()
+        except RingCorrupt:
+            return False
+        return info.created != self.created or info.pid != self.writer_pid
 
     def _tail_now(self) -> int:
         return int(_U64.unpack(self._pread(8, _TAIL_AT))[0])

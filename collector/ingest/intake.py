@@ -191,12 +191,17 @@ class Intake:
             for rec in recs:
                 self.set_aside(rec)
             return
-        ring, offer = rings.ring, self.rows.offer_step
+        offer = self.rows.offer_step
         halves = rows = 0
         last_ts: float | None = None
         last_step = 0
         for rec in recs:
             try:
+                # another run of the engine than the ring's: collector.ingest.runs
+                ring = rings.ring if rec.run == rings.run else self.store.ring_of_run(rings, rec.run, self.clock())
+                if ring is None:  # a run older than the two held: stored, not held
+                    offer(rec)
+                    continue
                 # Records come from other processes: a wrong type must not poison the ring's order.
                 if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or type(rec.ts) is not float:
                     rec = dataclasses.replace(rec, step=int(rec.step), ts=float(rec.ts))

@@ -8,7 +8,7 @@ from collector.ingest.intake import Intake
 from collector.ingest.progress import Progress
 from collector.ingest.routing import route
 from collector.ingest.state import EngineState
-from collector.ingest.view import EngineInfo, Route
+from collector.ingest.view import EngineInfo, Route, RunInfo
 from collector.model import Event, GpuSample, LogLine, MetricsScrape, StepRecord
 
 
@@ -53,6 +53,30 @@ class LiveView:
     def steps(self, engine: str) -> list[StepRecord]:
         rings = self._store.engines.get(engine)
         return rings.ring.steps() if rings is not None else []
+
+    def run_info(self, engine: str) -> RunInfo:
+        """The run the engine's ring holds, and the previous one (``collector.ingest.runs``)."""
+        rings = self._store.engines.get(engine)
+        if rings is None:
+            return RunInfo(run=None)
+        prev = rings.previous
+        if prev is None:
+            return RunInfo(run=rings.run)
+        first = prev.ring.steps()[:1]
+        last = prev.ring.last()
+        return RunInfo(
+            run=rings.run,
+            previous=prev.run,
+            previous_ended=prev.ended,
+            previous_steps=len(prev.ring),
+            previous_first_step=first[0].step if first else None,
+            previous_last_step=last.step if last is not None else None,
+        )
+
+    def previous_steps(self, engine: str) -> list[StepRecord]:
+        """The previous run's steps, held apart from the current run's (oldest first)."""
+        rings = self._store.engines.get(engine)
+        return rings.previous.ring.steps() if rings is not None and rings.previous is not None else []
 
     def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
         rings = self._store.engines.get(engine)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from collector.ingest.config import IngestConfig
 from collector.ingest.rings import EngineRing, LineRing, TimeRing
+from collector.ingest.runs import PreviousRun, ring_for
 from collector.ingest.workload import WorkloadLog
 from collector.model import Event, GpuSample, MetricsScrape, StepRequests
 
@@ -28,6 +29,8 @@ class EngineRings:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=SCRAPES_KEPT))
     last_block: StepRequests | None = None
+    run: int | None = None  # the run ``ring`` holds (``collector.ingest.runs``); None: no step yet
+    previous: PreviousRun | None = None  # the run before, set aside whole
 
 
 class RingStore:
@@ -56,6 +59,27 @@ class RingStore:
                 if other.ring.max_request_bytes > share:
                     other.ring.set_max_request_bytes(share)
         return rings
+
+    def ring_of_run(self, rings: EngineRings, run: int, now: float) -> EngineRing | None:
+        """The ring that holds steps of ``run`` (``collector.ingest.runs``); None: not held. A
+        newer run sets the current ring aside as the previous run and starts a fresh one."""
+        where = ring_for(rings.run, rings.previous, run)
+        if where == "current":
+            rings.run = run
+            return rings.ring
+        if where == "none":
+            return None
+        if where == "new":
+            assert rings.run is not None
+            rings.previous = PreviousRun(rings.run, rings.ring, now)
+            rings.ring, rings.run, rings.last_block = self._fresh_ring(), run, None
+            return rings.ring
+        if rings.previous is None or rings.previous.run != run:  # an ended run read late
+            rings.previous = PreviousRun(run, self._fresh_ring(), now)
+        return rings.previous.ring
+
+    def _fresh_ring(self) -> EngineRing:
+        return EngineRing(self.config.ring_steps, max_request_bytes=self._request_bytes(len(self.engines)))
 
     def _request_bytes(self, engines: int) -> int:
         """Each engine's bound on its request blocks: its own setting, or its share of the

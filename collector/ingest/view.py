@@ -40,6 +40,31 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """Which run of an engine its rings hold (``collector.ingest.runs``): the current one, and the
+    one before it, kept apart (its steps as they were when the current run began)."""
+
+    run: int | None  # None: no step yet
+    previous: int | None = None
+    previous_ended: float | None = None  # when the current run's first step arrived
+    previous_steps: int = 0
+    previous_first_step: int | None = None
+    previous_last_step: int | None = None
+
+    def previous_summary(self) -> dict[str, Any] | None:
+        """The previous run as the API and a snapshot say it, or None."""
+        if self.previous is None:
+            return None
+        return {
+            "run": self.previous,
+            "ended_at": self.previous_ended,
+            "steps_in_ring": self.previous_steps,
+            "first_step": self.previous_first_step,
+            "last_step": self.previous_last_step,
+        }
+
+
+@dataclass(frozen=True)
 class Route:
     """The engines an event belongs to, and how that was decided: ``engine`` (it names one),
     ``pid`` (the worker it names: its process tree, or its pod's cgroup), ``gpu`` (the engines on its GPU), ``all`` (a GPU fault that
@@ -66,6 +91,8 @@ class IngestView(Protocol):
 
     # an engine's rings
     def steps(self, engine: str) -> list[StepRecord]: ...
+    def run_info(self, engine: str) -> RunInfo: ...
+    def previous_steps(self, engine: str) -> list[StepRecord]: ...
     def recent_steps(self, engine: str, n: int) -> list[StepRecord]: ...
     def step_seconds(self, engine: str) -> list[StepRecord]: ...
     def last_step(self, engine: str) -> StepRecord | None: ...

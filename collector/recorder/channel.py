@@ -47,7 +47,8 @@ class RecorderChannel:
         self.engine_index = identity.engine_index
         self.role = role
         self.pid = os.getpid() if pid is None else pid
-        self.path = Path(directory) / ring_file_name(self.engine, role, self.pid)
+        self.run = identity.run
+        self.path = Path(directory) / ring_file_name(self.engine, role, self.pid, self.run)
         self.failed: str | None = None
         self._meta = encode(
             {

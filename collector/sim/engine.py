@@ -23,6 +23,7 @@ from collector.channel.naming import ring_file_name
 from collector.model import Fingerprint, StepRecord
 from collector.recorder import EngineIdentity, RequestRecorder, status_code
 from collector.sim import deployment, vllm_logs
+from collector.sim.load_rings import this_run
 from collector.sim.metrics import VllmMetrics
 from collector.sim.scenario import Scenario, SimRequest
 from collector.vllm.extract import connector_stats as connector_record  # the stat logger's reader
@@ -111,13 +112,16 @@ class SimEngine:
         self.metrics = VllmMetrics(engine_index=0, model_name=scenario.model, kv_consumer=role == "decode")
         recorder_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
-        self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid), capacity=4 << 20)
-        self.stats_ring.append(encode({"t": "meta", "engine": name, "engine_index": 0, "role": "stats", "pid": pid, "vllm_version": VERSION}))
+        run = this_run()  # a new one per start, as a real engine's (its rings get new names)
+        self.stats_ring = RingWriter(recorder_dir / ring_file_name(name, "stats", pid, run), capacity=4 << 20)
+        self.stats_ring.append(
+            encode({"t": "meta", "engine": name, "engine_index": 0, "role": "stats", "pid": pid, "vllm_version": VERSION, "run": run})
+        )
         # the scheduler's ring, through the recorder vLLM's RecordingScheduler writes through
-        self.sched = RequestRecorder(EngineIdentity(server_pid=pid, name=name, engine_version=VERSION), directory=recorder_dir, pid=pid)
+        self.sched = RequestRecorder(EngineIdentity(server_pid=pid, name=name, engine_version=VERSION, run=run), directory=recorder_dir, pid=pid)
         if not self.sched.active:
             raise OSError(f"recorder of simulated engine {name} failed: {self.sched.failed}")
-        self.facts = fingerprint_facts(name, role, scenario, port, gpu_index, fake_pid)
+        self.facts = fingerprint_facts(name, role, scenario, port, gpu_index, fake_pid) | {"run": run}  # as the recorder's identity adds it
         self.stats_ring.append(encode_fingerprint(Fingerprint(engine=name, ts=time.time(), facts=self.facts)))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log: TextIO = open(log_path, "a", buffering=1)
@@ -186,7 +190,9 @@ class SimEngine:
         if self.port == 0:
             self.port = self._server.servers[0].sockets[0].getsockname()[1]
             # the fingerprint names where the API server listens, once it does
-            self.facts = fingerprint_facts(self.name, self.role, self.sc, self.port, self.gpu_index, self.pids["APIServer"])
+            self.facts = fingerprint_facts(self.name, self.role, self.sc, self.port, self.gpu_index, self.pids["APIServer"]) | {
+                "run": self.facts["run"]
+            }
             self.stats_ring.append(encode_fingerprint(Fingerprint(engine=self.name, ts=time.time(), facts=self.facts)))
 
     async def stop_http(self) -> None:

@@ -11,6 +11,7 @@ first and at every wrap, as the channel does.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +48,15 @@ class EngineRings(Protocol):
     def close(self) -> None: ...
 
 
+def this_run() -> int:
+    """The simulated engine's run id, as the recorder takes a real engine's: the start time (in
+    ms) of the process that plays its API server (this one), so a simulator started again on the
+    same simulated pids writes new ring files, as a restarted container does."""
+    from collector.recorder.identity import process_start_ms
+
+    return process_start_ms(os.getpid()) or int(time.time() * 1000)
+
+
 class RecorderRings:
     """Through ``collector.recorder``: exactly the calls vLLM's adapters make."""
 
@@ -54,8 +64,15 @@ class RecorderRings:
         self, api: Any, directory: Path, *, server_pid: int, core_pid: int, port: int | None, name: str | None, version: str, workload_records: bool
     ) -> None:
         self._wl = workload_records
+        run: dict[str, int] = {"run": this_run()} if "run" in getattr(api.EngineIdentity, "__dataclass_fields__", {}) else {}
         identity = api.EngineIdentity(
-            server_pid=server_pid, engine_index=0, server_host="127.0.0.1" if port else None, server_port=port, name=name, engine_version=version
+            server_pid=server_pid,
+            engine_index=0,
+            server_host="127.0.0.1" if port else None,
+            server_port=port,
+            name=name,
+            engine_version=version,
+            **run,
         )
         self.engine = identity.engine
         self._stats = api.StatsRecorder(identity, directory=directory, pid=server_pid)

@@ -258,7 +258,7 @@ def capture(
     """The engine's rings at the trigger, by reference: the records held are never changed
     (``collector.ingest.rings``), so a capture built later still holds what they held."""
     info = view.engine(engine)
-    steps = view.steps(engine)
+    steps, run = run_steps(view, engine, trigger)
     samples = view.gpu_samples(since=trigger.ts - gpu_seconds, gpus=set(info.gpus) if info is not None and info.gpus else None)
     horizon = (steps[0].ts if steps else trigger.ts) - 60.0
     extra: dict[str, Any] = {"configured": bool(info and info.configured), "scrape_interval_s": scrape_interval}
@@ -267,6 +267,7 @@ def capture(
         extra["last_scrape"] = {"ts": last.ts, "values": dict(last.values)}
     if info is not None and info.pair:
         extra["pair"] = info.pair
+    extra.update(run)
     if not steps:
         extra["no_recorder"] = (
             "no step records from an in-engine recorder for this engine: install the package in the "
@@ -286,6 +287,22 @@ def capture(
         scrapes=view.scrapes(engine, since=trigger.ts - scrape_seconds),
         workload=view.workload(engine, trigger.ts, crashed=trigger.kind in CRASH_KINDS),
     )
+
+
+def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[list[StepRecord], dict[str, Any]]:
+    """The steps of one run of the engine (``collector.ingest.runs``), never two: the previous
+    run's for a trigger of that run (its ring's death, read after the engine came back), else the
+    current run's; and what the snapshot's summary says of the runs (``run``, ``previous_run``:
+    the run before the one held, or ``run_is_previous``: the one held ended, a newer one runs)."""
+    runs = view.run_info(engine)
+    wanted = trigger.data.get("run") if isinstance(trigger.data, dict) else None
+    if runs.previous is not None and wanted == runs.previous:
+        return view.previous_steps(engine), {"run": runs.previous, "run_is_previous": True, "next_run": runs.run}
+    out: dict[str, Any] = {"run": runs.run}
+    previous = runs.previous_summary()
+    if previous is not None:
+        out["previous_run"] = previous
+    return view.steps(engine), out
 
 
 def cut(cap: Capture, at: float) -> int:

@@ -110,6 +110,8 @@ class _Tail:
     gap_records: int = 0
     gap_bytes: int = 0
     run: int = 0
+    generation: int = 0  # rings this path held before this one (a writer started again under the same name)
+    replace_checked: float = 0.0  # when the path was last checked for a replaced ring
 
 
 class RecorderSource:
@@ -135,6 +137,7 @@ class RecorderSource:
         keep_dead_for: float = 3600.0,
         recent_window: float = 300.0,
         max_held: int = 50_000,
+        replace_check_s: float = 1.0,
         coarse_at: float = COARSE_AT,
         skip_at: float = SKIP_AT,
         max_poll_records: int = MAX_POLL_RECORDS,
@@ -154,6 +157,8 @@ class RecorderSource:
         self.keep_dead_for = keep_dead_for
         self.recent_window = recent_window
         self.max_held = max_held
+        self.replace_check_s = replace_check_s
+        self.replaced = 0  # rings found replaced under their name (an engine started again)
         self._tails: dict[Path, _Tail] = {}
         self._paths: dict[str, Path] = {}
         self._status = SourceStatus(name=self.name, up=True)
@@ -194,6 +199,7 @@ class RecorderSource:
             "coarse": int(self.coarse),
             "gaps": self.gaps,
             "gap_bytes": self.gap_bytes,
+            "replaced": self.replaced,
             "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
             "unconfigured": sorted({t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}),
             # how each engine's rings joined it: name, pod (its UID), port, listener, none
@@ -237,21 +243,14 @@ class RecorderSource:
         for path in paths[k:] + paths[:k]:
             tail = self._tails.get(path)
             if tail is None:
-                try:
-                    tail = _Tail(RingReader(path), last_data=self.clock(), first_seen=self.clock())
-                except RingCorrupt as exc:
-                    if path not in self._bad_header_logged:  # once per file, not every poll
-                        self._bad_header_logged.add(path)
-                        log.warning("skipping %s: %s", path.name, exc)
+                tail = self._open(path)
+                if tail is None:
                     continue
-                # The file name names the writer until its meta record is read (a ring that
-                # wrapped may hold records written before the last copy of that record).
-                parsed = parse_ring_file_name(path.name)
-                if parsed is not None:
-                    tail.engine = parsed.engine
-                    tail.role = parsed.role
-                self._tails[path] = tail
             emitted += self._drain(path, tail, batch)
+            if self._was_replaced(tail):
+                tail = self._follow_replacement(path, tail, batch)
+                if tail is not None:
+                    emitted += self._drain(path, tail, batch)
         present = set(paths)
         for path in [p for p in self._tails if p not in present]:
             self._tails.pop(path).reader.close()
@@ -275,6 +274,73 @@ class RecorderSource:
         for obs in events:
             sink.emit(obs)
         return emitted
+
+    def _open(self, path: Path, generation: int = 0) -> _Tail | None:
+        try:
+            tail = _Tail(RingReader(path), last_data=self.clock(), first_seen=self.clock(), generation=generation)
+        except RingCorrupt as exc:
+            if path not in self._bad_header_logged:  # once per file, not every poll
+                self._bad_header_logged.add(path)
+                log.warning("skipping %s: %s", path.name, exc)
+            return None
+        # The file name names the writer until its meta record is read (a ring that
+        # wrapped may hold records written before the last copy of that record).
+        parsed = parse_ring_file_name(path.name)
+        if parsed is not None:
+            tail.engine = parsed.engine
+            tail.role = parsed.role
+            if parsed.run is not None:
+                tail.run = parsed.run
+        self._tails[path] = tail
+        return tail
+
+    def _was_replaced(self, tail: _Tail) -> bool:
+        """Whether a writer started again under this ring's name (a recorder before the run id in
+        the name, whose pids repeat: a container's, a simulator's). Checked only while the ring is
+        quiet (a replaced ring's old file has no writer), at most every ``replace_check_s``: one
+        stat of the path."""
+        now = self.clock()
+        if now - tail.last_data < self.replace_check_s or now - tail.replace_checked < self.replace_check_s:
+            return False
+        tail.replace_checked = now
+        return tail.reader.replaced()
+
+    def _follow_replacement(self, path: Path, old: _Tail, batch: list[Observation]) -> _Tail | None:
+        """The ring under ``path`` is a new writer's: the old run ends (its death reported, once,
+        as its writer is gone from this name) and the new ring is read from its first record, as
+        the next run (``collector.ingest.runs``; a run id of the recorder's own in its meta, else
+        the server pid with this path's generation above it)."""
+        self.replaced += 1
+        log.warning("recorder ring %s was replaced by a new writer (the engine started again): following the new run", path.name)
+        now = self.clock()
+        if not old.silent_reported and old.engine is not None and old.last_head > 0 and self._resolve(old, now, wait=False):
+            old.silent_reported = True
+            if now - old.newest_ts <= self.recent_window:
+                batch.append(self._silent(path, old, old.reader.writer_pid, old.last_head, now, ended_by="replaced"))
+        old.reader.close()
+        del self._tails[path]
+        return self._open(path, generation=old.generation + 1)
+
+    def _silent(self, path: Path, tail: _Tail, pid: int, head: int, now: float, *, ended_by: str = "gone") -> Event:
+        """The death of a ring's writer, as a trigger: the snapshot it freezes holds that ring's
+        run (``data["run"]``), even once the engine's next run is being read."""
+        how = "its process is gone" if ended_by == "gone" else "a new process of the engine replaced its ring"
+        # One death, one id: a sidecar restarted within the window reads the same dead ring again
+        # and reports the same event, which the store already holds (snapshots are idempotent on
+        # their trigger's id); a replaced ring's generation keeps its runs' deaths apart.
+        key = f"recorder_silent:{path.name}:{pid}:{head}" + (f":{tail.generation}" if tail.generation else "")
+        return Event(
+            kind=EventKind.RECORDER_SILENT,
+            ts=now,
+            source="recorder",
+            severity=Severity.CRITICAL,
+            engine=tail.engine,
+            pid=pid,
+            process=tail.role,
+            message=f"recorder channel of {tail.engine} ({tail.role}, pid {pid}) went silent and {how}",
+            data={"ring": path.name, "last_data_ts": tail.last_data, "run": tail.run},
+            uid=hashlib.sha1(key.encode()).hexdigest(),
+        )
 
     def _resolve(self, tail: _Tail, now: float, *, wait: bool = True) -> bool:
         """Join the ring to an engine; False while it should wait for its engine's port (never
@@ -387,8 +453,7 @@ class RecorderSource:
             if meta is not None:
                 tail.meta = meta
                 tail.role = str(meta.get("role", tail.role))
-                run = meta.get("server_pid")
-                tail.run = run if isinstance(run, int) else tail.run or info.pid
+                tail.run = self._run_of(meta, tail, info.pid)
                 continue
             assert obs is not None
             out.append(obs)
@@ -397,7 +462,7 @@ class RecorderSource:
         # sidecar's samples at 8 engines)
         if out and (tail.joined is not None or self._resolve(tail, now, wait=self.alive(info.pid))):
             engine = tail.engine or "unknown"
-            run = tail.run or info.pid
+            run = tail.run or info.pid + (tail.generation << 32)
             emitted = len(out)
             for obs in out:
                 if not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
@@ -427,29 +492,25 @@ class RecorderSource:
             # A death is news if the writer wrote recently: a ring left by an engine that died
             # long before this sidecar started is history (its records still fill the ring).
             if now - tail.newest_ts <= self.recent_window:
-                batch.append(
-                    Event(
-                        kind=EventKind.RECORDER_SILENT,
-                        ts=now,
-                        source="recorder",
-                        severity=Severity.CRITICAL,
-                        engine=tail.engine,
-                        pid=info.pid,
-                        process=tail.role,
-                        message=(f"recorder channel of {tail.engine} ({tail.role}, pid {info.pid}) went silent and its process is gone"),
-                        data={"ring": path.name, "last_data_ts": tail.last_data},
-                        # One death, one id: a sidecar restarted within the window reads the same
-                        # dead ring again and reports the same event, which the store already holds
-                        # (snapshots are idempotent on their trigger's id).
-                        uid=hashlib.sha1(f"recorder_silent:{path.name}:{info.pid}:{info.head}".encode()).hexdigest(),
-                    )
-                )
+                batch.append(self._silent(path, tail, info.pid, info.head, now))
         if tail.silent_reported and now - tail.last_data > self.keep_dead_for:
             try:
                 path.unlink()
             except OSError:
                 pass
         return emitted
+
+    @staticmethod
+    def _run_of(meta: dict[str, Any], tail: _Tail, pid: int) -> int:
+        """The ring's run id: the recorder's own (``run`` in its meta record), else (a recorder
+        before the run id) its server pid, with the path's generation above the pid's 32 bits so
+        a ring replaced under the same name is another run."""
+        run = meta.get("run")
+        if type(run) is int and run > 0:
+            return run
+        server = meta.get("server_pid")
+        base = server if type(server) is int and server > 0 else tail.run % (1 << 32) or pid
+        return base + (tail.generation << 32)
 
 
 def pair_halves(batch: list[Observation]) -> list[Observation]:

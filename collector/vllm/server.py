@@ -19,6 +19,9 @@ vLLM 0.32's process tree (``vllm/entrypoints/cli/serve.py``):
 The port comes from the server's command line (``--port``, vLLM's default 8000 when the command
 is vLLM's server and gives none); ``--host`` likewise (None when not given: vLLM then listens on
 every interface). A ``--config`` file or a Unix socket (``--uds``) leaves the port unknown.
+
+The run id is the server's start time (``collector.recorder.identity.process_start_ms``): read
+from ``/proc`` for the server's pid, it is the same in the stat logger and the engine core.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collector.recorder.identity import EngineIdentity
+from collector.recorder.identity import EngineIdentity, process_start_ms
 
 VLLM_DEFAULT_PORT = 8000
 
@@ -110,4 +113,5 @@ def server_identity(
         server_port=port,
         engine_version=version,
         environ=environ,
+        run=process_start_ms(pid, proc=proc),  # the same in the stat logger and the engine core
     )

@@ -44,3 +44,11 @@ def test_the_hub_keeps_both_halves(tmp_path: object) -> None:
     hub.emit(Fingerprint(engine="e", ts=2.0, facts=API))
     info = hub.view.engine("e")
     assert info is not None and info.fingerprint["scheduler_base"] == CORE["scheduler_base"]
+
+
+def test_a_restart_under_the_same_pids_is_told_by_its_run() -> None:
+    # a container's pids repeat across restarts: its run id (the server's start time) does not
+    merged = merge_fingerprint(merge_fingerprint({}, {**CORE, "run": 1}), {**API, "run": 1})
+    assert merged["engine_core_pid"] == 140
+    restarted = {**API, "run": 2, "async_scheduling": False}
+    assert merge_fingerprint(merged, restarted) == restarted

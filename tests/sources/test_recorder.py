@@ -446,3 +446,66 @@ def test_a_poll_hands_its_records_to_a_batch_sink_in_one_call_and_its_events_aft
     [records] = sink.calls
     assert [(r.step, r.halves) for r in records if isinstance(r, StepRecord)] == [(n, HALF_STATS | HALF_REQUESTS) for n in range(1, 4)]
     assert [type(o) for o in sink.items] == [Event]  # events one by one, after the records
+
+
+def replaced_ring(folder: Path, engine: str, role: str, pid: int) -> RingWriter:
+    """A recorder started again under the same pid (a container's, a simulator's) and a name
+    without a run id (a recorder before it): the same path, a new file (``os.replace``)."""
+    return writer(folder, engine, role, pid)
+
+
+def test_a_ring_replaced_under_its_name_is_followed_as_a_new_run(tmp_path: Path) -> None:
+    clock = Clock()
+    hub = hub_for(Settings(), clock=clock)
+    old = writer(tmp_path, "decode-0", "stats", 7)
+    for n in range(1, 51):
+        old.append(step(n, clock.now + n / 100))
+    src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: True)  # the same pid lives again
+    src.poll(hub)
+    assert [s.step for s in hub.view.steps("decode-0")][-1] == 50
+    old_run = hub.view.run_info("decode-0").run
+    clock.now += 3.0
+    new = replaced_ring(tmp_path, "decode-0", "stats", 7)  # the old writer was SIGKILLed
+    for n in range(1, 11):
+        new.append(step(n, clock.now + n / 100))
+    src.poll(hub)  # the old file is quiet: the path is checked and the new file followed
+    src.poll(hub)
+    assert src.replaced == 1
+    runs = hub.view.run_info("decode-0")
+    assert runs.run != old_run and runs.previous == old_run
+    assert [s.step for s in hub.view.steps("decode-0")] == list(range(1, 11))  # the new run alone
+    assert [s.step for s in hub.view.previous_steps("decode-0")] == list(range(1, 51))
+    assert runs.previous_summary() == {"run": old_run, "ended_at": clock.now, "steps_in_ring": 50, "first_step": 1, "last_step": 50}
+    # the old run's end is a trigger that names its run (its snapshot holds that run's steps)
+    (death,) = [e for e in hub.view.events("decode-0", since=0.0) if e.kind == EventKind.RECORDER_SILENT]
+    assert death.data["run"] == old_run and "replaced its ring" in death.message
+    new.append(step(11, clock.now + 1))
+    clock.now += 1.0
+    src.poll(hub)
+    assert hub.view.last_step("decode-0").step == 11  # type: ignore[union-attr]
+
+
+def run_writer(folder: Path, engine: str, role: str, pid: int, run: int) -> RingWriter:
+    w = RingWriter(folder / ring_file_name(engine, role, pid, run), capacity=1 << 16)
+    w.append(encode({"t": "meta", "engine": engine, "engine_index": 0, "role": role, "pid": pid, "server_pid": pid, "run": run}))
+    return w
+
+
+@pytest.mark.parametrize("reversed_order", [False, True])
+def test_rings_named_by_their_run_keep_the_runs_apart_whatever_order_they_are_read(tmp_path: Path, reversed_order: bool) -> None:
+    # both runs' files are in the folder when the sidecar starts: the newer start time is current
+    first, second = 1_765_000_000_000, 1_765_000_030_000
+    old = run_writer(tmp_path, "vllm-1", "stats", 1, first)
+    new = run_writer(tmp_path, "vllm-1", "stats", 1, second)
+    for n in range(1, 31):
+        old.append(step(n, 900.0 + n))
+    for n in range(1, 6):
+        new.append(step(n, 990.0 + n))
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    src._polls = 0 if reversed_order else 1  # which ring starts the poll
+    hub = hub_for(Settings(), clock=lambda: 1000.0)
+    src.poll(hub)
+    runs = hub.view.run_info("vllm-1")
+    assert (runs.run, runs.previous) == (second, first)
+    assert [s.step for s in hub.view.steps("vllm-1")] == [1, 2, 3, 4, 5]
+    assert [s.step for s in hub.view.previous_steps("vllm-1")] == list(range(1, 31))
