@@ -249,7 +249,7 @@ class AppContext:
                     "steps_received": e.steps_received,
                     "request_rows_received": e.requests_received,
                     "last_step": last.step if last else None,
-                    "run": runs.run,  # the engine's current run; the one before, kept apart, below
+                    "run": runs.run or None,  # the engine's current run; the one before, kept apart, below
                     "previous_run": runs.previous_summary(),
                     "running": last.running if last else None,
                     "waiting": last.waiting if last else None,

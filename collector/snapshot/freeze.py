@@ -298,7 +298,7 @@ def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[list[StepR
     wanted = trigger.data.get("run") if isinstance(trigger.data, dict) else None
     if runs.previous is not None and wanted == runs.previous:
         return view.previous_steps(engine), {"run": runs.previous, "run_is_previous": True, "next_run": runs.run}
-    out: dict[str, Any] = {"run": runs.run}
+    out: dict[str, Any] = {"run": runs.run} if runs.run else {}  # (0: steps that named no run)
     previous = runs.previous_summary()
     if previous is not None:
         out["previous_run"] = previous

@@ -297,3 +297,25 @@ def test_a_capture_built_after_the_ring_gave_up_its_oldest_blocks_still_holds_th
     assert sorted(set(doc.requests.columns["step"])) == held
     assert [s["step"] for s in doc.steps if s["has_requests"]] == held
     assert all(s.request_block is None for s in hub.view.steps("d0") if s.step in held)  # nor the ring's by the build
+
+
+def test_a_snapshot_holds_one_run_of_a_restarted_engine_never_both() -> None:
+    from collector.snapshot.freeze import freeze  # noqa: PLC0415
+
+    first, second = 1_765_000_000_000, 1_765_000_040_000  # the recorder's run ids (start times)
+    hub = hub_for(Settings(engines=[EngineConfig(name="d0", url="http://d")]), clock=lambda: 1000.0)
+    for n in range(1, 3215):  # the first run, SIGKILLed after 3,214 steps
+        hub.emit(StepRecord(engine="d0", ts=100.0 + n / 100, step=n, running=4, run=first))
+    for n in range(1, 301):  # started again: its steps count from 1
+        hub.emit(StepRecord(engine="d0", ts=900.0 + n / 100, step=n, running=2, run=second))
+    xid = Event(kind=EventKind.XID, ts=905.0, source="kmsg", message="Xid 79", severity=Severity.CRITICAL, engine="d0", xid=79)
+    doc = freeze(hub.view, "d0", xid).to_export()
+    assert [s["step"] for s in doc["steps"]] == list(range(1, 301))  # the new run alone
+    assert {s["running"] for s in doc["steps"]} == {2}
+    assert doc["summary"]["run"] == second
+    assert doc["summary"]["previous_run"] == {"run": first, "ended_at": 1000.0, "steps_in_ring": 3214, "first_step": 1, "last_step": 3214}
+    # the old run's death, read after the new run began, freezes the old run alone, marked so
+    death = Event(kind=EventKind.RECORDER_SILENT, ts=906.0, source="recorder", message="gone", severity=Severity.CRITICAL, engine="d0", data={"run": first})
+    old = freeze(hub.view, "d0", death).to_export()
+    assert [s["step"] for s in old["steps"]] == list(range(1, 3215))
+    assert old["summary"]["run"] == first and old["summary"]["run_is_previous"] is True and old["summary"]["next_run"] == second
