@@ -315,7 +315,9 @@ def test_a_snapshot_holds_one_run_of_a_restarted_engine_never_both() -> None:
     assert doc["summary"]["run"] == second
     assert doc["summary"]["previous_run"] == {"run": first, "ended_at": 1000.0, "steps_in_ring": 3214, "first_step": 1, "last_step": 3214}
     # the old run's death, read after the new run began, freezes the old run alone, marked so
-    death = Event(kind=EventKind.RECORDER_SILENT, ts=906.0, source="recorder", message="gone", severity=Severity.CRITICAL, engine="d0", data={"run": first})
+    death = Event(
+        kind=EventKind.RECORDER_SILENT, ts=906.0, source="recorder", message="gone", severity=Severity.CRITICAL, engine="d0", data={"run": first}
+    )
     old = freeze(hub.view, "d0", death).to_export()
     assert [s["step"] for s in old["steps"]] == list(range(1, 3215))
     assert old["summary"]["run"] == first and old["summary"]["run_is_previous"] is True and old["summary"]["next_run"] == second
