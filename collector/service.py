@@ -26,6 +26,7 @@ from collector.detectors.wedge_watch import WedgeWatch
 from collector.fleet.forwarder import FleetRows
 from collector.fleet.placement import placement
 from collector.fleet.stores import Stores, open_stores, prune, row_sink
+from collector.ingest.departures import Departures
 from collector.ingest.hub import Hub
 from collector.ingest.intake import Intake
 from collector.ingest.live import LiveView
@@ -169,6 +170,13 @@ class Service:
         )
         # a wedge: requests held, no step for far longer than the engine's pace (an event back into ingest)
         wedges = WedgeWatch(view, hub.emit, settings.detectors.wedge, scrape_interval_s=settings.scrape_interval, behind=lateness.behind)
+        # engines that leave are forgotten after a grace period (collector/ingest/departures.py)
+        departures = Departures(
+            intake,
+            forget_after_s=settings.engine_forget_after_s,
+            others=[detectors, wedges, *recorders, writer, *([rows] if isinstance(rows, FleetRows) else [])],
+            clock=intake.clock,
+        )
         ctx = self.ctx = AppContext(
             settings=settings,
             hub=hub,
@@ -207,6 +215,7 @@ class Service:
         tasks.append(start("detectors", detectors.run))
         tasks.append(start("wedges", wedges.run))
         tasks.append(start("retention", lambda: self._retention(stores)))
+        tasks.append(start("departures", departures.run))
         if isinstance(rows, FleetRows):
             tasks.append(start("fleet", rows.run))
         tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))

@@ -83,6 +83,12 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     fleet_partition_hours: float = Field(default=24.0, ge=1.0, le=24 * 31, description="the shared store's time partitions span this")
     alertmanager: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ring_steps: int = Field(default=4096, ge=16, le=1_000_000)
+    engine_forget_after_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="an engine discovery saw leave (its pod gone) is forgotten this long after: its rings, series and "
+        "per-engine state freed, its row gone from /api/v1/engines (its snapshots and events stay)",
+    )
     gpu_ring_seconds: float = Field(default=600.0, gt=0)
     log_ring_lines: int = Field(default=2000, ge=10)
     ring_request_bytes: int = Field(

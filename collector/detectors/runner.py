@@ -157,6 +157,15 @@ class DetectorRunner:
         """The published state of every (detector, labels) seen, for the API."""
         return list(self._published.values())
 
+    def forget(self, engine: str) -> None:
+        """Drop a departed engine's series and states (``collector.ingest.departures``)."""
+        self._last_scrape.pop(engine, None)
+        self._scrape_series.pop(engine, None)
+        label = ("engine", engine)
+        for table in (self._hysteresis, self._published, self._last_raw):
+            for key in [k for k in table if label in k[1]]:
+                del table[key]
+
     def history_s(self) -> float:
         """How far back the detectors read the series (the longest window and baseline)."""
         t = self.thr

@@ -42,6 +42,7 @@ class DetectorTask:
         self.behind = behind
         self.skipped = 0
         self.runner = DetectorRunner(thresholds, clock=view.now)
+        self.forget = self.runner.forget  # a departed engine's series and states (collector.ingest.departures)
         self.interval = interval
         self.consumers = list(consumers)
         self.evaluations = 0

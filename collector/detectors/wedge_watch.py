@@ -67,6 +67,10 @@ class WedgeWatch:
             except Exception:
                 log.exception("wedge watch failed")
 
+    def forget(self, engine: str) -> None:
+        """A departed engine (``collector.ingest.departures``): its watch goes."""
+        self._engines.pop(engine, None)
+
     def seconds_since_step(self) -> dict[str, float]:
         """Per known engine: seconds since its last step while it holds requests, else 0
         (``flightrec_engine_seconds_since_step``)."""

@@ -114,6 +114,12 @@ class FleetRows:
     def passed(self, ticket: int) -> bool:
         return self.events_written_through >= ticket
 
+    def forget(self, engine: str) -> None:
+        """A departed engine (``collector.ingest.departures``): what is queued for it is still
+        sent (the queues empty every flush); the node-local writer lets go of its own."""
+        if self.local is not None:
+            self.local.forget(engine)
+
     def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
         self._facts[engine] = facts
 

@@ -40,6 +40,7 @@ class _Engine:
     pod_uid: str | None = None  # the Kubernetes pod discovery found it in
     progress: ProgressBook = field(default_factory=ProgressBook)  # last step, its time, requests held
     marks: StateBook = field(default_factory=StateBook)  # its state's marks (wedge, fault) and since when
+    departed_at: float | None = None  # when discovery said it left (collector.ingest.departures)
 
 
 class EngineRegistry:
@@ -70,9 +71,23 @@ class EngineRegistry:
             st.gpus = list(gpus)
         if configured:
             st.configured = True
+            st.departed_at = None  # (discovery registers a pod of that name again)
         if pod_uid is not None:
             st.pod_uid = pod_uid.lower()
         return made
+
+    def departed(self, name: str, ts: float) -> None:
+        """The engine left (its pod is gone): forgotten after a grace period, unless it comes back."""
+        st = self._engines[name]
+        st.up = False
+        if st.departed_at is None:
+            st.departed_at = ts
+
+    def departed_before(self, ts: float) -> list[str]:
+        return [st.name for st in self._engines.values() if st.departed_at is not None and st.departed_at <= ts]
+
+    def forget(self, name: str) -> None:
+        self._engines.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._engines

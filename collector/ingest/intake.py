@@ -101,7 +101,17 @@ class Intake:
         self.engines.ensure(name, url=url, pair=pair, gpus=gpus, configured=configured, pod_uid=pod_uid)
         self.store.of(name)
         if up is False:
-            self.engines.went_down(name)
+            self.engines.departed(name, self.clock())
+
+    def departed_before(self, ts: float) -> list[str]:
+        """Engines discovery said left at ``ts`` or before (``collector.ingest.departures``)."""
+        return self.engines.departed_before(ts)
+
+    def forget(self, name: str) -> None:
+        """Free what ingest holds for a departed engine: its registry record and rings. Its
+        events held for snapshots go with them; stored ones stay."""
+        self.engines.forget(name)
+        self.store.forget(name)
 
     def set_gpu_holders(self, holders: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
         """Who holds each GPU (namespace, pod, container, device), replacing the last map."""

@@ -60,6 +60,16 @@ class RingStore:
                     other.ring.set_max_request_bytes(share)
         return rings
 
+    def forget(self, engine: str) -> None:
+        """Drop an engine's rings (``collector.ingest.departures``); the others' shares of the
+        node's request-block budget grow back to it."""
+        if self.engines.pop(engine, None) is None:
+            return
+        share = self._request_bytes(len(self.engines))
+        for other in self.engines.values():
+            if other.ring.max_request_bytes < share:
+                other.ring.max_request_bytes = share
+
     def ring_of_run(self, rings: EngineRings, run: int, now: float) -> EngineRing | None:
         """The ring that holds steps of ``run`` (``collector.ingest.runs``); None: not held. A
         newer run sets the current ring aside as the previous run and starts a fresh one."""

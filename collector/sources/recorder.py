@@ -163,6 +163,7 @@ class RecorderSource:
         self._paths: dict[str, Path] = {}
         self._status = SourceStatus(name=self.name, up=True)
         self._bad_header_logged: set[Path] = set()
+        self._forgotten: set[Path] = set()  # rings of departed engines: not read again while they exist
         self.records = 0  # records emitted
         self.bad_records = 0  # records set aside (bad CRC counted by the reader, bad body here)
         self.lost_bytes = 0  # bytes the writers overwrote before we read them (we fell behind)
@@ -243,6 +244,8 @@ class RecorderSource:
         for path in paths[k:] + paths[:k]:
             tail = self._tails.get(path)
             if tail is None:
+                if path in self._forgotten:
+                    continue
                 tail = self._open(path)
                 if tail is None:
                     continue
@@ -257,6 +260,7 @@ class RecorderSource:
         if len(self._paths) > len(present):
             self._paths = {p.name: p for p in paths}
         self._bad_header_logged &= present
+        self._forgotten &= present
         self.backlog = self._worst
         self.coarse = self._worst >= self.coarse_at
         self._status.up, self._status.reason, self._status.last_ok = True, "", self.clock()
@@ -274,6 +278,13 @@ class RecorderSource:
         for obs in events:
             sink.emit(obs)
         return emitted
+
+    def forget(self, engine: str) -> None:
+        """A departed engine (``collector.ingest.departures``): its rings' readers are closed, and
+        its files, while they are left in the folder, are not read again."""
+        for path in [p for p, t in self._tails.items() if t.engine == engine]:
+            self._tails.pop(path).reader.close()
+            self._forgotten.add(path)
 
     def _open(self, path: Path, generation: int = 0) -> _Tail | None:
         try:

@@ -200,6 +200,11 @@ class BatchWriter:
     def passed(self, ticket: int) -> bool:
         return self.events_written_through >= ticket
 
+    def forget(self, engine: str) -> None:
+        """A departed engine (``collector.ingest.departures``): its thinning mark goes; what is
+        queued for it is still written."""
+        self._kept_at.pop(engine, None)
+
     def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None:
         self._q.fingerprints[engine] = facts
 
