@@ -4,20 +4,24 @@ unhealthy, while vLLM's own /health keeps answering 200; when it steps again the
 resumed and how long it was stuck, and the engine is ok again. An engine idle for minutes after a
 batch is never wedged.
 
-One server for every case (vLLM's start-up is most of the time): the recorder and
-``tests/support/wedge_scheduler.py`` in the engine core, ``flightrec serve`` watching it and
-paging a real Alertmanager whose receiver is a webhook here. In order:
+One server for every case (vLLM's start-up is most of the time), with two TP workers (the CPU
+build runs ``--tensor-parallel-size 2``): the recorder and ``tests/support/wedge_scheduler.py`` in
+the engine core, the fault plugin's worker wedge in the workers (no fault), ``flightrec serve``
+watching it and paging a real Alertmanager whose receiver is a webhook here. In order:
 
-1. a batch running, then the engine core blocked inside ``schedule()`` (the scheduler's
-   ``hold_while_wedged``, while a file exists): the event, the snapshot whose stacks show that
-   frame blocking the engine core, the page, state ``wedged`` and 503; the file removed: resumed,
-   ok, 200;
-2. the batch done, the engine idle for ``IDLE_S``: no wedge, ok throughout;
-3. a new batch running, the engine core stopped with SIGSTOP: the same, the snapshot saying the
+1. a short batch, then the engine idle for ``IDLE_S``: no wedge, ok throughout;
+2. 8 long requests running, none waiting, the engine core blocked inside ``schedule()`` (the
+   scheduler's ``hold_while_wedged``, while a file exists): the event, the snapshot whose stacks
+   show that frame blocking the engine core, the page, state ``wedged`` and 503; the file
+   removed: resumed, ok, 200;
+3. the same requests, TP rank 1 blocked before its forward: the same, and the two workers'
+   stacks told apart (rank 1 in its blocking frame, rank 0 inside the model's forward, waiting
+   for rank 1 in the collective);
+4. the same requests, the engine core stopped with SIGSTOP: the same, the snapshot saying the
    process is stopped; SIGCONT: resumed, ok.
 
 Needs the vLLM virtualenv (``scripts/vllm-cpu-env.sh``; ``FLIGHTREC_VLLM_PYTHON``), py-spy and an
-Alertmanager binary. About 5 minutes beside vLLM's start-up.
+Alertmanager binary. About 5 minutes beside vLLM's start-up (1-2 minutes here).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def rig(tmp_path: Path) -> Any:
         pytest.skip("py-spy is a dependency: pip install -e .")
     if find_alertmanager() is None:
         pytest.skip("no alertmanager binary")
-    r = WedgeRig(tmp_path, python)
+    r = WedgeRig(tmp_path, python, extra_args=["--tensor-parallel-size", "2"], wedge_rank=1)
     try:
         yield r.start()
     finally:
@@ -121,33 +125,46 @@ def check_resumed(rig: WedgeRig, wedge: Wedge, released: float) -> None:
 
 
 def test_a_wedged_real_engine_is_seen_frozen_paged_and_reported(rig: WedgeRig) -> None:
-    # 1. blocked inside its step, 8 running, none waiting
+    # 1. a short batch, then the engine idle for minutes: never wedged
+    for t in rig.send(8, max_tokens=64):
+        t.join(timeout=300)
+    rig.idle()
+    assert rig.errors == []
+    deadline = time.monotonic() + IDLE_S
+    while time.monotonic() < deadline:
+        assert rig.engine_item()["state"] == "ok"
+        assert rig.health()[0] == 200
+        time.sleep(5.0)
+    assert rig.events("engine_wedged") == []
+    assert rig.metric("flightrec_engine_wedged") == 0.0
+
+    # 2. 8 long requests running, none waiting, the engine core blocked inside its step
     rig.load(8)
     wedge = rig.follow(rig.wedge("step"), FOLLOW_S)
     core, stacks = check_wedged(rig, wedge)
     frame = core["blocking"]["frame"]
     assert core["state"] == "stuck" and frame["function"] == "hold_while_wedged", core["blocking"]
     assert frame["file"].endswith("wedge_scheduler.py"), frame
-    # and the frames above it: inside vLLM's step
-    main = core["threads"][0]
-    assert any(f["function"].endswith("schedule") for f in main["frames"]) and any("vllm/v1/engine/core.py" == f["file"] for f in main["frames"]), (
-        main["frames"][:12]
-    )
+    main = core["threads"][0]  # and the frames above it: inside vLLM's step
+    assert any("step" in f["function"] and f["file"] == "vllm/v1/engine/core.py" for f in main["frames"]), main["frames"][:12]
     check_resumed(rig, wedge, rig.release(wedge))
 
-    # 2. the batch ends, the engine idles for minutes: never wedged
-    rig.idle()
-    assert rig.errors == []  # the wedge held its requests; it failed none
-    wedged_before = len(rig.events("engine_wedged"))
-    deadline = time.monotonic() + IDLE_S
-    while time.monotonic() < deadline:
-        assert rig.engine_item()["state"] == "ok"
-        assert rig.health()[0] == 200
-        time.sleep(5.0)
-    assert len(rig.events("engine_wedged")) == wedged_before
-    assert rig.metric("flightrec_engine_wedged") == 0.0
+    # 3. the same batch, one TP worker (rank 1) blocked before its forward: the other waits for
+    # it inside the forward's collective, the engine core for both
+    rig.load(8)
+    wedge = rig.follow(rig.wedge("worker"), FOLLOW_S)
+    core, stacks = check_wedged(rig, wedge)
+    workers = {p["title"]: p for p in stacks["processes"] if p["role"] == "worker"}
+    assert sorted(workers) == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"], sorted(workers)
+    stuck, waiting = workers["VLLM::Worker_TP1"], workers["VLLM::Worker_TP0"]
+    assert stuck["blocking"]["frame"]["function"] == "hold_worker_while_wedged", stuck["blocking"]
+    assert waiting["blocking"] is not None and waiting["blocking"]["frame"]["function"] != "hold_worker_while_wedged", waiting["blocking"]
+    assert any(f["function"] == "LlamaModel.forward" for f in waiting["threads"][0]["frames"]), waiting["threads"][0]["frames"][:16]
+    assert not any(f["function"] == "LlamaModel.forward" for f in stuck["threads"][0]["frames"])
+    assert core["blocking"] is None or core["blocking"]["frame"]["function"] != "hold_while_wedged", core["blocking"]
+    check_resumed(rig, wedge, rig.release(wedge))
 
-    # 3. a new batch, the engine core stopped
+    # 4. the same batch, the engine core stopped (SIGSTOP): the snapshot says so
     rig.load(8)
     wedge = rig.follow(rig.wedge("sigstop"), FOLLOW_S)
     core, stacks = check_wedged(rig, wedge)

@@ -103,7 +103,7 @@ class CoreRing:
 class Wedge:
     """One wedge as the outside saw it: wall-clock times (time.time())."""
 
-    kind: str  # "step" (blocked inside schedule()) or "sigstop"
+    kind: str  # "step" (blocked inside schedule()), "worker" (one TP rank blocked) or "sigstop"
     started: float  # the file made, or SIGSTOP sent
     last_step: StepRecord
     event: dict[str, Any] | None = None
@@ -116,7 +116,16 @@ class Wedge:
 
 
 class WedgeRig:
-    def __init__(self, workdir: Path, python: str, *, engine: str = "wedge-0", startup_s: float = 900.0, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        python: str,
+        *,
+        engine: str = "wedge-0",
+        startup_s: float = 900.0,
+        extra_args: list[str] | None = None,
+        wedge_rank: int = 1,
+    ) -> None:
         self.workdir = workdir
         self.python = python
         self.engine = engine
@@ -125,6 +134,8 @@ class WedgeRig:
         self.recorder_dir = workdir / "recorder"
         self.model = write_tiny_model(workdir / "model")
         self.wedge_file = workdir / "wedge"
+        self.worker_wedge_file = workdir / "wedge-worker"  # the fault plugin's: one TP rank blocks
+        self.wedge_rank = wedge_rank
         self.vllm_log = workdir / "vllm.log"
         self.sidecar_log = workdir / "sidecar.log"
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -150,6 +161,8 @@ class WedgeRig:
             "FLIGHTREC_WEDGE_FILE": str(self.wedge_file),
             "FLIGHTREC_FAULT_AFTER_STEPS": str(10**12),  # the plugin's pacing only: it never faults
             "FLIGHTREC_FAULT_STEP_MIN_MS": str(STEP_MIN_MS),
+            "FLIGHTREC_WEDGE_WORKER_FILE": str(self.worker_wedge_file),
+            "FLIGHTREC_WEDGE_RANK": str(self.wedge_rank),
             "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         }
         self.server = start_server(
@@ -198,6 +211,7 @@ class WedgeRig:
 
     def stop(self) -> None:
         self.wedge_file.unlink(missing_ok=True)
+        self.worker_wedge_file.unlink(missing_ok=True)
         core = self.core_pid()
         if core is not None:
             try:
@@ -239,9 +253,9 @@ class WedgeRig:
     def core_pid(self) -> int | None:
         return None if self.server is None else engine_core_pid(self.server.pid)
 
-    def _send(self, i: int) -> None:
+    def _send(self, i: int, max_tokens: int) -> None:
         prompt = [(7 * k + i) % 1000 + 3 for k in range(100)]
-        body = json.dumps({"model": str(self.model), "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True})
+        body = json.dumps({"model": str(self.model), "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
         req = urllib.request.Request(
             f"{self.vllm}/v1/completions", body.encode(), {"Content-Type": "application/json", "X-Request-Id": f"wedge{i:03d}"}
         )
@@ -251,19 +265,38 @@ class WedgeRig:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             self.errors.append(repr(exc))
 
-    def load(self, n: int = 8, timeout: float = 120.0) -> StepRecord:
-        """``n`` long requests sent; returns the engine core's step with all of them running and
-        none waiting."""
+    def send(self, n: int, max_tokens: int = MAX_TOKENS) -> list[threading.Thread]:
+        threads = []
         for _ in range(n):
-            threading.Thread(target=self._send, args=(self.sent,), daemon=True).start()
+            threads.append(threading.Thread(target=self._send, args=(self.sent, max_tokens), daemon=True))
+            threads[-1].start()
             self.sent += 1
+        return threads
+
+    def load(self, n: int = 8, timeout: float = 120.0) -> StepRecord:
+        """``n`` long requests running, none waiting (sent unless the engine already runs ``n``:
+        a batch outlives several wedges); returns the engine core's step once 20 more steps
+        have run and vLLM's /metrics, as the sidecar scraped it, says so too."""
+        last = self.ring.poll()
+        if last is None or last.running < n:
+            self.send(n)
 
         def busy() -> StepRecord | None:
             last = self.ring.poll()
             return last if last is not None and last.running >= n and not last.waiting else None
 
-        step: StepRecord = wait_for(f"{n} requests running, none waiting", busy, timeout, every=0.02)
-        return step
+        full: StepRecord = wait_for(f"{n} requests running", busy, timeout, every=0.02)
+        # some steady decode before a wedge: the engine's pace is known, as in production
+        wait_for("20 decode steps", lambda: (s := busy()) is not None and s.step >= full.step + 20 and s, 60, every=0.02)
+
+        def sidecar_sees() -> bool:  # the sched ring has no queue length: vLLM's /metrics says none waits
+            values = (self.engine_item().get("last_scrape") or {}).get("values") or {}
+            return values.get("num_requests_running") == n and values.get("num_requests_waiting") == 0
+
+        wait_for(f"the sidecar seeing {n} running, none waiting", sidecar_sees, 30)
+        last = self.ring.poll()
+        assert last is not None and last.running >= n
+        return last
 
     def idle(self, timeout: float = 600.0) -> None:
         """Until the engine has no request (the last batch done)."""
@@ -275,10 +308,13 @@ class WedgeRig:
         wait_for("the engine idle", done, timeout, every=0.5)
 
     def wedge(self, kind: str) -> Wedge:
-        """Wedge the loaded engine: "step" blocks it inside schedule(), "sigstop" stops its core.
-        The last step is the ring's once it has stopped moving."""
+        """Wedge the loaded engine: "step" blocks it inside schedule(), "worker" blocks one TP
+        rank's execute_model (``wedge_rank``), "sigstop" stops its core. The last step is the
+        ring's once it has stopped moving."""
         if kind == "step":
             self.wedge_file.touch()
+        elif kind == "worker":
+            self.worker_wedge_file.touch()
         else:
             core = self.core_pid()
             assert core is not None, "no engine core"
@@ -292,6 +328,8 @@ class WedgeRig:
     def release(self, wedge: Wedge) -> float:
         if wedge.kind == "step":
             self.wedge_file.unlink()
+        elif wedge.kind == "worker":
+            self.worker_wedge_file.unlink()
         else:
             core = self.core_pid()
             assert core is not None

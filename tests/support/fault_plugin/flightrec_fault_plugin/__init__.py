@@ -19,6 +19,13 @@ Environment:
 - ``FLIGHTREC_FAULT_RANK``: only this TP rank raises (default: every rank).
 - ``FLIGHTREC_FAULT_KIND``: ``raise`` (default) or ``exit``: ``os._exit(FLIGHTREC_FAULT_EXIT_CODE
   or 1)`` instead of raising, to imitate a worker process that dies without a traceback.
+
+A worker's wedge, apart from the fault (either may be set without the other):
+
+- ``FLIGHTREC_WEDGE_WORKER_FILE=PATH``: while PATH exists, a worker's ``execute_model`` blocks
+  in ``hold_worker_while_wedged`` before it runs the model: one TP rank stuck while the others
+  wait for it inside the forward's first collective, as behind a hung kernel or a lost NCCL peer.
+- ``FLIGHTREC_WEDGE_RANK``: only this TP rank blocks (default: every rank).
 """
 
 from __future__ import annotations
@@ -41,10 +48,42 @@ def _scheduled_requests(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     return len(getattr(output, "num_scheduled_tokens", None) or {})
 
 
+def hold_worker_while_wedged(path: str) -> None:
+    """The stuck worker's blocking frame: sleeps while ``path`` exists (``os.stat`` is C, so no
+    Python frame sits above this one)."""
+    while True:
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+
+
+def _register_wedge() -> None:
+    path = os.environ.get("FLIGHTREC_WEDGE_WORKER_FILE")
+    if not path:
+        return
+    only_rank = os.environ.get("FLIGHTREC_WEDGE_RANK")
+    from vllm.v1.worker import gpu_worker
+
+    original = gpu_worker.Worker.execute_model
+
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.path.exists(path) and (only_rank is None or str(getattr(self, "rank", None)) == only_rank):
+            hold_worker_while_wedged(path)
+        return original(self, *args, **kwargs)
+
+    gpu_worker.Worker.execute_model = execute_model  # type: ignore[method-assign]
+
+
 def register() -> None:
     global _patched
+    if _patched:
+        return
+    _register_wedge()
     after = os.environ.get("FLIGHTREC_FAULT_AFTER_STEPS")
-    if not after or _patched:
+    if not after:
+        _patched = True
         return
     limit = int(after)
     message = os.environ.get("FLIGHTREC_FAULT_MESSAGE", DEFAULT_MESSAGE)
