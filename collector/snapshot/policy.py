@@ -19,7 +19,10 @@ the incident groups the two; its alert links the snapshot that holds it):
   one routed to every engine because it matches none joins as late evidence (which engine it
   hit is unknown, and a snapshot of every engine per GPU would multiply one node-wide fault);
 - after the open snapshot was amended: a GPU fault with an Xid code it does not hold yet, or a
-  critical anomaly of an engine that is not dead.
+  critical anomaly of an engine that is not dead;
+- a wedge (``engine_wedged``, said once per wedge), always: its snapshot is the one that reads
+  the engine's stacks, whether the open one is a throughput collapse's seen the same second or
+  an earlier wedge's that ended.
 A manual snapshot is always its own; a manual request names one engine or, with none, every
 engine.
 
@@ -178,6 +181,10 @@ class TriggerPolicy:
             self._schedule_amend(opened)
 
     def _distinct(self, cur: OpenSnapshot, ev: Event, gpu: str | None, route: Route) -> bool:
+        if ev.kind is EventKind.ENGINE_WEDGED:
+            # the watch says each wedge once: its own snapshot, the only kind that reads the stacks
+            # (a throughput collapse seen the same second, or the wedge before it, has none of this one)
+            return True
         if gpu is not None and route.by in ("pid", "gpu") and cur.gpus and gpu not in cur.gpus:
             return True  # another GPU's fault: its own snapshot
         if not cur.amended or ev.kind not in DISTINCT_KINDS:

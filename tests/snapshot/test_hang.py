@@ -196,3 +196,56 @@ def test_a_stop_before_the_dumps_end_says_so(migrated_url: str, tmp_path: Path, 
     doc = repo.get_snapshot(rows[0]["id"])
     assert doc.stacks is not None and doc.stacks["status"] == "unavailable"
     assert "the sidecar stopped before the two dumps were done" in doc.stacks["reasons"][0]
+
+
+def collapsed() -> Event:
+    return Event(
+        kind=EventKind.ANOMALY,
+        ts=time.time(),
+        source="detector",
+        message="throughput_collapse critical: 0.0 tokens/s is 0% of the 12.0 tokens/s baseline with 8 requests in the engine",
+        engine="decode-0",
+        severity=Severity.CRITICAL,
+    )
+
+
+@needs_py_spy
+def test_a_wedge_inside_another_snapshots_window_has_its_own_snapshot_and_stacks(
+    migrated_url: str, tmp_path: Path, engine_core: subprocess.Popen[bytes]
+) -> None:
+    """A real SIGSTOPped engine core: the throughput-collapse detector and the wedge watch fire in
+    the same second, the collapse first. The wedge opens its own snapshot, which reads the
+    stacks; a second wedge of the same engine inside the window (it moved, then stopped again)
+    does too."""
+    reader = StackReader(StacksSettings(interval_s=1.0), recorder_dir=None)
+    hub, repo, c, committed = setup(migrated_url, tmp_path, reader)
+    steps(hub, engine_core.pid)
+
+    async def body() -> list[dict[str, Any]]:
+        hub.emit(collapsed())
+        hub.emit(wedged())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter())
+            if len(rows) == 2 and all(r["summary"].get("amended_at") for r in rows):
+                break
+            await asyncio.sleep(0.1)
+        hub.emit(wedged())  # the next wedge, 30 s window still open
+        while time.monotonic() < deadline:
+            rows, _ = await asyncio.to_thread(repo.list_snapshots, SnapshotFilter())
+            if len(rows) == 3 and all(r["summary"].get("amended_at") for r in rows):
+                return rows
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"not three amended snapshots: {rows}")
+
+    rows = asyncio.run(run(c, body))
+    reader.close()
+    kinds = sorted(r["trigger_kind"] for r in rows)
+    assert kinds == ["anomaly", "engine_wedged", "engine_wedged"], kinds
+    for r in rows:
+        doc = repo.get_snapshot(r["id"])
+        if r["trigger_kind"] == "engine_wedged":
+            assert doc.stacks is not None and doc.stacks["status"] == "captured", doc.stacks
+            assert doc.stacks["processes"][0]["blocking"]["frame"]["function"] == "wait_for_the_engine_lock"
+        else:
+            assert doc.stacks is None
