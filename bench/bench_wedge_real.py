@@ -1,12 +1,13 @@
 """A wedge on the real vLLM CPU build, timed from the engine's last step to what the sidecar does.
 
-    .venv/bin/python bench/bench_wedge_real.py [--rounds 3] [--python VLLM_PY] [--json]
+    .venv/bin/python bench/bench_wedge_real.py [--rounds 3] [--tp 2 --kinds step,worker,sigstop] [--python VLLM_PY] [--json]
 
 One vLLM server (the tiny random-weight Llama, ``tests/support/wedge_rig.py``: the recorder, a
 scheduler that blocks inside its step on demand, steps of at least 20 ms) watched by
 ``flightrec serve`` with its default wedge settings, paging a real Alertmanager (group_wait 0)
 whose receiver is a webhook here. Each round puts 8 long requests running, none waiting, then
-wedges the engine: ``step`` blocks the engine core inside ``schedule()``, ``sigstop`` stops it;
+wedges the engine: ``step`` blocks the engine core inside ``schedule()``, ``sigstop`` stops it,
+``worker`` blocks the last TP rank before its forward (the others wait for it in the collective);
 then lets it go; the next round wedges the same batch (a new one once it ended). Times are
 from the last step the engine core wrote to its ring (its own clock, this host's) to:
 
@@ -80,13 +81,16 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="wedges of each kind")
-    ap.add_argument("--kinds", default="step,sigstop")
+    ap.add_argument("--kinds", default="step,sigstop", help="step, sigstop, worker (one TP rank blocked: --tp 2)")
+    ap.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size of the server (the CPU build runs 2)")
     ap.add_argument("--python", default=default_vllm_python(), help="the vLLM virtualenv's python")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    results: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "rounds": []}
+    if "worker" in args.kinds.split(",") and args.tp < 2:
+        ap.error("--kinds worker needs --tp 2 or more")
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "tp": args.tp, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="flightrec-wedge-") as tmp:
-        rig = WedgeRig(Path(tmp), args.python)
+        rig = WedgeRig(Path(tmp), args.python, extra_args=["--tensor-parallel-size", str(args.tp)], wedge_rank=args.tp - 1)
         started = time.monotonic()
         try:
             rig.start()
@@ -106,8 +110,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
-    print(f"vLLM CPU build, {results['cpus']} CPUs, load average before {results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}")
-    print(f"{'wedge':8} " + " ".join(f"{m:>15}" for m in MEASURES) + "   (seconds from the last step; median / max)")
+    load = f"load average before {results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}"
+    print(f"vLLM CPU build, TP={args.tp}, {results['cpus']} CPUs, {load}")
+    print(f"{'wedge':8} " + " ".join(f"{m:>15}" for m in MEASURES) + "   (seconds from the last step, resumed from the release; median / max)")
     for kind, s in results["summary"].items():
         cells = [f"{_s(s[f'{m}_median_s'])} / {_s(s[f'{m}_max_s'])}" for m in MEASURES]
         print(f"{kind:8} " + " ".join(f"{c:>15}" for c in cells))

@@ -320,8 +320,14 @@ class WedgeRig:
             assert core is not None, "no engine core"
             os.kill(core, signal.SIGSTOP)
         started = time.time()
-        time.sleep(0.5)  # a step in flight ends and is written
-        last = self.ring.poll()
+        # the last step: the ring's once it has not moved for 2 s (a step in flight, scheduled
+        # before the wedge, may be written late on a loaded machine; the floor is 10 s)
+        last, since = self.ring.poll(), time.monotonic()
+        while time.monotonic() - since < 2.0:
+            time.sleep(0.05)
+            now = self.ring.poll()
+            if now is not None and (last is None or now.step != last.step):
+                last, since = now, time.monotonic()
         assert last is not None
         return Wedge(kind=kind, started=started, last_step=last)
 
