@@ -4,7 +4,10 @@
 ``/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py`` are both
 ``vllm/v1/engine/core.py``; the standard library's ``/usr/lib/python3.12/threading.py`` is
 ``threading.py``; a native library ``/usr/lib/x86_64-linux-gnu/libc.so.6`` is ``libc.so.6``.
-A file under no known prefix (the site's own code, a plugin) is kept as it is.
+Code that vLLM generates at start-up (``torch.compile``'s inductor output under
+``~/.cache/vllm/torch_compile_cache/<hash>/...``) is ``torch_compile_cache/<hash>/...``: the
+home folder (and the user's name in it) is not kept. A file under no known prefix (the site's
+own code, a plugin) is kept as it is.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import re
 _SITE = re.compile(r"/(?:site|dist)-packages/(?P<rel>.+)$")
 _STDLIB = re.compile(r"/lib/python3(?:\.\d+)?t?/(?P<rel>.+)$")
 _LIBRARY = re.compile(r"\.so(?:\.\d+)*$")
+_COMPILED = re.compile(r"/(?P<rel>torch_compile_cache/.+)$")
 
 
 def short_path(path: str) -> str:
-    m = _SITE.search(path) or _STDLIB.search(path)
+    m = _SITE.search(path) or _STDLIB.search(path) or _COMPILED.search(path)
     if m is not None:
         return m.group("rel")
     if _LIBRARY.search(path):

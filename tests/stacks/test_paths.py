@@ -18,6 +18,11 @@ from collector.stacks.paths import is_stdlib, package_of, short_path
         ("/opt/conda/lib/libnccl.so.2.21.5", "libnccl.so.2.21.5", None),
         ("/srv/app/plugins/blocking_scheduler.py", "/srv/app/plugins/blocking_scheduler.py", None),
         ("<frozen runpy>", "<frozen runpy>", "stdlib"),
+        (
+            "/home/alice/.cache/vllm/torch_compile_cache/5f1c/rank_0_0/inductor_cache/ab/cab12.py",
+            "torch_compile_cache/5f1c/rank_0_0/inductor_cache/ab/cab12.py",
+            None,
+        ),
     ],
 )
 def test_short_path_and_package(path: str, short: str, package: str | None) -> None:
