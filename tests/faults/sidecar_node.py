@@ -101,6 +101,10 @@ def make_node(tmp_path: Path, db: str, *, dead_engine: bool = False) -> Node:
         f"database: {db}\nnvml: off\nkmsg: {kmsg}\nkmsg_poll_interval: 0.05\nrecorder_dir: {rec}\nspool_dir: {spool_dir}\n"
         f"host_name: node-k\napi_token: {TOKEN}\nsnapshot_settle_s: {SETTLE_S}\nincident_window_s: 5\n"
         "engines:\n  - name: decode-0\n    url: http://127.0.0.1:9\n"
+        # The engine is this test process: its steps hold 4 running requests and come only when
+        # a test writes them, so between writes it is, by definition, wedged. These tests are
+        # about the commit and stop paths; a wedge's own snapshot is tested in tests/snapshot.
+        "detectors:\n  wedge:\n    enabled: false\n"
     )
     if dead_engine:  # a process that wrote 300 steps and died before the sidecar started
         subprocess.run([sys.executable, "-c", DEAD_ENGINE, str(rec)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
