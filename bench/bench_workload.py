@@ -1,0 +1,68 @@
+"""The workload log's export at a fault: what a snapshot's capture costs on the event loop.
+
+    .venv/bin/python bench/bench_workload.py [--requests 10000] [--runs 7] [--json FILE]
+    PYTHONPATH=../other-checkout .venv/bin/python bench/bench_workload.py   # that checkout's log
+
+A log of ``--requests`` requests (one engine, ids as vLLM's, prompt lengths, a few finish
+reasons, a third still in flight) exported at the newest record's time, once not crashed and
+once crashed (the crash closes the open requests first: each run gets a fresh log). Prints the
+median and best in milliseconds; a node-wide fault exports 8 such logs on the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from collector.ingest.workload import WorkloadLog
+from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
+
+
+def filled(requests: int, seed: int = 1) -> tuple[WorkloadLog, float]:
+    rng = random.Random(seed)
+    log = WorkloadLog(max_requests=requests)
+    t = 1_765_000_000.0
+    ends: list[WorkloadArrival | WorkloadEnd] = []
+    batch: list[WorkloadArrival | WorkloadEnd] = []
+    for i in range(requests):
+        t += rng.random() * 0.02
+        rid = f"cmpl-{i:08x}-0-{rng.getrandbits(32):08x}"
+        batch.append(WorkloadArrival(rid, t, rng.randint(100, 32_000), 2000, 1, rng.random() < 0.5, False))
+        if rng.random() < 0.66:
+            ends.append(WorkloadEnd(rid, t + rng.random() * 5, rng.randint(1, 2000), rng.choice(("stopped", "length", "aborted")), 0))
+        if len(batch) >= 64:  # one read of a ring: a batch of records
+            log.add(WorkloadBatch(engine="decode-0", ts=t, records=batch))
+            batch = []
+    ends.sort(key=lambda e: e.ts)
+    log.add(WorkloadBatch(engine="decode-0", ts=t, records=batch + [e for e in ends if e.ts <= t]))
+    return log, t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=10_000)
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args()
+    figures: dict[str, dict[str, float]] = {}
+    for crashed in (False, True):
+        times = []
+        for run in range(args.runs):
+            log, t = filled(args.requests, seed=run)
+            c0 = time.perf_counter()
+            out = log.export(t, crashed=crashed)
+            times.append((time.perf_counter() - c0) * 1e3)
+            assert out["counts"]["requests"] == args.requests
+        name = "export_crashed_ms" if crashed else "export_ms"
+        figures[name] = {"median": statistics.median(times), "best": min(times)}
+        print(f"{name:<20} {args.requests:,} requests: median {statistics.median(times):.1f} ms, best {min(times):.1f} ms")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"bench": "workload", "requests": args.requests, "runs": args.runs, **figures}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
