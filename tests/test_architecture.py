@@ -128,3 +128,121 @@ def test_engine_side_imports_only_the_shared_ground() -> None:
             if dst not in ENGINE_SIDE_MAY_IMPORT:
                 against.append(f"{path.relative_to(ROOT.parent)} imports collector.{module}")
     assert not against, "\n".join(against)
+
+
+# -- the view reads and never writes ------------------------------------------------------------
+
+
+def _state(obj: object, seen: set[int] | None = None) -> object:
+    """Everything ``obj`` holds, as plain values, followed through objects, containers and
+    arrays (a NaN written as text: it equals nothing, not even itself)."""
+    import array  # noqa: PLC0415
+    import collections  # noqa: PLC0415
+    import dataclasses  # noqa: PLC0415
+    import enum  # noqa: PLC0415
+    import math  # noqa: PLC0415
+
+    seen = set() if seen is None else seen
+    if isinstance(obj, float):
+        return repr(obj) if math.isnan(obj) else obj
+    if obj is None or isinstance(obj, (str, int, bytes, enum.Enum)):
+        return obj
+    if id(obj) in seen:
+        return ("seen", type(obj).__name__)
+    seen.add(id(obj))
+    if isinstance(obj, array.array):
+        return (obj.typecode, [_state(v, seen) for v in obj])
+    if isinstance(obj, dict):
+        return [(_state(k, seen), _state(v, seen)) for k, v in obj.items()]
+    if isinstance(obj, (list, tuple, collections.deque, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return (type(obj).__name__, [_state(v, seen) for v in items])
+    if callable(obj) and not hasattr(obj, "__dict__") and not hasattr(obj, "__slots__"):
+        return ("callable", repr(obj))
+    fields: dict[str, object] = {}
+    if dataclasses.is_dataclass(obj):
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    elif hasattr(obj, "__dict__"):
+        fields = dict(vars(obj))
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if hasattr(obj, name):
+                fields[name] = getattr(obj, name)
+    return (type(obj).__name__, [(k, _state(v, seen)) for k, v in sorted(fields.items()) if not callable(v) or hasattr(v, "__dict__")])
+
+
+def test_every_query_of_the_view_leaves_ingests_state_as_it_was() -> None:
+    """``IngestView`` is what every later stage is given: a query that wrote (the workload's
+    export once recorded the engine's death) would make what a reader sees depend on who read
+    first. Each of its members is called on a filled ingest, and ingest's whole state compared."""
+    from collector.ingest.hub import hub_for  # noqa: PLC0415
+    from collector.ingest.view import IngestView  # noqa: PLC0415
+    from collector.model import (  # noqa: PLC0415
+        HALF_STATS,
+        Event,
+        EventKind,
+        GpuSample,
+        LogLine,
+        MetricsScrape,
+        Severity,
+        StepRecord,
+        WorkloadArrival,
+        WorkloadBatch,
+        WorkloadEnd,
+    )
+    from collector.settings import EngineConfig, Settings  # noqa: PLC0415
+
+    hub = hub_for(Settings(engines=[EngineConfig(name="decode-0", url="http://d", gpus=[0])], ring_steps=16), clock=lambda: 1000.0)
+    hub.emit(GpuSample(gpu="GPU-a", index=0, ts=990.0, bus_id="0000:00:05.0"))
+    for step in range(20):
+        hub.emit(StepRecord(engine="decode-0", ts=980.0 + step * 0.5, step=step, running=4, waiting=1, kv_cache_usage=0.1, halves=HALF_STATS))
+    hub.emit(MetricsScrape(engine="decode-0", ts=995.0, values={"num_requests_running": 4.0}))
+    hub.emit(LogLine(engine="decode-0", ts=996.0, line="INFO hello"))
+    hub.emit(
+        WorkloadBatch(
+            engine="decode-0",
+            ts=991.0,
+            records=[
+                WorkloadArrival("a", 990.0, 10, 5, 1, True, False),
+                WorkloadArrival("b", 990.5, 10, 5, 1, None, None),
+                WorkloadEnd("a", 991.0, 5, "length", 0),
+            ],
+        )
+    )
+    xid = Event(kind=EventKind.XID, ts=997.0, source="kmsg", message="Xid 43", xid=43, gpu="0000:00:05.0", severity=Severity.WARNING)
+    hub.emit(xid)
+    view: IngestView = hub.view
+    queries = {
+        "host": (),
+        "dropped": (),
+        "now": ((), {}),
+        "engine_names": ((), {}),
+        "engine": (("decode-0",), {}),
+        "route": ((xid,), {}),
+        "steps": (("decode-0",), {}),
+        "recent_steps": (("decode-0", 4), {}),
+        "step_seconds": (("decode-0",), {}),
+        "last_step": (("decode-0",), {}),
+        "last_known": (("decode-0", "kv_cache_usage"), {}),
+        "has_step": (("decode-0", 3), {}),
+        "steps_held": (("decode-0",), {}),
+        "scrapes": (("decode-0",), {"since": 0.0}),
+        "last_scrape": (("decode-0",), {}),
+        "log_lines": (("decode-0",), {}),
+        "events": (("decode-0",), {"since": 0.0}),
+        "workload": (("decode-0", 999.0), {"crashed": True}),
+        "gpus": ((), {}),
+        "gpu_series": ((), {}),
+        "gpu_samples": ((), {"since": 0.0, "gpus": {0}}),
+        "gpu_key": (("0000:00:05.0",), {}),
+        "xid_counts": ((), {}),
+    }
+    members = {name for name in vars(IngestView) if not name.startswith("_")}
+    assert members == set(queries), f"every member of the view is called here: add {sorted(members - set(queries))}"
+    before = _state(hub.intake)
+    for name, call in queries.items():
+        member = getattr(view, name)
+        if call:
+            args, kwargs = call
+            member(*args, **kwargs)
+        assert _state(hub.intake) == before, f"IngestView.{name} changed ingest's state"

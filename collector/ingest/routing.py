@@ -21,7 +21,7 @@ from collector.ingest.engines import EngineRegistry
 from collector.ingest.intake import Intake
 from collector.ingest.store import RingStore
 from collector.ingest.view import Route
-from collector.model import Event, EventKind
+from collector.model import CRASH_KINDS, Event, EventKind
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class EventRouter:
             intake.engines.saw_event(name, ev)  # a wedge, its end, a crash, a GPU fault: the engine's state
         if is_new:
             intake.store.add_event(ev, targets.engines)
+            if ev.kind in CRASH_KINDS:  # the engines died: their workload logs close what was open
+                for name in targets.engines:
+                    intake.store.of(name).workload.died(ev.ts)
         else:
             intake.store.replace_event(ev)
         for consumer in self.consumers:

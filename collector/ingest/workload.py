@@ -18,12 +18,13 @@ is never dropped for its age: a long request that is running at the fault is par
 that broke the engine. Both kinds of drop are counted and exported, so a plan can say that it
 does not start at the beginning of the load.
 
-``export`` reads the log's state (no clock): the requests in flight at some time in
+``export`` reads the log's state and changes nothing (no clock): the requests in flight at some time in
 ``[fault_ts - max_age_s, fault_ts]``, columnar, with times as offsets from the first kept
 arrival, each request's outcome at the fault, and the concurrency over time.
 
 An engine that died ends its requests without end records. An export with ``crashed`` therefore
-closes the requests still open at the fault (they failed by the crash), and a later export
+counts the requests still open at the fault as failed by the crash; ingest tells the log of the
+death when it routes the crash to the engine (``died``), which closes them, and a later export
 starts after that death: a restarted engine under the same name is a fresh process, and the
 previous one's load is not the load before its fault. Exporting the same fault again (the
 snapshot's amendment) gives the same workload, completed with the records read since.
@@ -266,9 +267,6 @@ class WorkloadLog:
             keep &= arrival > after
         after_fault = int(np.count_nonzero(mine & (arrival > cutoff)))
         rel = np.flatnonzero(keep)  # positions from the head
-        if crashed:
-            self._died(fault_ts, (rel + h).tolist())
-            end = _floats(self._end, h)
         arrival_k, end_k = arrival[rel], end[rel]
         t0 = float(arrival_k.min()) if len(rel) else fault_ts
         finish_k = _pick(self._finish, rel, h)
@@ -319,11 +317,15 @@ class WorkloadLog:
             "concurrency": concurrency_series(arrival_offset, end_offset, round(last - t0, 6)),
         }
 
-    def _died(self, ts: float, kept: list[int]) -> None:
-        """The engine died at ``ts``: what was open there ends there, failed by the crash."""
-        for i in kept:
-            if self._end[i] != self._end[i]:  # stays open: its own end, read late, replaces this one
-                self._end[i], self._finish[i] = ts + DEATH_GRACE_S, CRASH_FINISH
+    def died(self, ts: float) -> None:
+        """The engine died at ``ts`` (ingest routed it a crash): what was open and had arrived by
+        then (``DEATH_GRACE_S`` after, as an export counts it) ends there, failed by the crash,
+        and a later export starts after this death. A request's own end, read late, replaces
+        the crash's."""
+        h = self._head
+        arrival, end = _floats(self._arrival, h), _floats(self._end, h)
+        for i in (np.flatnonzero(np.isnan(end) & (arrival <= ts + DEATH_GRACE_S)) + h).tolist():
+            self._end[i], self._finish[i] = ts + DEATH_GRACE_S, CRASH_FINISH
         if ts not in self._deaths:
             self._deaths = sorted([*self._deaths, ts])[-MAX_DEATHS:]
 

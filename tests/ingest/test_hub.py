@@ -15,6 +15,8 @@ from collector.model import (
     GpuSample,
     Severity,
     StepRecord,
+    WorkloadArrival,
+    WorkloadBatch,
 )
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.committer import SnapshotCommitter
@@ -240,3 +242,23 @@ def test_a_poll_filed_in_one_call_is_filed_as_one_by_one_and_a_bad_step_is_set_a
     info = many.view.engine("decode-0")
     assert info is not None and (info.steps_received, info.requests_received, info.last_seen) == (6, 10, 1000.3)
     assert len(many.intake.store.gpus["GPU-b"]) == 2
+
+
+def test_reading_the_workload_changes_nothing_and_a_routed_crash_closes_what_was_open(tmp_path: Path) -> None:
+    """The view reads; ingest's front door writes: the engine's death enters its workload log
+    when the crash is routed to it, never when a reader exports the log."""
+    h, _ = hub(tmp_path)
+    h.emit(WorkloadBatch(engine="decode-0", ts=990.0, records=[WorkloadArrival("a", 990.0, 10, 5, 1, True, False)]))
+    h.emit(WorkloadBatch(engine="prefill-0", ts=990.0, records=[WorkloadArrival("p", 990.0, 10, 5, 1, True, False)]))
+    log = h.intake.store.engines["decode-0"].workload
+    before = repr(log.__dict__)  # (a NaN, an open request's end, equals nothing, not even itself)
+    first = h.view.workload("decode-0", 1000.0, crashed=True)
+    assert repr(log.__dict__) == before and first == h.view.workload("decode-0", 1000.0, crashed=True)
+    assert first["counts"]["failed_by_crash"] == 1
+    h.emit(Event(kind=EventKind.CUDA_ERROR, ts=1000.0, source="log", message="CUDA error", engine="decode-0"))
+    assert h.view.workload("decode-0", 1000.0, crashed=True) == first  # the snapshot's amendment agrees
+    # the restarted engine's load starts after the death; the other engine did not die
+    h.emit(WorkloadBatch(engine="decode-0", ts=1100.0, records=[WorkloadArrival("b", 1100.0, 10, 5, 1, True, False)]))
+    later = h.view.workload("decode-0", 1200.0, crashed=False)
+    assert later["window"]["after_death_at"] == 1000.0 and later["requests"]["columns"]["id"] == ["b"]
+    assert h.view.workload("prefill-0", 1200.0, crashed=False)["window"]["after_death_at"] is None

@@ -164,6 +164,8 @@ def test_a_crash_closes_what_was_open_and_a_restarted_engine_starts_afresh() -> 
     for rec in (arrive("a", 1.0), end("a", 2.0), arrive("b", 3.0), arrive("c", 3.5)):
         log.add(rec)
     first = log.export(5.0, crashed=True)
+    assert first == log.export(5.0, crashed=True)  # an export changes nothing
+    log.died(5.0)  # ingest routed the crash to the engine
     assert first == log.export(5.0, crashed=True)  # the snapshot and its amendment agree
     assert [r["outcome"] for r in rows(first)] == ["finished", "failed_by_crash", "failed_by_crash"]
     # the engine restarts under the same name; its requests are a new load
@@ -186,6 +188,7 @@ def test_records_just_after_a_fault_time_to_the_second_are_before_the_death() ->
     log.add(arrive("a", 10.2))
     log.add(arrive("b", 10.3))
     first = log.export(10.0, crashed=True)  # the CUDA error's log line says 10 s
+    log.died(10.0)
     assert [r["outcome"] for r in rows(first)] == ["failed_by_crash", "failed_by_crash"]
     log.add(end("a", 10.6))  # read after the first capture
     amended = log.export(10.0, crashed=True)
