@@ -196,7 +196,7 @@ class StepRecord:
 _step_fields = attrgetter(*(f.name for f in fields(StepRecord)))  # every field, in the constructor's order
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class GpuSample:
     """One NVML poll of one GPU. ``None`` means not supported or not read this time."""
 
@@ -261,7 +261,7 @@ class Event:
 PROGRESS_COUNTERS = ("iteration_tokens_total_count", "prompt_tokens_total", "generation_tokens_total")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class MetricsScrape:
     """Values kept from one /metrics scrape of one engine (vLLM families, by engine label)."""
 
@@ -277,7 +277,7 @@ class MetricsScrape:
     paused: bool | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Fingerprint:
     """Deployment facts of one engine (vLLM version, connectors, block size, env...)."""
 
@@ -286,7 +286,7 @@ class Fingerprint:
     facts: dict[str, Any]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class LogLine:
     """A raw engine log line, kept in the per-engine log ring for snapshots."""
 
@@ -318,7 +318,7 @@ class WorkloadEnd(NamedTuple):
     cached_tokens: int | None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class WorkloadBatch:
     """Requests arriving at or leaving one engine, in the order its recorder wrote them (the
     ``W`` records of one read of its ring), for the workload log that replay reproduces. One

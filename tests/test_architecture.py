@@ -246,3 +246,34 @@ def test_every_query_of_the_view_leaves_ingests_state_as_it_was() -> None:
             args, kwargs = call
             member(*args, **kwargs)
         assert _state(hub.intake) == before, f"IngestView.{name} changed ingest's state"
+
+
+# -- records are frozen -------------------------------------------------------------------------
+
+# The records of collector.model that are still changed after they are made, each with where.
+# Every other one is frozen: what a source made is what ingest holds, stores and serves.
+STILL_MUTABLE = {
+    # the recorder source names a step's engine and run once the read's meta record is read; its
+    # two halves are paired into one; the rings fold steps into per-second records of their own
+    "StepRecord",
+    # given its uid when routed; a later witness's sources merged into it (collector.xid.merge)
+    "Event",
+    # a source's own health, kept and updated by that source (served as it is, never stored)
+    "SourceStatus",
+}
+
+
+def test_the_records_that_flow_are_frozen_and_slotted() -> None:
+    import dataclasses  # noqa: PLC0415
+
+    from collector import model  # noqa: PLC0415
+
+    records = {
+        name: cls for name, cls in vars(model).items() if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == model.__name__
+    }
+    assert STILL_MUTABLE <= set(records)
+    for name, cls in records.items():
+        params = cls.__dataclass_params__  # type: ignore[attr-defined]
+        assert hasattr(cls, "__slots__"), f"{name} has no slots"
+        if name not in STILL_MUTABLE:
+            assert params.frozen, f"{name} is not frozen"

@@ -425,7 +425,9 @@ def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
     heads = _PLAIN_STEP.iter_unpack(b"".join(plain)) if plain else iter(())
     name = engine or "unknown"
     out: list[Decoded] = []
-    work: WorkloadBatch | None = None
+    work: list[WorkloadArrival | WorkloadEnd] = []
+    work_at = -1  # the batch's place in out: the first sound W record's
+    work_ts = 0.0
     for payload in payloads:
         tag = payload[0] if payload else -1
         if tag == _STEP_TAG and len(payload) == _STEP_SIZE:
@@ -443,13 +445,12 @@ def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
             except CodecError as exc:
                 out.append((None, None, exc))
                 continue
-            if work is None:
-                work = WorkloadBatch(engine=name, ts=rec.ts, records=[rec])
-                out.append((None, work, None))
-            else:
-                work.records.append(rec)
-                if rec.ts > work.ts:
-                    work.ts = rec.ts
+            if work_at < 0:
+                work_at, work_ts = len(out), rec.ts
+                out.append((None, None, None))  # the batch, once its records are all in
+            elif rec.ts > work_ts:
+                work_ts = rec.ts
+            work.append(rec)
             continue
         try:
             meta, obs = decode(bytes(payload), engine=engine)
@@ -457,6 +458,8 @@ def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
             out.append((None, None, exc))
             continue
         out.append((meta, obs, None))
+    if work_at >= 0:
+        out[work_at] = (None, WorkloadBatch(engine=name, ts=work_ts, records=work), None)
     return out
 
 

@@ -233,12 +233,12 @@ class NvmlSource:
             self.timings.setdefault(name, CallTiming()).add(time.perf_counter() - t0)
 
     def _sample(self, gpu: GpuState, now: float) -> GpuSample | Event:
-        s = GpuSample(gpu=gpu.key, index=gpu.index, ts=now, bus_id=gpu.bus_id, name=gpu.name)
+        read: dict[str, Any] = {}  # the sample's fields, as read (a sample is frozen once made)
         for reading in READINGS:
             if reading in gpu.unsupported:
                 continue
             if reading == "pcie_replay" and gpu.last_pcie is not None and now - gpu.last_pcie < self.pcie_interval:
-                s.pcie_replay = gpu.last_pcie_value  # carried forward between slow reads
+                read["pcie_replay"] = gpu.last_pcie_value  # carried forward between slow reads
                 continue
             try:
                 value = self._timed(reading, getattr(self.backend, reading), gpu.handle)
@@ -252,10 +252,10 @@ class NvmlSource:
                 self.errors += 1
                 log.debug("NVML: GPU %d %s failed: %s", gpu.index, reading, exc)
                 continue
-            _store(s, reading, value)
+            _store(read, reading, value)
             if reading == "pcie_replay":
-                gpu.last_pcie, gpu.last_pcie_value = now, s.pcie_replay
-        return s
+                gpu.last_pcie, gpu.last_pcie_value = now, read["pcie_replay"]
+        return GpuSample(gpu=gpu.key, index=gpu.index, ts=now, bus_id=gpu.bus_id, name=gpu.name, **read)
 
     def _lost(self, gpu: GpuState, now: float, exc: Exception | str) -> Event:
         gpu.lost = True
@@ -346,29 +346,22 @@ class NvmlSource:
         )
 
 
-def _store(s: GpuSample, reading: str, value: Any) -> None:
+def _store(s: dict[str, Any], reading: str, value: Any) -> None:
+    """A reading's value into the sample's fields."""
     if reading == "memory":
-        s.memory_used, s.memory_total = value
+        s["memory_used"], s["memory_total"] = value
     elif reading == "utilization":
-        s.utilization, s.memory_utilization = value
-    elif reading == "temperature":
-        s.temperature = value
-    elif reading == "power_w":
-        s.power_w = value
-    elif reading == "sm_clock_mhz":
-        s.sm_clock_mhz = value
-    elif reading == "clock_event_reasons":
-        s.clock_event_reasons = value
+        s["utilization"], s["memory_utilization"] = value
+    elif reading in ("temperature", "power_w", "sm_clock_mhz", "clock_event_reasons", "pcie_replay"):
+        s[reading] = value
     elif reading == "ecc_volatile":
-        s.ecc_volatile_uncorrected, s.ecc_volatile_corrected = value
+        s["ecc_volatile_uncorrected"], s["ecc_volatile_corrected"] = value
     elif reading == "remapped_rows":
-        s.remapped_rows_correctable = value.correctable
-        s.remapped_rows_uncorrectable = value.uncorrectable
-        s.remapped_rows_pending = value.pending
-    elif reading == "pcie_replay":
-        s.pcie_replay = value
+        s["remapped_rows_correctable"] = value.correctable
+        s["remapped_rows_uncorrectable"] = value.uncorrectable
+        s["remapped_rows_pending"] = value.pending
     elif reading == "compute_processes":
-        s.processes = [{"pid": pid, "used_memory": used} for pid, used in value]
+        s["processes"] = [{"pid": pid, "used_memory": used} for pid, used in value]
 
 
 def nvml_source_from_setting(

@@ -36,7 +36,7 @@ import os
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -475,12 +475,16 @@ class RecorderSource:
             engine = tail.engine or "unknown"
             run = tail.run or info.pid + (tail.generation << 32)
             emitted = len(out)
-            for obs in out:
-                if not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
-                    obs.engine = engine
+            for i, obs in enumerate(out):
                 if isinstance(obs, StepRecord):
-                    obs.run = run
-                elif type(obs) is WorkloadBatch:  # one observation, a record each request's arrival or end
+                    obs.engine, obs.run = engine, run
+                elif isinstance(obs, Event):
+                    obs.engine = engine
+                elif not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
+                    # the frozen records (a workload batch a read, a fingerprint): one made with
+                    # the engine's name, once per read
+                    out[i] = obs = replace(obs, engine=engine)
+                if type(obs) is WorkloadBatch:  # one observation, a record each request's arrival or end
                     emitted += len(obs.records) - 1
                 ts = getattr(obs, "ts", 0.0)
                 if isinstance(ts, float) and ts > tail.newest_ts:

@@ -42,7 +42,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import httpx
@@ -168,22 +168,27 @@ def counter_keys(page: ParsedPage) -> Callable[[str], bool]:
 
 def page_to_scrapes(page: ParsedPage, *, name: str, ts: float) -> tuple[list[MetricsScrape], set[str]]:
     """Group a parsed page by vLLM ``engine`` label. Returns the records and the counter keys."""
-    by_engine: dict[str, MetricsScrape] = {}
+    values_of: dict[str, dict[str, float]] = {}
+    model_of: dict[str, str | None] = {}
     counters: set[str] = set()
     is_counter = counter_keys(page)
     for sample in page.samples:
         # A sample without an engine label belongs to the server as a whole: the first engine.
         label = sample.labels.get("engine", "0")
-        scrape = by_engine.get(label)
-        if scrape is None:
-            scrape = by_engine[label] = MetricsScrape(engine=_engine_name(name, label), ts=ts, values={})
-        if scrape.model_name is None:
-            scrape.model_name = sample.labels.get("model_name")
+        values = values_of.get(label)
+        if values is None:
+            values = values_of[label] = {}
+            model_of[label] = None
+        if model_of[label] is None:
+            model_of[label] = sample.labels.get("model_name")
         key = _key(sample)
-        scrape.values[key] = sample.value
+        values[key] = sample.value
         if is_counter(sample.name):
             counters.add(key)
-    return list(by_engine.values()), counters
+    scrapes = [
+        MetricsScrape(engine=_engine_name(name, label), ts=ts, values=values, model_name=model_of[label]) for label, values in values_of.items()
+    ]
+    return scrapes, counters
 
 
 @dataclass(slots=True)
@@ -459,9 +464,9 @@ class VllmMetricsSource:
         # serves one): emit it, and count the scrape as failed.
         if not isinstance(metrics, BaseException):
             scrapes, counters = metrics
-            for scrape in scrapes:
-                scrape.rates = self._rates.update(scrape.engine, started, scrape.values, counters)
-                scrape.paused = paused
+            for page_scrape in scrapes:
+                rates = self._rates.update(page_scrape.engine, started, page_scrape.values, counters)
+                scrape = replace(page_scrape, rates=rates, paused=paused)
                 state.engines_seen.add(scrape.engine)
                 sink.emit(scrape)
         errors = [r for r in (metrics, health) if isinstance(r, BaseException)]
