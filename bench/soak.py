@@ -48,6 +48,11 @@ import bench_node as node  # noqa: E402
 
 def restarts(base: str) -> float | None:
     """Every task's and source's restarts, summed, from the sidecar's /metrics."""
+    return metric_total(base, "restarts")
+
+
+def metric_total(base: str, word: str) -> float | None:
+    """The sum of the sidecar's samples whose name holds ``word``."""
     try:
         text = httpx.get(base + "/metrics", timeout=30).text
     except httpx.HTTPError:
@@ -55,7 +60,7 @@ def restarts(base: str) -> float | None:
     total = 0.0
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if "restarts" in s.name and not s.name.endswith("_created"):
+            if word in s.name and not s.name.endswith("_created"):
                 total += float(s.value)
     return total
 
@@ -188,7 +193,19 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             if written is not None and (last.get("steps_received") or 0) >= 2 * written:
                 break
             time.sleep(1.0)
-        time.sleep(3.0)  # the writer's last batch
+        # the writer's last batches: the stored rows stop changing (a step is written a hold
+        # after its first half came, in batches a second or more apart)
+        rows_seen, still_since = -1, time.time()
+        while time.time() - t_end < 180:
+            counted = db.query("SELECT count(*) FROM engine_steps")
+            now_rows = int(counted[0][0]) if counted else -1
+            if now_rows != rows_seen:
+                rows_seen, still_since = now_rows, time.time()
+            elif time.time() - still_since >= 10.0:
+                break
+            time.sleep(1.0)
+        fig["sidecar_at_end"] = node.scrape_sidecar(base).get("families")
+        fig["steps_thinned"] = metric_total(base, "steps_thinned")  # not stored while the sidecar was behind
         fig["load_end"] = node.loadavg()
         fig["written_steps"] = written
         fig["step_records_received"] = node.scrape_sidecar(base).get("steps_received")
@@ -277,7 +294,7 @@ def main() -> int:
         print(f"{r['minute']:>7} {100 * r['cpu_share']:>5.1f}% {r['rss_mib']:>8} {r['rss_peak_mib']:>6} {r['store_mib']!s:>9} {r['restarts']!s:>8}")
     print(f"faults {fig.get('faults')}, snapshotted {fig.get('faults_snapshotted')}, fault -> snapshot {fig.get('fault_to_snapshot_ms')}")
     print(f"steps written {fig.get('written_steps')}, records received {fig.get('step_records_received')}")
-    print(f"engine_steps rows {fig.get('db_step_rows')} ({fig.get('db_distinct_steps')} distinct)")
+    print(f"engine_steps rows {fig.get('db_step_rows')} ({fig.get('db_distinct_steps')} distinct), thinned {fig.get('steps_thinned')}")
     print(f"store per engine-hour {fig.get('store_mib_per_engine_hour')} MiB")
     for name, ok in fig["checks"].items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
