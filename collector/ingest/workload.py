@@ -254,7 +254,11 @@ class WorkloadLog:
         event loop, where a loop over the requests took ~30 (``bench/bench_workload.py``)."""
         start = fault_ts - self.max_age_s
         cutoff = fault_ts + DEATH_GRACE_S if crashed else fault_ts
-        died_before = max((d for d in self._deaths if d < fault_ts), default=None)
+        # a death starts the log afresh for a later fault, not for its own: ingest records a
+        # death for each crash event routed to the engine, and one incident's events are stamped
+        # up to seconds apart (an Xid, the workers' errors, a log line to the second), while a
+        # restarted engine takes longer than DEATH_GRACE_S to serve again
+        died_before = max((d for d in self._deaths if d < fault_ts - DEATH_GRACE_S), default=None)
         after = died_before + DEATH_GRACE_S if died_before is not None else None
         h = self._head
         arrival = _floats(self._arrival, h)

@@ -234,3 +234,20 @@ def test_one_batch_is_what_its_records_one_at_a_time_make() -> None:
     many.add(WorkloadBatch(engine="decode-0", ts=2.5, records=records))
     assert one.export(3.0, crashed=False) == many.export(3.0, crashed=False)
     assert [(r["id"], r["outcome"]) for r in rows(many.export(3.0, crashed=False))] == [("a", "finished"), ("b", "in_flight"), ("c", "finished")]
+
+
+def test_the_deaths_of_one_incident_do_not_empty_its_own_export() -> None:
+    """Ingest records a death for each crash event routed to the engine: a log line stamped to
+    the second can say 9.0 for a fault whose Xid says 9.6. The export at 9.6 is still the load
+    before the fault; a later fault's export, after a restart, starts after the death."""
+    log = WorkloadLog()
+    log.add(arrive("a", 5.0))
+    log.add(arrive("b", 8.0))
+    log.died(9.0)  # the CUDA error's log line
+    log.died(9.6)  # the Xid
+    out = log.export(9.6, crashed=True)
+    assert [(r["id"], r["outcome"]) for r in rows(out)] == [("a", "failed_by_crash"), ("b", "failed_by_crash")]
+    assert out["window"]["after_death_at"] is None
+    log.add(arrive("c", 100.0))
+    later = log.export(110.0, crashed=True)
+    assert [r["id"] for r in rows(later)] == ["c"] and later["window"]["after_death_at"] == 9.6
