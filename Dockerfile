@@ -17,6 +17,8 @@ COPY alembic ./alembic
 # installed as data: `flightrec rules` renders it with the deployment's runbook links
 COPY rules/flightrec-alerts.yml ./rules/flightrec-alerts.yml
 # The kubernetes extra (grpcio, protobuf) reads the kubelet's PodResources API in the DaemonSet.
+# DL3013: this is the project itself with one of its extras; pyproject.toml sets the versions.
+# hadolint ignore=DL3013
 RUN pip install '.[kubernetes]' && rm -rf /src
 
 # Non-root by default (uid 10001). On a GPU node the kernel log and the engines' rings need more:
