@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from collector.storage.db import is_sqlite, make_engine
+from collector.storage.connect import is_sqlite, make_engine
 from collector.storage.models import Base
 from collector.storage.partitions import is_partition_name
 

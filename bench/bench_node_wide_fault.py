@@ -31,7 +31,7 @@ from collector.model import HALF_STATS, Event, EventKind, Severity, StepRecord  
 from collector.settings import EngineConfig, Settings  # noqa: E402
 from collector.snapshot.commit import Job  # noqa: E402
 from collector.snapshot.committer import SnapshotCommitter  # noqa: E402
-from collector.storage.db import make_engine  # noqa: E402
+from collector.storage.connect import make_engine  # noqa: E402
 from collector.storage.migrate import upgrade  # noqa: E402
 from collector.storage.repo import Repository  # noqa: E402
 from tests.request_columns import Row, with_rows  # noqa: E402

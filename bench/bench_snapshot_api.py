@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_co
 
 from collector.model import Event, EventKind, GpuSample, Severity, StepRecord  # noqa: E402
 from collector.snapshot.freeze import build_snapshot  # noqa: E402
-from collector.storage.db import make_engine  # noqa: E402
+from collector.storage.connect import make_engine  # noqa: E402
 from collector.storage.migrate import upgrade  # noqa: E402
 from collector.storage.models import IncidentRow, SnapshotRow  # noqa: E402
 from collector.storage.repo import Repository  # noqa: E402

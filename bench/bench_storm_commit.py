@@ -98,7 +98,7 @@ def worker(spec: dict[str, Any]) -> int:
     from collector.snapshot import spool
     from collector.snapshot.document import SnapshotDoc
     from collector.storage import snapshots as snapshots_mod
-    from collector.storage.db import StorageError, make_engine
+    from collector.storage.connect import StorageError, make_engine
     from collector.storage.repo import Repository
     from collector.storage.writer import event_row
 

@@ -24,7 +24,7 @@ from collector.settings import Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.sources.recorder import RecorderSource
 from collector.sources.supervisor import SupervisedSource
-from collector.storage.db import STATEMENT_TIMEOUT_MS, hang_watchdog
+from collector.storage.connect import STATEMENT_TIMEOUT_MS, hang_watchdog
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 from collector.tasks import TaskSet

@@ -15,7 +15,7 @@ the libraries beneath us (drivers, NVML, HTTP, the file system) are translated w
     │   └── PlanError                 collector.replay.plan
     ├── RingCorrupt                   collector.channel.ringfile: a file that is not a ring we read
     ├── UnsafePathError (OSError)     collector.channel.secure: a folder or file we must not trust
-    ├── StorageError                  collector.storage.db: down, hung, or refused (``permanent``)
+    ├── StorageError                  collector.storage.connect: down, hung, or refused (``permanent``)
     │   └── NotFound                  collector.storage.repo: no such snapshot or incident
     ├── SpoolError                    collector.snapshot.spool: a spool file that is not whole
     ├── SourceError                   collector.sources.base: a source failed this round (retried)

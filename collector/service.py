@@ -45,7 +45,7 @@ from collector.sources.kmsg_mark import MARK_FILE, ResumeMark, keep_mark
 from collector.sources.recorder import RecorderSource
 from collector.sources.registry import SOURCES
 from collector.sources.supervisor import SupervisedSource
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.migrate_child import reachable, upgrade_in_child
 from collector.storage.writer import BatchWriter
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from collector.storage.db import hang_watchdog
+from collector.storage.connect import hang_watchdog
 from tests.api.api_context import make_context
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:1/none"  # never connected to: the watchdog is what is read

@@ -19,7 +19,7 @@ from collector.ingest.hub import Hub
 from collector.model import HALF_STATS, Event, EventKind, GpuSample, MetricsScrape, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.freeze import freeze
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 from tests.request_columns import Row, with_rows

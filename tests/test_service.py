@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 
 

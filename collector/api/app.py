@@ -33,7 +33,7 @@ from collector.model import EventKind
 from collector.redact import redact
 from collector.snapshot.checklist import checklist
 from collector.snapshot.document import export_gzip, unpack
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.repo import BadCursor, NotFound, SnapshotFilter
 
 __all__ = ["MAX_BODY", "create_app"]

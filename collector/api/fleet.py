@@ -17,7 +17,7 @@ from collector.api.auth import require_read
 from collector.api.pages import SECURITY_HEADERS
 from collector.api.params import TimeQuery, time_range
 from collector.fleet.queries import FleetFilter, crash_groups, facets, fleet_incidents
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 
 Read = Depends(require_read)
 WAIT_S = 6.0  # as the other stored reads (collector/api/app.py STORE_WAIT_S)

@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from collector.api.snapshot_page import PageFacts
 from collector.api.snapshot_page import render as render_sections
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.repo import NotFound
 
 ASSETS = {

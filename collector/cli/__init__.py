@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
-        from collector.storage.db import StorageError
+        from collector.storage.connect import StorageError
 
         if isinstance(exc, StorageError):
             print(f"flightrec: {exc}", file=sys.stderr)

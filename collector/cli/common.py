@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from collector.errors import FlightrecError
 from collector.settings import Settings, load_settings
-from collector.storage.db import is_sqlite, private_file
+from collector.storage.connect import is_sqlite, private_file
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

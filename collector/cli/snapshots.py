@@ -59,7 +59,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _repo(args: argparse.Namespace) -> Any:
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.migrate import current
     from collector.storage.repo import Repository
 

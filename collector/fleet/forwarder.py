@@ -27,7 +27,7 @@ from collector.fleet.coarse import Coarsener
 from collector.fleet.outbox import Batch, MemoryOutbox, Outbox
 from collector.model import Event, GpuSample, MetricsScrape, StepRecord
 from collector.redact import redact
-from collector.storage.db import StorageError, translate
+from collector.storage.connect import StorageError, translate
 from collector.storage.models import EngineSeriesRow, GpuRow, GpuSeriesRow
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter, event_row, step_tuples

@@ -23,7 +23,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.storage.db import translate
+from collector.storage.connect import translate
 from collector.storage.models import OutboxRow
 
 Batch = tuple[int, str, list[dict[str, Any]]]  # (id, kind, rows)

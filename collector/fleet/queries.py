@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.storage.db import translate
+from collector.storage.connect import translate
 from collector.storage.models import IncidentRow, SnapshotRow
 
 MAX_ROWS = 5000

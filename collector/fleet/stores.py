@@ -14,7 +14,7 @@ from collector.fleet.forwarder import FleetRows
 from collector.fleet.outbox import MemoryOutbox, Outbox, SqlOutbox
 from collector.fleet.placement import Placement
 from collector.storage import partitions
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from collector.errors import FlightrecError
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 
 
 class ReplaySourceError(FlightrecError, RuntimeError):
@@ -36,7 +36,7 @@ def from_file(path: Path) -> dict[str, Any]:
 
 
 def from_db(database: str, snap_id: int, *, host: str) -> dict[str, Any]:
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.repo import Repository
 
     try:
@@ -108,7 +108,7 @@ async def new_snapshot_from_sidecar(
 async def new_snapshot_from_db(
     database: str, since: float, *, host: str, wait_s: float, exclude: int | None = None, engine: str | None = None
 ) -> dict[str, Any] | None:
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.repo import Repository, SnapshotFilter
 
     repo = Repository(make_engine(database), host=host)
@@ -131,7 +131,7 @@ def link_replay(database: str, original: int, replay: dict[str, Any], *, host: s
     """Record in the original snapshot's summary, in the database, that a replay reproduced (or
     not) its fault. A sidecar serving that database may show its cached copy for a while: link
     through it instead (``link_replay_via_sidecar``) when one watches."""
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.repo import NotFound, Repository
 
     engine = make_engine(database)

@@ -27,7 +27,7 @@ from collector.snapshot import intent, spool
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import Capture
 from collector.snapshot.ledger import OpenSnapshot
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.repo import Repository, SnapshotAmend, SnapshotCommit, pack_parts
 from collector.storage.writer import event_row
 

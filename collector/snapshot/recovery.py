@@ -22,7 +22,7 @@ from collector.snapshot import intent, spool
 from collector.snapshot.commit import CommitQueue, Job
 from collector.snapshot.freeze import Capture, cut
 from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.repo import Repository
 from collector.storage.writer import event_row
 

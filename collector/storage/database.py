@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.storage.db import StorageError, translate
+from collector.storage.connect import StorageError, translate
 
 
 class NotFound(StorageError):

@@ -10,7 +10,7 @@ from alembic.config import Config
 from sqlalchemy.exc import SQLAlchemyError
 
 import collector
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 
 MIGRATIONS_PACKAGE = "collector.storage.migrations"
 
@@ -58,7 +58,7 @@ def downgrade(url: str, revision: str = "base") -> None:
 def current(url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
 
     engine = make_engine(url)
     try:

@@ -18,7 +18,7 @@ import sys
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.storage.db import StorageError, make_engine
+from collector.storage.connect import StorageError, make_engine
 
 UPGRADE_TIMEOUT_S = 300.0
 

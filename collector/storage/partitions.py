@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from collector.storage.db import translate
+from collector.storage.connect import translate
 
 PARTITIONED = ("events", "engine_series", "gpu_series")
 AHEAD = 2  # spans created beyond the current one

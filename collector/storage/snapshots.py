@@ -15,9 +15,9 @@ from sqlalchemy.engine import Connection
 from collector.fleet.signature import for_snapshot as crash_signature
 from collector.redact import redact
 from collector.snapshot.document import ENCODING, OPTIONAL_PARTS, PARTS, SnapshotDoc, pack, unpack
+from collector.storage.connect import StorageError
 from collector.storage.cursor import SUMMARY_COLUMNS, SnapshotFilter, decode_cursor, encode_cursor
 from collector.storage.database import Database, NotFound, nul_free
-from collector.storage.db import StorageError
 from collector.storage.events import EventStore
 from collector.storage.incidents import IncidentStore
 from collector.storage.models import EngineRow, EventRow, SnapshotPartRow, SnapshotRow

@@ -28,7 +28,7 @@ from typing import Any
 
 from collector.model import Event, GpuSample, MetricsScrape, StepRecord
 from collector.redact import redact, redact_text
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.repo import STEP_TUPLE, Repository
 
 log = logging.getLogger(__name__)

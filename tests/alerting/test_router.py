@@ -23,7 +23,7 @@ from collector.service import Service
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.committer import SnapshotCommitter
 from collector.snapshot.ledger import SnapshotLedger
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from tests.support.alertmanager import LocalAlertmanager, WebhookReceiver, find_binary
 from tests.wiring import with_committer

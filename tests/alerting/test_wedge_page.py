@@ -16,7 +16,7 @@ from collector.detectors.wedge_watch import WedgeWatch
 from collector.model import HALF_STATS, Event, EventKind, Severity, StepRecord
 from collector.settings import EngineConfig, Settings
 from collector.snapshot.ledger import SnapshotLedger
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from tests.alerting.test_router import RecordingClient
 from tests.wiring import with_committer

@@ -10,7 +10,7 @@ from typing import Any
 from collector.context import AppContext
 from collector.detectors.task import DetectorTask
 from collector.settings import EngineConfig, Settings
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 from tests.wiring import with_committer

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from collector.snapshot.document import SnapshotDoc
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository
 from collector.xid.catalog import lookup

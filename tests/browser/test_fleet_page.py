@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cdp import Browser, find_chromium
 
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter
 

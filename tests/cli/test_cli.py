@@ -10,7 +10,7 @@ import pytest
 
 from collector.cli import main
 from collector.snapshot.document import SnapshotDoc
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 
 FIXTURE_LOG = Path(__file__).parents[1] / "fixtures" / "vllm-logs" / "crash.log"

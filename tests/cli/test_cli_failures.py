@@ -357,7 +357,7 @@ def test_a_postgres_error_has_no_sqlalchemy_background_line(capsys: pytest.Captu
 
 
 def test_storage_errors_drop_sqlalchemys_trailing_lines() -> None:
-    from collector.storage.db import StorageError
+    from collector.storage.connect import StorageError
 
     raw = (
         '(psycopg.errors.UndefinedTable) relation "x" does not exist\n[SQL: SELECT * FROM x\nWHERE y = %(y)s]\n'

@@ -11,7 +11,7 @@ from typing import Any
 
 from collector.cli import main
 from collector.model import EventKind
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository
 

@@ -273,7 +273,7 @@ def sidecar_names(tmp_path: Path) -> set[str]:
         StepRecord,
     )
     from collector.settings import EngineConfig, Settings
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.repo import Repository
     from collector.storage.writer import BatchWriter
 

@@ -30,7 +30,7 @@ import pytest
 from collector.cli import main
 from collector.replay.compare import compare
 from collector.replay.plan import build_plan
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -19,7 +19,7 @@ from collector.channel.codec import encode, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.snapshot import intent
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = Path(__file__).with_name("kill_at.py")

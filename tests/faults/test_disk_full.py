@@ -24,7 +24,7 @@ import pytest
 from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import Settings
-from collector.storage.db import StorageError, make_engine
+from collector.storage.connect import StorageError, make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 
 ENGINE = "decode-0"

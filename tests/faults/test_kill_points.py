@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from collector.snapshot import intent, spool
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from tests.faults.sidecar_node import SETTLE_S, TOKEN, XID_LINE, Node, query, steps_in, wait_for, xid_accepted
 

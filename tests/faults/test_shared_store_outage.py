@@ -21,7 +21,7 @@ from sqlalchemy import text
 from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import EngineConfig, load_settings
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

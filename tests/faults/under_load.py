@@ -28,7 +28,7 @@ import httpx
 import yaml
 
 from collector.snapshot import intent, spool
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from tests.faults import sidecar_node as sn
 

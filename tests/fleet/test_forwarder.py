@@ -10,7 +10,7 @@ from pathlib import Path
 from collector.fleet.forwarder import FleetRows
 from collector.fleet.outbox import MemoryOutbox, SqlOutbox
 from collector.model import Event, EventKind, Severity
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository
 

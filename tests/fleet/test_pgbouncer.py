@@ -22,7 +22,7 @@ from collector.fleet.forwarder import FleetRows
 from collector.fleet.outbox import MemoryOutbox
 from collector.fleet.queries import FleetFilter, crash_groups
 from collector.model import Event, EventKind, Severity
-from collector.storage.db import StorageError, make_engine
+from collector.storage.connect import StorageError, make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository
 from tests.conftest import PG_URL

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from collector.fleet.queries import FleetFilter, crash_groups, facets, fleet_incidents
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from tests.fleet.crashes import crash_doc, store
 

@@ -90,7 +90,7 @@ def test_late_evidence_amends_the_stored_signature(migrated_url: str) -> None:
 
     from collector.model import Event, EventKind, Severity
     from collector.snapshot.document import SnapshotDoc
-    from collector.storage.db import make_engine
+    from collector.storage.connect import make_engine
     from collector.storage.models import SnapshotRow
     from collector.storage.repo import Repository
     from collector.storage.snapshots import SnapshotAmend, SnapshotCommit

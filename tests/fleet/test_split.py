@@ -13,7 +13,7 @@ from sqlalchemy import text
 from collector.model import Event, EventKind, Severity, StepRecord
 from collector.service import Service
 from collector.settings import EngineConfig, load_settings
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 
 
 def count(url: str, sql: str) -> int:

@@ -25,7 +25,7 @@ from collector.sources.discovery import KubernetesDiscovery
 from collector.sources.join import EngineJoin
 from collector.sources.kube_api import KubeApi
 from collector.sources.recorder import RecorderSource
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 from tests.request_columns import Row, encode_rows

@@ -22,7 +22,7 @@ from replay_helpers import ramp_workload
 
 from collector.cli import main
 from collector.snapshot.document import SnapshotDoc
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from collector.cli import main
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 
 

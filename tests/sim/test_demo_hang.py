@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from collector.storage.connect import make_engine
 from collector.storage.cursor import SnapshotFilter
-from collector.storage.db import make_engine
 from collector.storage.repo import Repository
 
 

@@ -13,7 +13,7 @@ from collector.model import HALF_STATS, Event, EventKind, Fingerprint, GpuSample
 from collector.settings import EngineConfig, Settings
 from collector.snapshot import intent, spool
 from collector.snapshot.committer import SnapshotCommitter
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.repo import Repository, SnapshotFilter
 from collector.storage.writer import BatchWriter

@@ -44,7 +44,7 @@ from collector.snapshot.freeze import (
     request_table,
     summarize,
 )
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 from tests.request_columns import Row, make_block, with_rows
 from tests.wiring import with_committer

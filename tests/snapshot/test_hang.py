@@ -25,7 +25,7 @@ from collector.snapshot.freeze import is_trigger
 from collector.stacks import pyspy
 from collector.stacks.capture import StackReader
 from collector.stacks.settings import StacksSettings
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 from tests.wiring import with_committer
 

@@ -9,7 +9,7 @@ import time
 from collector.ingest.workload import WorkloadLog
 from collector.model import WorkloadArrival, WorkloadBatch
 from collector.snapshot.document import PARTS, SnapshotDoc, export_gzip, pack
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
 
 

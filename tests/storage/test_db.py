@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.watchdog import HangWatchdog
 
@@ -87,7 +87,7 @@ def test_the_watchdog_leaves_answered_statements_alone() -> None:
 @pytest.mark.postgres
 def test_postgres_statements_are_watched_while_in_flight(pg_url: str) -> None:
     """The hooks see real psycopg statements: armed while one runs, disarmed when it answers."""
-    from collector.storage.db import hang_watchdog
+    from collector.storage.connect import hang_watchdog
 
     engine = make_engine(pg_url)
     dog = hang_watchdog(engine)

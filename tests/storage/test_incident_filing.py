@@ -120,7 +120,7 @@ def test_a_filing_that_times_out_is_done_by_the_retry(pg_url: str) -> None:
     """The lock not had within the lock timeout: the commit fails (the queue retries it), the
     snapshot stays stored once, and the retry files it and says it is stored now."""
     from collector.model import Event, EventKind, Severity
-    from collector.storage.db import StorageError
+    from collector.storage.connect import StorageError
     from collector.storage.migrate import upgrade
     from collector.storage.writer import event_row
 

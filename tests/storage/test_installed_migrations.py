@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.storage.db import StorageError
+from collector.storage.connect import StorageError
 from collector.storage.migrate import script_location
 
 ROOT = Path(__file__).resolve().parents[2]

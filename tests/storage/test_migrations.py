@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import current, downgrade, upgrade
 from collector.storage.models import Base
 from collector.storage.partitions import is_partition_name

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from collector.storage import partitions
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 
 DAY = 86400.0

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from collector.snapshot.document import SnapshotDoc
-from collector.storage.db import StorageError, make_engine
+from collector.storage.connect import StorageError, make_engine
 from collector.storage.repo import Repository, SnapshotFilter
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from collector.ingest.hub import Hub, hub_for
 from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, StepRecord
 from collector.settings import EngineConfig, Settings
-from collector.storage.db import make_engine
+from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.models import EngineStepRow
 from collector.storage.repo import Repository

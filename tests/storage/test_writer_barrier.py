@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from collector.model import Event, EventKind
-from collector.storage.db import StorageError, make_engine
+from collector.storage.connect import StorageError, make_engine
 from collector.storage.repo import Repository
 from collector.storage.writer import BatchWriter
 

@@ -1,4 +1,5 @@
-"""Database engine creation: SQLite in WAL mode, or Postgres through psycopg 3.
+"""Connecting to a database: SQLite in WAL mode, or Postgres through psycopg 3 (the SQLAlchemy
+engine; ``database.py`` is the store-facing handle built on it).
 
 Errors from the driver enter our code here and in ``repo``/``writer`` as ``StorageError``.
 """
