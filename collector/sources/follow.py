@@ -15,6 +15,7 @@ from collector.sources.base import SourceError
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024  # a vLLM crash dump of a few thousand requests fits
 _CHUNK = 256 * 1024
 _MAX_CHUNKS_PER_POLL = 64  # a large backlog is read over several polls, never all at once
+_HEAD = 256  # the file's first bytes, kept to tell a file truncated and written past our place again
 
 
 def open_followed(path: Path) -> IO[bytes] | None:
@@ -67,6 +68,11 @@ class FileTail:
         self.splitter = LineSplitter(max_line_bytes)
         self.rotations = 0
         self.truncations = 0
+        # The first bytes read from the file (up to _HEAD): a process started again on the same
+        # log (``open(path, "w")``: same inode) can write past our place before we look (a
+        # slow poll, a busy machine), which the size alone does not show; its first line (time,
+        # pid) does. One pread of these bytes a poll while they are fewer than our place.
+        self._head = b""
 
     def close(self) -> None:
         if self._fh is not None:
@@ -80,20 +86,38 @@ class FileTail:
             return False
         st = os.fstat(fh.fileno())
         self._fh, self._ino, self._pos = fh, (st.st_dev, st.st_ino), 0
+        self._head = b""
         if self._first_open and not self._from_start:
             self._pos = fh.seek(0, os.SEEK_END)
+            self._head = os.pread(fh.fileno(), min(_HEAD, self._pos), 0)
         self._first_open = False
         return True
+
+    def _rewritten(self, size: int) -> bool:
+        """The file now starts with other bytes than those we read from it: truncated and
+        written again (past our place, or the size would have said so)."""
+        if not self._head or self._fh is None or size < len(self._head):
+            return False
+        try:
+            return os.pread(self._fh.fileno(), len(self._head), 0) != self._head
+        except OSError:
+            return False
 
     def read_lines(self) -> list[str]:
         if self._fh is None and not self._open():
             return []
-        lines = self._read_available()
+        lines: list[str] = []
         try:
-            st = os.stat(self.path)
+            st: os.stat_result | None = os.stat(self.path)
         except OSError:
-            return lines  # moved away, no new file yet: keep reading the old handle
-        if (st.st_dev, st.st_ino) != self._ino:
+            st = None  # moved away, no new file yet: keep reading the old handle
+        if st is not None and (st.st_dev, st.st_ino) == self._ino and (st.st_size < self._pos or self._rewritten(st.st_size)):
+            # Truncated (copytruncate), or written again from its start: read it from there.
+            lines += self.splitter.take_partial()
+            self._pos, self._head = 0, b""
+            self.truncations += 1
+        lines += self._read_available()
+        if st is not None and (st.st_dev, st.st_ino) != self._ino:
             # Rotated by rename: finish the old file (the writer may have added a last
             # line before reopening), then read the new one from its start.
             lines += self._read_available()
@@ -102,11 +126,6 @@ class FileTail:
             self.rotations += 1
             if self._open():
                 lines += self._read_available()
-        elif st.st_size < self._pos:
-            lines += self.splitter.take_partial()
-            self._pos = 0
-            self.truncations += 1
-            lines += self._read_available()
         return lines
 
     def _read_available(self) -> list[str]:
@@ -120,4 +139,6 @@ class FileTail:
                 break
             self._pos += len(chunk)
             lines += self.splitter.feed(chunk)
+        if len(self._head) < _HEAD and self._pos > len(self._head):
+            self._head = os.pread(fh.fileno(), min(_HEAD, self._pos), 0)
         return lines

@@ -212,3 +212,26 @@ def test_exactly_one_of_path_and_stream():
 )
 def test_keep_filter(raw, kept):
     assert keep_line(parse_line(raw)) is kept
+
+
+def test_a_log_written_again_past_our_place_between_two_polls_is_read_from_its_start(tmp_path):
+    """A server started again on the same log (``open(path, "w")``, same inode) whose new lines
+    pass our place before the next poll: the size never looked smaller, the first line did."""
+    from collector.sources.follow import FileTail
+
+    log = tmp_path / "vllm.log"
+    log.write_text("(APIServer pid=100) INFO 12-06 08:00:00 first run starts\n")
+    tail = FileTail(log, from_start=True)
+    assert tail.read_lines() == ["(APIServer pid=100) INFO 12-06 08:00:00 first run starts"]
+    with open(log, "w") as f:  # the second run, same inode, more than the first wrote
+        f.write("(APIServer pid=200) INFO 12-06 08:05:00 second run starts, a longer line\n")
+        f.write("(EngineCore pid=201) ERROR 12-06 08:05:40 CUDA error: unspecified launch failure\n")
+    got = tail.read_lines()
+    assert got == [
+        "(APIServer pid=200) INFO 12-06 08:05:00 second run starts, a longer line",
+        "(EngineCore pid=201) ERROR 12-06 08:05:40 CUDA error: unspecified launch failure",
+    ]
+    assert tail.truncations == 1
+    with open(log, "a") as f:  # appended to: no false restart
+        f.write("more\n")
+    assert tail.read_lines() == ["more"] and tail.truncations == 1
