@@ -35,6 +35,7 @@ class OpenSnapshot:
     duplicate: bool = False  # its trigger's snapshot was stored before (a restart read it again)
     gpus: set[str] = field(default_factory=set)  # the GPUs whose faults it holds (``IngestView.gpu_key``)
     stacks: asyncio.Future[dict[str, Any]] | None = None  # a wedge's stacks being read (its amendment holds them)
+    run: int | None = None  # the engine's run it is of (``collector.ingest.runs``; None: not known)
 
     def holds(self, ev: Event) -> bool:
         return ev is self.trigger or any(ev is e for e in self.late) or (bool(ev.uid) and ev.uid in self.uids())

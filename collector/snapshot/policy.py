@@ -153,7 +153,7 @@ class TriggerPolicy:
                 if cur.snapshot_id is not None:
                     self.queue.link_later(ev, cur.snapshot_id)
                 continue
-            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed, gpus={gpu} if gpu is not None else set())
+            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed, gpus={gpu} if gpu is not None else set(), run=self._run_of(name, ev))
             self._write_intent(o)  # first: durable before anything else (and before a POST answers)
             with contextlib.suppress(RuntimeError):
                 o.committed = asyncio.get_running_loop().create_future()
@@ -180,7 +180,17 @@ class TriggerPolicy:
             self.queue.put(Job(opened, captures, amend=False))
             self._schedule_amend(opened)
 
+    def _run_of(self, engine: str, ev: Event) -> int | None:
+        """The engine's run an event is of: the one it names (a ring's death names its run), else
+        the run the engine's rings hold now."""
+        named = ev.data.get("run") if isinstance(ev.data, dict) else None
+        return named if isinstance(named, int) else self.view.run_info(engine).run
+
     def _distinct(self, cur: OpenSnapshot, ev: Event, gpu: str | None, route: Route) -> bool:
+        if cur.run is not None and (run := self._run_of(cur.engine, ev)) is not None and run != cur.run:
+            # the engine started again since: a fault of its new run is not the old run's death
+            # (a container restarted within the incident window), and never shares its snapshot
+            return True
         if ev.kind is EventKind.ENGINE_WEDGED:
             # the watch says each wedge once: its own snapshot, the only kind that reads the stacks
             # (a throughput collapse seen the same second, or the wedge before it, has none of this one)

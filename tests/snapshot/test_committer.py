@@ -155,6 +155,35 @@ def test_a_later_distinct_fault_after_the_amendment_gets_its_own_snapshot_in_the
     assert ev31["snapshot_id"] == second["id"]  # the alert and the row link the snapshot that holds it
 
 
+def test_a_restarted_engines_fault_inside_the_old_runs_window_is_its_own_snapshot_of_its_own_run(migrated_url: str, tmp_path: Path) -> None:
+    """A container restarted within the incident window: the old run's death (its ring gone
+    silent, naming its run), then the new run's CUDA error seconds later. Two snapshots, each
+    of one run, never the new run's fault as late evidence of the old run's death."""
+    old, new = 1_765_000_000_000, 1_765_000_020_000  # the recorder's run ids (start times)
+    hub, repo, c, committed = setup(migrated_url, tmp_path, settle=0.1)
+
+    async def body() -> None:
+        for i in range(1, 21):
+            hub.emit(step(i, run=old))
+        for i in range(1, 6):  # started again: steps count from 1
+            hub.emit(step(i, run=new))
+        hub.emit(fault(EventKind.RECORDER_SILENT, "recorder", "old run's ring went silent", data={"run": old}))
+        await asyncio.sleep(0.3)
+        for i in range(6, 11):
+            hub.emit(step(i, run=new))
+        hub.emit(fault(EventKind.CUDA_ERROR, "log", "CUDA error: unspecified launch failure"))
+        await asyncio.sleep(0.5)
+
+    asyncio.run(_run(c, body))
+    rows, _ = repo.list_snapshots(SnapshotFilter())
+    assert len(rows) == 2 and sorted(committed) == sorted(r["id"] for r in rows)
+    death, crash = sorted(rows, key=lambda r: r["id"])
+    assert death["trigger_kind"] == "recorder_silent" and death["last_step"] == 20  # the old run alone
+    assert crash["trigger_kind"] == "cuda_error" and crash["last_step"] == 10  # the new run alone
+    doc = repo.get_snapshot(crash["id"])
+    assert doc.summary["run"] == new and [s["step"] for s in doc.steps] == list(range(1, 11))
+
+
 def test_manual_snapshots_are_each_their_own_with_an_id(migrated_url: str, tmp_path: Path) -> None:
     hub, repo, c, committed = setup(migrated_url, tmp_path)
     ids: list[int | None] = []
