@@ -52,6 +52,14 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, log: Path) -> 
     pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - a loopback test URL
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def engine_row(side: str) -> dict[str, Any] | None:
     rows = [r for r in get_json(f"{side}/api/v1/engines")["items"] if r["name"] == ENGINE]
     return rows[0] if rows else None
@@ -85,6 +93,10 @@ def test_an_engine_started_again_on_its_port_is_followed_and_its_fault_holds_onl
 
     try:
         first = start_engine(1)
+        # the engine serving before the sidecar watches it, as on a running node (on a busy
+        # machine a sidecar started first scrapes a port not open yet: an engine_down whose
+        # incident window then holds the first run's death as a witness of it)
+        wait_for("the simulated engine's /metrics", lambda: _answers(f"http://127.0.0.1:{port}/metrics"), 60, tmp_path / "sim1.log")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "collector.cli", "serve", "--config", str(tmp_path / "flightrec.yaml"), "--port", str(sport)]
