@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,6 +22,7 @@ import pytest
 
 from tests.sources.kubeapi_fake import RecordedApi
 from tests.sources.test_discovery import PODS, on_loopback, vllm_stub
+from tests.support.sidecar import serve
 
 pytestmark = pytest.mark.slow
 TS = "2026-12-03T10:00:00.000000001Z"
@@ -94,25 +93,7 @@ def test_serve_finds_the_pod_and_snapshots_its_cuda_error(tmp_path: Path) -> Non
             f"recorder_dir: {tmp_path / 'rec'}\n"
             "nvml: 'off'\nkmsg: 'off'\nscrape_interval: 0.5\nsnapshot_settle_s: 0.5\n"
         )
-        side = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "collector.cli",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(sport),
-                "--db",
-                f"sqlite:///{tmp_path / 'fr.db'}",
-            ],
-            stdout=open(tmp_path / "sidecar.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-            start_new_session=True,
-            cwd=tmp_path,
-        )
+        side = serve(config, sport, tmp_path)
         procs.append(side)
         base = f"http://127.0.0.1:{sport}"
 

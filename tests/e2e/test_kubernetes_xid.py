@@ -9,9 +9,7 @@ the incident page's data names that pod and container."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 from tests.e2e.test_discovery_serve import Background, free_port, get
 from tests.sources.kubeapi_fake import RecordedApi
 from tests.sources.test_discovery import PODS, on_loopback, vllm_stub
+from tests.support.sidecar import serve
 
 grpc = pytest.importorskip("grpc")
 
@@ -106,25 +105,7 @@ def test_an_xid_snapshots_the_pod_the_kubelet_gave_the_gpu(tmp_path: Path) -> No
             f"gpu_metrics: dcgm\ndcgm_url: http://127.0.0.1:{dport}/metrics\ngpu_poll_interval: 0.5\n"
             f"nvml: 'off'\nkmsg: {kern}\nkmsg_poll_interval: 0.05\nscrape_interval: 0.5\nsnapshot_settle_s: 0.5\n"
         )
-        side = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "collector.cli",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(sport),
-                "--db",
-                f"sqlite:///{tmp_path / 'fr.db'}",
-            ],
-            stdout=open(tmp_path / "sidecar.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-            cwd=tmp_path,
-        )
+        side = serve(config, sport, tmp_path)
         procs.append(side)
         base = f"http://127.0.0.1:{sport}"
 
