@@ -17,6 +17,7 @@ from collector.storage.database import Database, NotFound, nul_free
 from collector.storage.engines import EngineStore
 from collector.storage.events import EventStore
 from collector.storage.incidents import IncidentStore
+from collector.columns import StepBatch
 from collector.storage.series import STEP_TUPLE, SeriesStore
 from collector.storage.snapshots import SnapshotAmend, SnapshotCommit, SnapshotStore, pack_parts
 
@@ -83,8 +84,9 @@ class Repository:
         *,
         scrapes: Sequence[dict[str, Any]] = (),
         step_tuples: Sequence[tuple[Any, ...]] = (),
+        step_batches: Sequence[StepBatch] = (),
     ) -> None:
-        self.series.write_batch(steps, gpu_samples, events, seen, scrapes=scrapes, step_tuples=step_tuples)
+        self.series.write_batch(steps, gpu_samples, events, seen, scrapes=scrapes, step_tuples=step_tuples, step_batches=step_batches)
 
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         return self.series.recent_steps(engine, since=since)

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Integer, cast, func, insert, select, update
 from sqlalchemy.engine import Connection
 
+from collector.columns import StepBatch
 from collector.storage.database import Database, nul_free
 from collector.storage.engines import EngineStore
 from collector.storage.events import stored_event_times
@@ -46,16 +47,21 @@ class SeriesStore:
         *,
         scrapes: Sequence[dict[str, Any]] = (),
         step_tuples: Sequence[tuple[Any, ...]] = (),
+        step_batches: Sequence[StepBatch] = (),
     ) -> None:
         """One transaction for a batch of the continuous series (the writer's flush). A step
         already stored (a ring read again after a restart) is skipped, not duplicated.
 
         ``step_tuples``: steps as ``STEP_TUPLE`` tuples (the engine's name first), the writer's
-        form: one driver-level ``executemany`` over tuples, with no per-row dict or binding."""
+        form: one driver-level ``executemany`` over tuples, with no per-row dict or binding.
+        ``step_batches``: steps as column batches (``collector.columns.StepBatch``)."""
         engine_id = self.engines.engine_id
         with self.d.tx() as conn:
             if step_tuples:
                 self._insert_step_tuples(conn, step_tuples)
+            for batch in step_batches:
+                if len(batch):
+                    self._insert_step_tuples(conn, [(batch.engine, *row) for row in batch.tuples()])
             if steps:
                 rows = []
                 for s in steps:

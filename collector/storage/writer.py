@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from collector.columns import StepBatch
 from collector.model import Event, GpuSample, MetricsScrape, StepRecord
 from collector.redact import redact, redact_text
 from collector.storage.connect import StorageError
@@ -120,6 +121,7 @@ def _replace_queued(events: list[Event], ev: Event) -> None:
 @dataclass
 class _Queue:
     steps: OrderedDict[tuple[str, int, int], tuple[float, StepRecord]] = field(default_factory=OrderedDict)
+    batches: list[StepBatch] = field(default_factory=list)  # merged steps as columns: written as they are
     gpu: list[GpuSample] = field(default_factory=list)
     scrapes: list[MetricsScrape] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -180,6 +182,29 @@ class BatchWriter:
                 self.dropped += 1
         self._q.seen[rec.engine] = rec.ts
 
+    def offer_steps(self, batch: StepBatch) -> None:
+        """One engine's merged steps as columns, each step final (ingest held it until both
+        halves were due): written at the next flush as they are."""
+        if not len(batch):
+            return
+        q = self._q
+        q.batches.append(batch)
+        q.seen[batch.engine] = float(batch.cols["ts"][-1])
+        self._bound_batches(q)
+
+    def _bound_batches(self, q: _Queue) -> None:
+        over = sum(len(b) for b in q.batches) - self.max_pending
+        while over > 0 and q.batches:
+            first = q.batches[0]
+            if len(first) <= over:
+                q.batches.pop(0)
+                self.dropped += len(first)
+                over -= len(first)
+            else:
+                q.batches[0] = StepBatch(first.engine, first.cols[over:].copy())
+                self.dropped += over
+                over = 0
+
     def offer_gpu(self, s: GpuSample) -> None:
         self._bounded(self._q.gpu).append(s)
 
@@ -217,7 +242,7 @@ class BatchWriter:
     @property
     def pending_rows(self) -> int:
         q = self._q
-        return len(q.steps) + len(q.gpu) + len(q.scrapes) + len(q.events)
+        return len(q.steps) + sum(len(b) for b in q.batches) + len(q.gpu) + len(q.scrapes) + len(q.events)
 
     # -- writing ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -235,6 +260,7 @@ class BatchWriter:
                 break
             steps.popitem(last=False)
             due.steps[key] = (first, rec)
+        due.batches, q.batches = q.batches, []
         due.gpu, q.gpu = q.gpu, []
         due.scrapes, q.scrapes = q.scrapes, []
         due.events, q.events = q.events, []
@@ -251,6 +277,8 @@ class BatchWriter:
             merged.popitem(last=False)
             self.dropped += 1
         q.steps = merged
+        q.batches = batch.batches + q.batches
+        self._bound_batches(q)
         for name in ("gpu", "scrapes", "events"):
             items = getattr(batch, name) + getattr(q, name)
             if len(items) > self.max_pending:
@@ -264,7 +292,7 @@ class BatchWriter:
         batch = self._take(everything=everything)
         # every event offered before this take is in this batch or an earlier one
         through, given_back = self.events_offered, self._given_back
-        if not (batch.steps or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
+        if not (batch.steps or batch.batches or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
             self._written_through(through, given_back)
             return
         t0 = time.perf_counter()
@@ -298,22 +326,25 @@ class BatchWriter:
 
     def _write(self, batch: _Queue, events: list[dict[str, Any]]) -> int:
         tuples = step_tuples([rec for _, rec in batch.steps.values()])
+        n_steps = len(tuples) + sum(len(b) for b in batch.batches)
         gpu = [gpu_row(s) for s in batch.gpu]
         scrapes = [scrape_row(s) for s in batch.scrapes]
         try:
-            self.repo.write_batch([], gpu, events, batch.seen, scrapes=scrapes, step_tuples=tuples)
+            self.repo.write_batch([], gpu, events, batch.seen, scrapes=scrapes, step_tuples=tuples, step_batches=batch.batches)
         except StorageError as exc:
             if not exc.permanent:
                 raise
             # One bad row must not block every row behind it: write kinds apart, then rows
             # one by one within the kind that failed, and set aside what is refused.
+            for b in batch.batches:
+                tuples.extend((b.engine, *row) for row in b.tuples())
             steps = [dict(zip(STEP_TUPLE, row, strict=True)) for row in tuples]
             self.rejected += self._write_apart(steps, gpu, events, scrapes, batch.seen)
             log.error("database refused %d row(s) of a batch: %s", self.rejected, exc)
         for name, facts in batch.fingerprints.items():
             self.repo.update_engine(name, fingerprint=redact(facts), vllm_version=str(facts.get("vllm_version") or "")[:64] or None)
-        self.steps_written += len(tuples)
-        return len(tuples) + len(gpu) + len(events) + len(scrapes)
+        self.steps_written += n_steps
+        return n_steps + len(gpu) + len(events) + len(scrapes)
 
     def _write_apart(
         self,
