@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from collector.columns import StepBatch
 from collector.snapshot.document import PARTS, SnapshotDoc
 from collector.storage import retention
 from collector.storage.cursor import SUMMARY_COLUMNS, BadCursor, SnapshotFilter, decode_cursor, encode_cursor
@@ -17,7 +18,6 @@ from collector.storage.database import Database, NotFound, nul_free
 from collector.storage.engines import EngineStore
 from collector.storage.events import EventStore
 from collector.storage.incidents import IncidentStore
-from collector.columns import StepBatch
 from collector.storage.series import STEP_TUPLE, SeriesStore
 from collector.storage.snapshots import SnapshotAmend, SnapshotCommit, SnapshotStore, pack_parts
 
