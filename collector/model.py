@@ -196,6 +196,40 @@ class StepRecord:
 _step_fields = attrgetter(*(f.name for f in fields(StepRecord)))  # every field, in the constructor's order
 
 
+@dataclass(frozen=True, slots=True)
+class StepExtra:
+    """What a stats half carried beyond the fixed figures (rare: an ``S`` record's JSON extras):
+    its waiting split when not the plain one (None: rebuilt from ``waiting`` and ``deferred``),
+    connector stats, worker and ``STEP_DETAIL_KEYS`` details."""
+
+    waiting_by_reason: dict[str, int] | None = None
+    connector: dict[str, Any] = field(default_factory=dict)
+    worker: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepHalves:
+    """One ring read's step halves of one engine run, as columns (``collector.channel.reads``):
+    ``stats`` the stat logger's halves (a numpy array of ``collector.ingest.window.STATS_DTYPE``,
+    or None), ``extras`` their rare extra figures by row, ``blocks`` the scheduler's request
+    blocks, in the order read. Sidecar only (the engine-side recorder never builds one)."""
+
+    engine: str
+    run: int
+    stats: Any = None
+    extras: dict[int, StepExtra] = field(default_factory=dict)
+    blocks: tuple[StepRequests, ...] = ()
+    # each block's (step, ts) where a record put it elsewhere than the block says (records
+    # made by tests and tools); empty: the blocks' own
+    block_at: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def count(self) -> int:
+        """The halves it holds (records read)."""
+        return (0 if self.stats is None else len(self.stats)) + len(self.blocks)
+
+
 @dataclass(slots=True, frozen=True)
 class GpuSample:
     """One NVML poll of one GPU. ``None`` means not supported or not read this time."""
@@ -342,7 +376,7 @@ class SourceStatus:
     details: dict[str, Any] = field(default_factory=dict)  # source-specific figures (durations...)
 
 
-Observation = StepRecord | GpuSample | Event | MetricsScrape | Fingerprint | LogLine | WorkloadBatch
+Observation = StepRecord | StepHalves | GpuSample | Event | MetricsScrape | Fingerprint | LogLine | WorkloadBatch
 
 
 def now() -> float:

@@ -19,22 +19,24 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from collector.columns import StepBatch
 from collector.fleet.coarse import Coarsener
 from collector.fleet.outbox import Batch, MemoryOutbox, Outbox
-from collector.model import Event, GpuSample, MetricsScrape, StepRecord
+from collector.model import Event, GpuSample, MetricsScrape
 from collector.redact import redact
 from collector.storage.connect import StorageError, translate
 from collector.storage.models import EngineSeriesRow, GpuRow, GpuSeriesRow
 from collector.storage.repo import Repository
-from collector.storage.writer import BatchWriter, event_row, step_tuples
+from collector.storage.writer import BatchWriter, event_row
 
 log = logging.getLogger(__name__)
 
-HOLD_S = 1.0  # a step's second half comes within this: the coarse series reads it after
+HOLD_S = 1.0  # a step's second half comes within this: ingest holds a step this long (with no node-local writer)
 SHIP_BATCHES = 64  # outbox rows shipped a round (a round after an outage catches up this many)
 
 
@@ -56,7 +58,8 @@ class FleetRows:
         self.flush_every = flush_every
         self.clock = clock
         self.coarse = Coarsener(host=host, interval_s=interval_s)
-        self._steps: list[tuple[float, StepRecord]] = []
+        self._steps: list[StepBatch] = []  # merged, final steps (ingest held them)
+        self._release: Callable[[bool], None] | None = None
         self._gpu: list[GpuSample] = []
         self._events: list[Event] = []
         self._facts: dict[str, dict[str, Any]] = {}
@@ -78,11 +81,26 @@ class FleetRows:
         self.events_written_through = 0
 
     # -- the row sink (on the loop) -------------------------------------------------------------
-    def offer_step(self, rec: StepRecord) -> None:
+    @property
+    def hold_s(self) -> float:
+        """How long ingest holds a step before handing it over (the node-local writer's)."""
+        return self.local.hold_s if self.local is not None else HOLD_S
+
+    def steps_from(self, release: Callable[[bool], None], held: Callable[[], int] | None = None) -> None:
+        """Ingest's hand-over of the steps now due: before the node-local writer's flushes, or
+        (without one) before this forwarder's rounds."""
         if self.local is not None:
-            self.local.offer_step(rec)
-        self._steps.append((self.clock(), rec))
-        self._seen[rec.engine] = rec.ts
+            self.local.steps_from(release, held)
+        else:
+            self._release = release
+
+    def offer_steps(self, batch: StepBatch) -> None:
+        if not len(batch):
+            return
+        if self.local is not None:
+            self.local.offer_steps(batch)
+        self._steps.append(batch)
+        self._seen[batch.engine] = float(batch.cols["ts"][-1])
 
     def offer_gpu(self, s: GpuSample) -> None:
         if self.local is not None:
@@ -131,10 +149,9 @@ class FleetRows:
 
     async def flush(self, *, everything: bool = False) -> None:
         """One round: what came in goes to the outbox, then the outbox to the shared store."""
-        cutoff = self.clock() - HOLD_S
-        steps = self._steps
-        n = len(steps) if everything else next((i for i, (t, _) in enumerate(steps) if t > cutoff), len(steps))
-        due_steps, self._steps = [rec for _, rec in steps[:n]], steps[n:]
+        if self._release is not None:
+            self._release(everything)
+        due_steps, self._steps = self._steps, []
         gpu, self._gpu = self._gpu, []
         events, self._events = self._events, []
         facts, self._facts = self._facts, {}
@@ -149,7 +166,7 @@ class FleetRows:
 
     def _round(
         self,
-        steps: list[StepRecord],
+        steps: list[StepBatch],
         gpu: list[GpuSample],
         events: list[Event],
         facts: dict[str, dict[str, Any]],
@@ -158,7 +175,7 @@ class FleetRows:
         everything: bool,
     ) -> bool:
         """One round in the thread; True when everything it was given is durable."""
-        self.coarse.add_steps(step_tuples(steps))
+        self.coarse.add_steps((b.engine, *row) for b in steps for row in b.tuples())
         self.coarse.add_gpu(gpu)
         e_rows, g_rows = self.coarse.closed(time.time(), everything=everything)
         # last-seen times go out once an interval (an UPDATE a second per node is 1,000/s at

@@ -1,13 +1,17 @@
 """Filing: each observation that is data (steps, GPU samples, scrapes, log lines, fingerprints,
 workload records) goes into the engine registry and the rings and to the writer's queue; each
 event is queued for routing (``collector.ingest.routing``). Synchronous, never blocking, on the
-event loop. Records are immutable once filed: what needs normalising (a record from another
-process with a wrong type) becomes a new record first.
+event loop. Records are immutable once filed.
+
+Steps come as a ring read's columns (``StepHalves``) or, from tests, tools and the simulator, as
+``StepRecord``s (made columns here). Each engine run's window (``collector.ingest.window``)
+holds them; once a step's hold has passed (the writer's ``hold_s``: both halves are in), it goes
+to the writer as part of a ``StepBatch`` (``_release_steps``: at a filing once one is due, and
+before each of the writer's flushes).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
@@ -16,10 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from collector.columns import StepBatch
+import numpy as np
+
+from collector.columns import INT_NULL, STATS_DTYPE, StepBatch, stats_of_records
 from collector.ingest.config import IngestConfig
 from collector.ingest.engines import EngineRegistry
-from collector.ingest.store import RingStore
+from collector.ingest.store import EngineRings, RingStore
+from collector.ingest.window import StepWindow
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
@@ -29,7 +36,9 @@ from collector.model import (
     LogLine,
     MetricsScrape,
     Observation,
+    StepHalves,
     StepRecord,
+    StepRequests,
     WorkloadBatch,
 )
 from collector.xid.merge import XidMerger
@@ -40,7 +49,6 @@ log = logging.getLogger(__name__)
 class RowSink(Protocol):
     """The writer's queue (``collector.storage.writer.BatchWriter``)."""
 
-    def offer_step(self, rec: StepRecord) -> None: ...
     # one engine's merged, final steps as columns (collector.columns)
     def offer_steps(self, batch: StepBatch) -> None: ...
     def offer_gpu(self, s: GpuSample) -> None: ...
@@ -53,7 +61,6 @@ class RowSink(Protocol):
 
 
 class _NoRows:
-    def offer_step(self, rec: StepRecord) -> None: ...
     def offer_steps(self, batch: StepBatch) -> None: ...
     def offer_gpu(self, s: GpuSample) -> None: ...
     def offer_scrape(self, s: MetricsScrape) -> None: ...
@@ -85,6 +92,14 @@ class Intake:
         self.events: deque[Event] = deque()  # filed, waiting for the router
         self.dropped = 0  # observations that raised while being filed (counted, logged once each kind)
         self._drop_logged: set[str] = set()
+        # a step's hold before it is stored (both halves in), on the writer's clock; the writer
+        # asks for what is due before each flush
+        self._hold_clock: Callable[[], float] = getattr(self.rows, "clock", time.monotonic)
+        self._hold_s = float(getattr(self.rows, "hold_s", 0.0))
+        self._due_at = float("inf")  # the earliest a held step is due (on the hold clock)
+        attach = getattr(self.rows, "steps_from", None)
+        if attach is not None:
+            attach(self._release_steps, self._steps_held)
         for eng in config.engines:
             self.engine(eng.name, url=eng.url, pair=eng.pair, gpus=eng.gpus, configured=True)
 
@@ -113,7 +128,11 @@ class Intake:
 
     def forget(self, name: str) -> None:
         """Free what ingest holds for a departed engine: its registry record and rings. Its
-        events held for snapshots go with them; stored ones stay."""
+        events held for snapshots go with them; stored ones stay (its steps not stored yet are
+        handed to the writer first)."""
+        rings = self.store.engines.get(name)
+        if rings is not None:
+            self._release_engine(rings, 0.0, everything=True)
         self.engines.forget(name)
         self.store.forget(name)
 
@@ -136,8 +155,10 @@ class Intake:
 
     def file(self, item: Observation) -> None:
         try:
-            if isinstance(item, StepRecord):
-                self._step(item)
+            if type(item) is StepHalves:
+                self._halves(item)
+            elif isinstance(item, StepRecord):
+                self._records(item.engine, (item,))
             elif isinstance(item, GpuSample):
                 self.store.add_gpu(item)
                 self.rows.offer_gpu(item)
@@ -158,11 +179,11 @@ class Intake:
                 self.store.of(item.engine).workload.add(item)
         except Exception:  # a bad record must never stop the sources feeding us
             self.set_aside(item)
+        if self._hold_clock() >= self._due_at:
+            self._release_steps()
 
     def file_many(self, items: Sequence[Observation]) -> None:
-        """``file`` for each, in order; a run of one engine's steps (a recorder poll reads an
-        engine's rings one after another) is filed together: the engine's registry record and
-        rings looked up once, its counters moved once (``_steps``)."""
+        """``file`` for each, in order; a run of one engine's step records is filed together."""
         i, end = 0, len(items)
         while i < end:
             item = items[i]
@@ -174,8 +195,14 @@ class Intake:
             j = i + 1
             while j < end and type(nxt := items[j]) is StepRecord and nxt.engine == engine:
                 j += 1
-            self._steps(engine, cast("Sequence[StepRecord]", items[i:j]))
+            try:
+                self._records(engine, cast("Sequence[StepRecord]", items[i:j]))
+            except Exception:
+                for rec in items[i:j]:
+                    self.set_aside(rec)
             i = j
+        if self._hold_clock() >= self._due_at:
+            self._release_steps()
 
     def emit(self, item: Observation) -> None:
         """Filing as a source's sink (the trigger policy reads the recorder this way before a
@@ -193,64 +220,122 @@ class Intake:
             self._drop_logged.add(kind)
             log.exception("ingest set aside a %s (further ones are counted, not logged)", kind)
 
-    def _step(self, rec: StepRecord) -> None:
-        self._steps(rec.engine, (rec,))
+    # -- steps ---------------------------------------------------------------------------------
+    def _records(self, engine: str, recs: Sequence[StepRecord]) -> None:
+        """Step records (the slow path: tests, tools, the simulator) as one engine's halves,
+        a run at a time. A record that cannot be made a half is set aside alone."""
+        i, end = 0, len(recs)
+        while i < end:
+            run = recs[i].run
+            j = i
+            stats: list[StepRecord] = []
+            blocks: list[StepRequests] = []
+            at: list[tuple[int, float]] = []
+            while j < end and recs[j].run == run:
+                rec = recs[j]
+                j += 1
+                try:
+                    # records come from other processes: a wrong type must not poison the window
+                    step = int(rec.step)
+                    if not 0 <= step < 1 << 62 or float(rec.ts) != float(rec.ts):
+                        raise ValueError(f"step {step} at {rec.ts} out of range")
+                    halves = rec.halves or (HALF_STATS | (HALF_REQUESTS if rec.request_block is not None else 0))
+                    if halves & HALF_STATS:
+                        stats_of_records([rec])  # raises for a figure that is not a number
+                        stats.append(rec)
+                    if halves & HALF_REQUESTS and rec.request_block is not None:
+                        blocks.append(rec.request_block)
+                        at.append((step, float(rec.ts)))
+                except Exception:
+                    self.set_aside(rec)
+            rows, extras = stats_of_records(stats) if stats else (None, {})
+            self._halves(StepHalves(engine, run, rows, extras, tuple(blocks), tuple(at)))
+            i = j
 
-    def _steps(self, engine: str, recs: Sequence[StepRecord]) -> None:
-        """One engine's steps, in order. A step that raises is set aside alone."""
-        try:
-            self.engine(engine)
-            rings = self.store.of(engine)
-        except Exception:
-            for rec in recs:
-                self.set_aside(rec)
-            return
-        offer = self.rows.offer_step
-        halves = rows = 0
-        last_ts: float | None = None
-        last_step = 0
-        for rec in recs:
+    def _halves(self, h: StepHalves) -> None:
+        """One read's step halves of one engine run (``StepHalves``)."""
+        engine, run = h.engine, h.run
+        self.engine(engine)
+        rings = self.store.of(engine)
+        stamp = self._hold_clock()
+        # another run of the engine than the window's: collector.ingest.runs
+        window = rings.window if run == rings.run else self.store.window_of_run(engine, rings, run, self.clock())
+        held = window is not None
+        if window is None:  # a run older than the two held: stored, not held
+            window = StepWindow(engine, max(1, h.count))
+        blocks = h.blocks
+        if blocks:
+            last = rings.last_block if held else None
+            for block in blocks:
+                if last is not None and last.ids == block.ids:
+                    block.ids = last.ids  # one copy of a stable running set's ids (the same values)
+                last = block
+            if held:
+                rings.last_block = last
+        stats = h.stats
+        if stats is not None and len(stats):
+            if stats.dtype != STATS_DTYPE:
+                raise TypeError("stats halves of another dtype")
+            window.file_stats(run, stats, h.extras, stamp)
+        if blocks:
+            window.file_blocks(run, blocks, stamp, h.block_at)
+        if not held:
+            batch = window.due(stamp, everything=True)
+            if batch is not None:
+                self.rows.offer_steps(batch)
+        else:
+            self._due_at = min(self._due_at, stamp + self._hold_s)
+        self._progress(engine, h)
+
+    def _progress(self, engine: str, h: StepHalves) -> None:
+        """The engine's counters and progress: the newest step, and running + waiting of the
+        newest step that carries them (its stats half)."""
+        stats, blocks = h.stats, h.blocks
+        rows = sum(b.n for b in blocks)
+        last_ts, last_step = -1.0, -1
+        held = held_ts = None
+        if stats is not None and len(stats):
+            last_ts, last_step = float(stats["ts"][-1]), int(stats["step"][-1])
+            both = np.flatnonzero((stats["running"] != INT_NULL) & (stats["waiting"] != INT_NULL))
+            if len(both):
+                k = int(both[-1])
+                held, held_ts = int(stats["running"][k]) + int(stats["waiting"][k]), float(stats["ts"][k])
+        if blocks:
+            b_step, b_ts = h.block_at[-1] if h.block_at else (blocks[-1].step, blocks[-1].ts)
+            if b_step >= last_step:
+                last_ts, last_step = b_ts, b_step
+        if last_step >= 0:
+            self.engines.saw_step(engine, last_ts, rows, h.count, step=last_step, held=held, held_ts=held_ts)
+
+    def _release_steps(self, everything: bool = False) -> None:
+        """Hand the writer every step whose hold has passed (all with ``everything``: at stop)."""
+        now = self._hold_clock()
+        cutoff = now - self._hold_s
+        self._due_at = float("inf")
+        for rings in list(self.store.engines.values()):
+            self._release_engine(rings, cutoff, everything=everything)
+            for w in (rings.window, rings.previous.window if rings.previous is not None else None):
+                if w is not None and w.next_stamp() is not None:
+                    self._due_at = min(self._due_at, w.next_stamp() + self._hold_s)  # type: ignore[operator]
+
+    def _steps_held(self) -> int:
+        """Steps filed and not handed to the writer yet."""
+        n = 0
+        for rings in list(self.store.engines.values()):
+            n += rings.window.unsent()
+            if rings.previous is not None:
+                n += rings.previous.window.unsent()
+        return n
+
+    def _release_engine(self, rings: EngineRings, cutoff: float, *, everything: bool) -> None:
+        windows = [rings.window] if rings.previous is None else [rings.previous.window, rings.window]
+        for w in windows:
             try:
-                # another run of the engine than the ring's: collector.ingest.runs
-                ring = rings.ring if rec.run == rings.run else self.store.ring_of_run(rings, rec.run, self.clock())
-                if ring is None:  # a run older than the two held: stored, not held
-                    offer(rec)
-                    continue
-                # Records come from other processes: a wrong type must not poison the ring's order.
-                if type(rec.step) is not int or not 0 <= rec.step < 1 << 62 or type(rec.ts) is not float:
-                    rec = dataclasses.replace(rec, step=int(rec.step), ts=float(rec.ts))
-                    if not 0 <= rec.step < 1 << 62:
-                        raise ValueError(f"step {rec.step} out of range")
-                if rec.finished_requests:
-                    # vLLM's per-request finish figures ride on every step that ended a request:
-                    # a dict of 8 fields each, 35 MiB of a node's rings (8 x 4,096 steps) that
-                    # nothing reads (the snapshot's steps carry the ``finished`` count; each
-                    # request's end is in the workload log, from its own record). Not held.
-                    rec = dataclasses.replace(rec, finished_requests=[])
-                block = rec.request_block
-                if block is not None:
-                    last = rings.last_block
-                    if last is not None and last.ids == block.ids:
-                        block.ids = last.ids  # one copy of a stable running set's ids (the same values)
-                    rings.last_block = block
-                offer(ring.add(rec))
-            except Exception:  # a bad record must never stop the sources feeding us
-                self.set_aside(rec)
-                continue
-            if block is not None:
-                rows += block.n
-            # a step's two halves may come as one record (paired by the recorder source): each counts
-            halves += 2 if rec.halves == HALF_STATS | HALF_REQUESTS else 1
-            last_ts, last_step = rec.ts, rec.step
-        if last_ts is not None:
-            # the engine's progress: the newest step, and running + waiting of the newest step
-            # that carries them (its stats half; usually the last or the one before)
-            held = held_ts = None
-            for rec in reversed(recs):
-                if rec.running is not None and rec.waiting is not None:
-                    held, held_ts = rec.running + rec.waiting, rec.ts
-                    break
-            self.engines.saw_step(engine, last_ts, rows, halves, step=last_step, held=held, held_ts=held_ts)
+                batch = w.due(cutoff, everything=everything)
+                if batch is not None:
+                    self.rows.offer_steps(batch)
+            except Exception:  # never stop the others' steps
+                log.exception("handing %s's steps to the writer failed", w.engine)
 
     def _scrape(self, s: MetricsScrape) -> None:
         self.engine(s.engine)

@@ -52,7 +52,7 @@ class LiveView:
 
     def steps(self, engine: str) -> list[StepRecord]:
         rings = self._store.engines.get(engine)
-        return rings.ring.steps() if rings is not None else []
+        return rings.window.steps() if rings is not None else []
 
     def run_info(self, engine: str) -> RunInfo:
         """The run the engine's ring holds, and the previous one (``collector.ingest.runs``)."""
@@ -62,13 +62,13 @@ class LiveView:
         prev = rings.previous
         if prev is None:
             return RunInfo(run=rings.run)
-        first = prev.ring.steps()[:1]
-        last = prev.ring.last()
+        first = prev.window.steps()[:1]
+        last = prev.window.last()
         return RunInfo(
             run=rings.run,
             previous=prev.run,
             previous_ended=prev.ended,
-            previous_steps=len(prev.ring),
+            previous_steps=len(prev.window),
             previous_first_step=first[0].step if first else None,
             previous_last_step=last.step if last is not None else None,
         )
@@ -76,32 +76,32 @@ class LiveView:
     def previous_steps(self, engine: str) -> list[StepRecord]:
         """The previous run's steps, held apart from the current run's (oldest first)."""
         rings = self._store.engines.get(engine)
-        return rings.previous.ring.steps() if rings is not None and rings.previous is not None else []
+        return rings.previous.window.steps() if rings is not None and rings.previous is not None else []
 
     def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
         rings = self._store.engines.get(engine)
-        return rings.ring.recent(n) if rings is not None else []
+        return rings.window.recent(n) if rings is not None else []
 
     def step_seconds(self, engine: str) -> list[StepRecord]:
-        """The engine's steps folded per second (``rings.SecondAggregates``), oldest first."""
+        """The engine's steps folded per second (``window.SecondAggregates``), oldest first."""
         rings = self._store.engines.get(engine)
-        return rings.ring.seconds.all() if rings is not None else []
+        return rings.window.seconds.all() if rings is not None else []
 
     def last_step(self, engine: str) -> StepRecord | None:
         rings = self._store.engines.get(engine)
-        return rings.ring.last() if rings is not None else None
+        return rings.window.last() if rings is not None else None
 
     def last_known(self, engine: str, name: str) -> StepRecord | None:
         rings = self._store.engines.get(engine)
-        return rings.ring.last_known(name) if rings is not None else None
+        return rings.window.last_known(name) if rings is not None else None
 
     def has_step(self, engine: str, step: int) -> bool:
         rings = self._store.engines.get(engine)
-        return rings is not None and rings.ring.get(step) is not None
+        return rings is not None and rings.window.get(step) is not None
 
     def steps_held(self, engine: str) -> int:
         rings = self._store.engines.get(engine)
-        return len(rings.ring) if rings is not None else 0
+        return len(rings.window) if rings is not None else 0
 
     def scrapes(self, engine: str, *, since: float | None = None) -> list[MetricsScrape]:
         rings = self._store.engines.get(engine)

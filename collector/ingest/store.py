@@ -1,6 +1,6 @@
 """The rings: what the node held in memory over the last minutes, per engine and per GPU.
 
-Per engine: its steps (``EngineRing``), log lines, events, scrapes and workload log; per GPU:
+Per engine: its steps (``StepWindow``), log lines, events, scrapes and workload log; per GPU:
 its samples and its last one; and the GPU-level events no engine claimed. Bounded by the
 limits ingest is configured with; each engine's request blocks by its share of the node's
 budget. Only ingest files into it (``collector.ingest.intake``, ``collector.ingest.routing``).
@@ -12,8 +12,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from collector.ingest.config import IngestConfig
-from collector.ingest.rings import EngineRing, LineRing, TimeRing
-from collector.ingest.runs import PreviousRun, ring_for
+from collector.ingest.rings import LineRing, TimeRing
+from collector.ingest.runs import PreviousRun, window_for
+from collector.ingest.window import StepWindow
 from collector.ingest.workload import WorkloadLog
 from collector.model import Event, GpuSample, MetricsScrape, StepRequests
 
@@ -23,13 +24,13 @@ SCRAPES_KEPT = 900
 
 @dataclass
 class EngineRings:
-    ring: EngineRing
+    window: StepWindow
     lines: LineRing
     workload: WorkloadLog
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=SCRAPES_KEPT))
     last_block: StepRequests | None = None
-    run: int | None = None  # the run ``ring`` holds (``collector.ingest.runs``); None: no step yet
+    run: int | None = None  # the run ``window`` holds (``collector.ingest.runs``); None: no step yet
     previous: PreviousRun | None = None  # the run before, set aside whole
 
 
@@ -50,14 +51,14 @@ class RingStore:
         if rings is None:
             cfg = self.config
             rings = self.engines[engine] = EngineRings(
-                ring=EngineRing(cfg.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
+                window=StepWindow(engine, cfg.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
                 lines=LineRing(cfg.log_ring_lines),
                 workload=WorkloadLog(max_requests=cfg.workload_requests, max_age_s=cfg.workload_seconds),
             )
-            share = rings.ring.max_request_bytes
+            share = rings.window.max_request_bytes
             for other in self.engines.values():
-                if other.ring.max_request_bytes > share:
-                    other.ring.set_max_request_bytes(share)
+                if other.window.max_request_bytes > share:
+                    other.window.set_max_request_bytes(share)
         return rings
 
     def forget(self, engine: str) -> None:
@@ -67,29 +68,29 @@ class RingStore:
             return
         share = self._request_bytes(len(self.engines))
         for other in self.engines.values():
-            if other.ring.max_request_bytes < share:
-                other.ring.max_request_bytes = share
+            if other.window.max_request_bytes < share:
+                other.window.max_request_bytes = share
 
-    def ring_of_run(self, rings: EngineRings, run: int, now: float) -> EngineRing | None:
-        """The ring that holds steps of ``run`` (``collector.ingest.runs``); None: not held. A
-        newer run sets the current ring aside as the previous run and starts a fresh one."""
-        where = ring_for(rings.run, rings.previous, run)
+    def window_of_run(self, engine: str, rings: EngineRings, run: int, now: float) -> StepWindow | None:
+        """The window that holds steps of ``run`` (``collector.ingest.runs``); None: not held. A
+        newer run sets the current window aside as the previous run and starts a fresh one."""
+        where = window_for(rings.run, rings.previous, run)
         if where == "current":
             rings.run = run
-            return rings.ring
+            return rings.window
         if where == "none":
             return None
         if where == "new":
             assert rings.run is not None
-            rings.previous = PreviousRun(rings.run, rings.ring, now)
-            rings.ring, rings.run, rings.last_block = self._fresh_ring(), run, None
-            return rings.ring
+            rings.previous = PreviousRun(rings.run, rings.window, now)
+            rings.window, rings.run, rings.last_block = self.fresh_window(engine), run, None
+            return rings.window
         if rings.previous is None or rings.previous.run != run:  # an ended run read late
-            rings.previous = PreviousRun(run, self._fresh_ring(), now)
-        return rings.previous.ring
+            rings.previous = PreviousRun(run, self.fresh_window(engine), now)
+        return rings.previous.window
 
-    def _fresh_ring(self) -> EngineRing:
-        return EngineRing(self.config.ring_steps, max_request_bytes=self._request_bytes(len(self.engines)))
+    def fresh_window(self, engine: str) -> StepWindow:
+        return StepWindow(engine, self.config.ring_steps, max_request_bytes=self._request_bytes(len(self.engines)))
 
     def _request_bytes(self, engines: int) -> int:
         """Each engine's bound on its request blocks: its own setting, or its share of the

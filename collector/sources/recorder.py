@@ -41,18 +41,18 @@ from pathlib import Path
 from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
-from collector.channel.codec import TAG_REQS, TAG_STEP, decode_many
+from collector.channel.codec import TAG_REQS, TAG_STEP
 from collector.channel.naming import parse_ring_file_name
+from collector.channel.reads import decode_read
 from collector.channel.secure import ensure_private_dir
 from collector.model import (
-    HALF_REQUESTS,
-    HALF_STATS,
     Event,
     EventKind,
     GpuSample,
     Observation,
     Severity,
     SourceStatus,
+    StepHalves,
     StepRecord,
     WorkloadBatch,
 )
@@ -221,11 +221,10 @@ class RecorderSource:
     def poll(self, sink: Sink) -> int:
         """One pass over the folder; returns the number of records emitted.
 
-        The records of every ring are gathered first and then handed on in one pass, where the
-        two halves of one step (the stat logger's ``S`` and the scheduler's ``R``, two rings of
-        one engine) read in the same poll become one record: ingest files, merges and queues
-        one step instead of two. A half whose other half comes in a later poll is handed on
-        alone, and ingest's ring merges it as before. Events are handed on after the records."""
+        The records of every ring are gathered first and then handed on in one pass: each
+        ring read's steps as one ``StepHalves`` (columns; ingest's window merges the two halves
+        of a step, from two rings, whichever comes first). Events are handed on after the
+        records."""
         try:
             # one Path per file, kept: a fresh glob's Paths were hashed anew every poll
             with os.scandir(self.directory) as entries:
@@ -268,7 +267,7 @@ class RecorderSource:
         # committer's read before a capture), and the records read with it must be in by then.
         events: list[Observation] = []
         data: list[Observation] = []
-        for obs in pair_halves(batch):
+        for obs in batch:
             (events if type(obs) is Event else data).append(obs)
         if isinstance(sink, BatchSink):  # the hub: a poll's steps filed per engine, not one by one
             sink.emit_many(data)
@@ -454,7 +453,12 @@ class RecorderSource:
         if info.capacity:
             self._worst = max(self._worst, unread / info.capacity)
         out = tail.held
-        for meta, obs, error in decode_many(payloads):
+        read = decode_read(payloads)
+        if read.bad_steps:
+            tail.bad_records += read.bad_steps
+            self.bad_records += read.bad_steps
+            self._status.errors += read.bad_steps
+        for meta, obs, error in read.other:
             if error is not None:
                 tail.bad_records += 1
                 self.bad_records += 1
@@ -468,6 +472,8 @@ class RecorderSource:
                 continue
             assert obs is not None
             out.append(obs)
+        if read.stats is not None or read.blocks:
+            out.append(StepHalves("", 0, read.stats, read.extras, tuple(read.blocks)))
         emitted = 0
         # (a joined ring needs no liveness check: one kill(0) per ring and poll was 3% of the
         # sidecar's samples at 8 engines)
@@ -476,8 +482,18 @@ class RecorderSource:
             run = tail.run or info.pid + (tail.generation << 32)
             emitted = len(out)
             for i, obs in enumerate(out):
-                if isinstance(obs, StepRecord):
-                    obs.engine, obs.run = engine, run
+                if type(obs) is StepHalves:
+                    out[i] = obs = replace(obs, engine=engine, run=run)
+                    emitted += obs.count - 1
+                    stats = obs.stats
+                    newest = float(stats["ts"].max()) if stats is not None else 0.0
+                    if obs.blocks:
+                        newest = max(newest, max(b.ts for b in obs.blocks))
+                    if newest > tail.newest_ts:
+                        tail.newest_ts = newest
+                    continue
+                if isinstance(obs, StepRecord):  # (a JSON step: none are written today)
+                    out[i] = obs = replace(obs, engine=engine, run=run)
                 elif isinstance(obs, Event):
                     obs.engine = engine
                 elif not isinstance(obs, GpuSample):  # (the channel never carries GPU samples)
@@ -526,30 +542,3 @@ class RecorderSource:
         server = meta.get("server_pid")
         base = server if type(server) is int and server > 0 else tail.run % (1 << 32) or pid
         return base + (tail.generation << 32)
-
-
-def pair_halves(batch: list[Observation]) -> list[Observation]:
-    """``batch`` with each step whose two halves it holds as one record, at the first half's
-    place: the stats half takes the requests half's block (as ingest's ring merge would). Only
-    a plain stats half and a plain requests half of the same engine, run and step pair."""
-    firsts: dict[tuple[str, int, int], int] = {}  # a step's first half: its place in out
-    out: list[Observation] = []
-    for obs in batch:
-        if type(obs) is StepRecord and obs.halves in (HALF_STATS, HALF_REQUESTS):
-            key = (obs.engine, obs.run, obs.step)
-            at = firsts.get(key)
-            if at is None:
-                firsts[key] = len(out)
-            else:
-                first = out[at]
-                assert isinstance(first, StepRecord)
-                if first.halves != obs.halves:
-                    stats, reqs = (first, obs) if first.halves == HALF_STATS else (obs, first)
-                    if reqs.request_block is not None and stats.request_block is None:
-                        stats.request_block = reqs.request_block
-                        stats.halves = HALF_STATS | HALF_REQUESTS
-                        out[at] = stats
-                        del firsts[key]
-                        continue
-        out.append(obs)
-    return out

@@ -2,12 +2,11 @@
 retries. Every ``interval`` it writes what is due in one transaction (SQLite: ~300k rows/s
 batched vs ~10k one commit per row).
 
-Steps: a step arrives in up to two halves (the stat logger's and the scheduler's), hundreds of
-microseconds to a few milliseconds apart, and the ring merges them into a new record, which
-ingest offers again and which replaces the one queued for that step. A step is written once,
-``hold_s`` after its first half came, so the stored row has both halves and a step is one row
-(the table's unique key on engine, run and step makes a re-read ring after a restart a no-op,
-not duplicates).
+Steps come from ingest as column batches (``collector.columns.StepBatch``), each step final:
+ingest holds a step ``hold_s`` (on this writer's ``clock``) after its first half came, so the
+stored row has both halves and a step is one row (the table's unique key on engine, run and step
+makes a re-read ring after a restart a no-op, not duplicates). Before each flush the writer asks
+ingest for the steps now due (``steps_from``).
 
 A database that is down or hung costs memory only: the batch stays queued (bounded: the oldest
 rows are dropped and counted in ``dropped``) and is retried next round. A row the database
@@ -20,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from collector.columns import StepBatch
-from collector.model import Event, GpuSample, MetricsScrape, StepRecord
+from collector.model import Event, GpuSample, MetricsScrape
 from collector.redact import redact, redact_text
 from collector.storage.connect import StorageError
 from collector.storage.repo import STEP_TUPLE, Repository
@@ -35,24 +34,6 @@ from collector.storage.repo import STEP_TUPLE, Repository
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 200_000  # rows held per kind while the database is down
-
-STEP_COLUMNS = STEP_TUPLE[1:]
-
-
-# A step's row as one tuple (``Repository.STEP_TUPLE``: the engine's name, then STEP_COLUMNS),
-# made by one C call per step: at 800 steps/s a dict per row and SQLAlchemy's binding of it
-# was most of the writer's cost.
-_step_tuple = attrgetter(*STEP_TUPLE)
-_KV = 1 + STEP_COLUMNS.index("kv_cache_usage")
-
-
-def step_tuples(recs: list[StepRecord]) -> list[tuple[Any, ...]]:
-    rows = list(map(_step_tuple, recs))
-    for i, row in enumerate(rows):
-        kv = row[_KV]
-        if kv is not None and type(kv) is not float:  # a JSON step's integer 0 or 1
-            rows[i] = (*row[:_KV], float(kv), *row[_KV + 1 :])
-    return rows
 
 
 def gpu_row(s: GpuSample) -> dict[str, Any]:
@@ -120,7 +101,6 @@ def _replace_queued(events: list[Event], ev: Event) -> None:
 
 @dataclass
 class _Queue:
-    steps: OrderedDict[tuple[str, int, int], tuple[float, StepRecord]] = field(default_factory=OrderedDict)
     batches: list[StepBatch] = field(default_factory=list)  # merged steps as columns: written as they are
     gpu: list[GpuSample] = field(default_factory=list)
     scrapes: list[MetricsScrape] = field(default_factory=list)
@@ -152,6 +132,8 @@ class BatchWriter:
         self.coarse_step_s = 0.1
         self.steps_thinned = 0
         self._kept_at: dict[str, float] = {}
+        self._release: Callable[[bool], None] | None = None  # ingest's steps now due (steps_from)
+        self._held: Callable[[], int] | None = None  # how many steps ingest holds for the writer
         self.flushes = 0
         self.last_flush_s = 0.0
         self.last_ok: float | None = None
@@ -163,34 +145,44 @@ class BatchWriter:
         self._given_back = 0  # batches the database did not take, ever
 
     # -- the queue (called on the event loop by ingest) ------------------------------------
-    def offer_step(self, rec: StepRecord) -> None:
-        key = (rec.engine, rec.run, rec.step)
-        steps = self._q.steps
-        queued = steps.get(key)
-        if queued is not None:
-            steps[key] = (queued[0], rec)  # the step's merged record: written when its first half is due
-        else:
-            if self.coarse():
-                kept = self._kept_at.get(rec.engine)
-                if kept is not None and 0 <= rec.ts - kept < self.coarse_step_s - 1e-6:
-                    self.steps_thinned += 1
-                    return
-                self._kept_at[rec.engine] = rec.ts
-            steps[key] = (self.clock(), rec)
-            if len(steps) > self.max_pending:
-                steps.popitem(last=False)
-                self.dropped += 1
-        self._q.seen[rec.engine] = rec.ts
+    def steps_from(self, release: Callable[[bool], None], held: Callable[[], int] | None = None) -> None:
+        """Ingest's hand-over of the steps now due (all of them with True: at stop), called
+        before each flush takes the queue; ``held``: how many steps ingest holds for it (in
+        ``pending_rows``)."""
+        self._release = release
+        self._held = held
 
     def offer_steps(self, batch: StepBatch) -> None:
         """One engine's merged steps as columns, each step final (ingest held it until both
-        halves were due): written at the next flush as they are."""
+        halves were due): written at the next flush as they are. While ``coarse`` (overload),
+        one step per engine per ``coarse_step_s`` is kept and the others counted."""
         if not len(batch):
             return
+        if self.coarse():
+            batch = self._thin(batch)
+            if not len(batch):
+                return
         q = self._q
         q.batches.append(batch)
         q.seen[batch.engine] = float(batch.cols["ts"][-1])
         self._bound_batches(q)
+
+    def _thin(self, batch: StepBatch) -> StepBatch:
+        ts = batch.cols["ts"]
+        kept_at = self._kept_at.get(batch.engine)
+        keep = np.zeros(len(ts), dtype=bool)
+        for i, t in enumerate(ts.tolist()):  # sequential: each kept step sets the next mark
+            if kept_at is not None and 0 <= t - kept_at < self.coarse_step_s - 1e-6:
+                continue
+            keep[i] = True
+            kept_at = t
+        if kept_at is not None:
+            self._kept_at[batch.engine] = kept_at
+        thinned = int((~keep).sum())
+        if not thinned:
+            return batch
+        self.steps_thinned += thinned
+        return StepBatch(batch.engine, batch.cols[keep])
 
     def _bound_batches(self, q: _Queue) -> None:
         over = sum(len(b) for b in q.batches) - self.max_pending
@@ -242,7 +234,8 @@ class BatchWriter:
     @property
     def pending_rows(self) -> int:
         q = self._q
-        return len(q.steps) + sum(len(b) for b in q.batches) + len(q.gpu) + len(q.scrapes) + len(q.events)
+        held = self._held() if self._held is not None else 0
+        return held + sum(len(b) for b in q.batches) + len(q.gpu) + len(q.scrapes) + len(q.events)
 
     # -- writing ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -251,15 +244,12 @@ class BatchWriter:
             await self.flush()
 
     def _take(self, *, everything: bool) -> _Queue:
+        if self._release is not None:
+            try:
+                self._release(everything)
+            except Exception:  # the other rows are still written
+                log.exception("ingest's steps could not be taken")
         q, due = self._q, _Queue()
-        cutoff = self.clock() - self.hold_s
-        steps = q.steps
-        while steps:
-            key, (first, rec) = next(iter(steps.items()))
-            if not everything and first > cutoff:
-                break
-            steps.popitem(last=False)
-            due.steps[key] = (first, rec)
         due.batches, q.batches = q.batches, []
         due.gpu, q.gpu = q.gpu, []
         due.scrapes, q.scrapes = q.scrapes, []
@@ -271,12 +261,6 @@ class BatchWriter:
     def _give_back(self, batch: _Queue) -> None:
         """A batch the database did not take goes back in front, within the bound."""
         q = self._q
-        merged = OrderedDict(batch.steps)
-        merged.update(q.steps)
-        while len(merged) > self.max_pending:
-            merged.popitem(last=False)
-            self.dropped += 1
-        q.steps = merged
         q.batches = batch.batches + q.batches
         self._bound_batches(q)
         for name in ("gpu", "scrapes", "events"):
@@ -292,7 +276,7 @@ class BatchWriter:
         batch = self._take(everything=everything)
         # every event offered before this take is in this batch or an earlier one
         through, given_back = self.events_offered, self._given_back
-        if not (batch.steps or batch.batches or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
+        if not (batch.batches or batch.gpu or batch.scrapes or batch.events or batch.fingerprints or batch.seen):
             self._written_through(through, given_back)
             return
         t0 = time.perf_counter()
@@ -303,7 +287,7 @@ class BatchWriter:
             written = await asyncio.to_thread(self._write, batch, events)
         except StorageError as exc:
             if self.db_up is not False:
-                log.error("database write failed, holding %d rows in memory: %s", len(batch.steps), exc)
+                log.error("database write failed, holding %d rows in memory: %s", self.pending_rows, exc)
             self.db_up, self.last_error = False, str(exc)
             self._give_back(batch)
             self._given_back += 1
@@ -325,19 +309,17 @@ class BatchWriter:
             self.events_written_through = max(self.events_written_through, through)
 
     def _write(self, batch: _Queue, events: list[dict[str, Any]]) -> int:
-        tuples = step_tuples([rec for _, rec in batch.steps.values()])
-        n_steps = len(tuples) + sum(len(b) for b in batch.batches)
+        n_steps = sum(len(b) for b in batch.batches)
         gpu = [gpu_row(s) for s in batch.gpu]
         scrapes = [scrape_row(s) for s in batch.scrapes]
         try:
-            self.repo.write_batch([], gpu, events, batch.seen, scrapes=scrapes, step_tuples=tuples, step_batches=batch.batches)
+            self.repo.write_batch([], gpu, events, batch.seen, scrapes=scrapes, step_batches=batch.batches)
         except StorageError as exc:
             if not exc.permanent:
                 raise
             # One bad row must not block every row behind it: write kinds apart, then rows
             # one by one within the kind that failed, and set aside what is refused.
-            for b in batch.batches:
-                tuples.extend((b.engine, *row) for row in b.tuples())
+            tuples = [(b.engine, *row) for b in batch.batches for row in b.tuples()]
             steps = [dict(zip(STEP_TUPLE, row, strict=True)) for row in tuples]
             self.rejected += self._write_apart(steps, gpu, events, scrapes, batch.seen)
             log.error("database refused %d row(s) of a batch: %s", self.rejected, exc)

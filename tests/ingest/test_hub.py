@@ -76,7 +76,7 @@ class QueuedEvents:
     def __init__(self) -> None:
         self.events: list[Event] = []
 
-    def offer_step(self, rec: StepRecord) -> None: ...
+    def offer_steps(self, batch: Any) -> None: ...
     def offer_gpu(self, s: GpuSample) -> None: ...
     def offer_scrape(self, s: Any) -> None: ...
     def offer_fingerprint(self, engine: str, facts: dict[str, Any]) -> None: ...
@@ -165,7 +165,7 @@ def test_a_bad_record_never_escapes_emit(tmp_path: Path) -> None:
     h, _ = hub(tmp_path)
     h.emit(StepRecord(engine="decode-0", ts=1.0, step="x"))  # type: ignore[arg-type]
     h.emit(StepRecord(engine="decode-0", ts=2.0, step=1))
-    assert h.intake.store.engines["decode-0"].ring.last() is not None
+    assert h.intake.store.engines["decode-0"].window.last() is not None
     assert h.view.dropped == 1
 
 
@@ -182,16 +182,16 @@ def test_the_nodes_request_bytes_are_shared_by_its_engines_and_an_engine_that_jo
 
     settings = Settings(engines=[EngineConfig(name="e0", url="http://a")], ring_request_bytes=1 << 20, ring_request_bytes_total=3 << 19)
     h = hub_for(settings, clock=lambda: 1000.0)
-    assert h.intake.store.engines["e0"].ring.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
+    assert h.intake.store.engines["e0"].window.max_request_bytes == 1 << 20  # alone: its own bound is the smaller
     rows = [Row(f"cmpl-{i:04d}", 100, 50) for i in range(64)]
     for n in range(1, 2001):
         h.emit(with_rows(StepRecord(engine="e0", ts=float(n), step=n), rows))
-    before = h.intake.store.engines["e0"].ring.request_bytes
+    before = h.intake.store.engines["e0"].window.request_bytes
     assert (1 << 20) - 4096 < before <= 1 << 20
     h.emit(with_rows(StepRecord(engine="e1", ts=1.0, step=1), rows))  # a second engine joins
     for st in h.intake.store.engines.values():
-        assert st.ring.max_request_bytes == 3 << 18  # half the node's budget each
-    ring = h.intake.store.engines["e0"].ring
+        assert st.window.max_request_bytes == 3 << 18  # half the node's budget each
+    ring = h.intake.store.engines["e0"].window
     assert ring.request_bytes <= 3 << 18 < before  # e0 gave up its oldest blocks at once
     kept = ring.steps()
     assert len(kept) == 2000 and kept[-1].request_block is not None and kept[0].request_block is None

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from collector.ingest.rings import EngineRing
-from collector.ingest.runs import PreviousRun, newer, ring_for
+from collector.ingest.runs import PreviousRun, newer, window_for
+from collector.ingest.window import StepWindow
 
 T0 = 1_765_000_000_000  # run ids that are start times (ms)
 
 
 def prev(run: int) -> PreviousRun:
-    return PreviousRun(run, EngineRing(4), 0.0)
+    return PreviousRun(run, StepWindow("d", 4), 0.0)
 
 
 @pytest.mark.parametrize(
@@ -30,7 +30,7 @@ def prev(run: int) -> PreviousRun:
     ],
 )
 def test_where_a_step_goes(current: int | None, previous: PreviousRun | None, run: int, where: str) -> None:
-    assert ring_for(current, previous, run) == where
+    assert window_for(current, previous, run) == where
 
 
 def test_start_times_compare_as_times_and_pids_by_arrival() -> None:

@@ -13,26 +13,42 @@ from collector.channel.codec import encode, encode_step_fields
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.ingest.hub import hub_for
+from collector.ingest.window import records_of
 from collector.model import (
     HALF_REQUESTS,
     HALF_STATS,
     Event,
     EventKind,
     Observation,
+    StepHalves,
     StepRecord,
 )
 from collector.settings import EngineConfig, Settings
 from collector.sources.join import EngineJoin
 from collector.sources.recorder import RecorderSource
-from tests.request_columns import Row, encode_rows, make_block
+from tests.request_columns import Row, encode_rows
 
 
 class ListSink:
+    """What a source emitted, a poll's step halves as the records ingest's window makes of
+    them (merged per engine run, in step order, where the first came)."""
+
     def __init__(self) -> None:
-        self.items: list[Observation] = []
+        self.raw: list[Observation] = []
 
     def emit(self, item: Observation) -> None:
-        self.items.append(item)
+        self.raw.append(item)
+
+    @property
+    def items(self) -> list[Observation]:
+        halves = [o for o in self.raw if isinstance(o, StepHalves)]
+        out: list[Observation] = []
+        for o in self.raw:
+            if not isinstance(o, StepHalves):
+                out.append(o)
+            elif o is halves[0]:
+                out.extend(records_of(halves))
+        return out
 
 
 class Clock:
@@ -66,7 +82,7 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     sink = ListSink()
     src = RecorderSource(tmp_path, clock=clock, alive=lambda pid: True)
     assert src.poll(sink) == 2
-    # read in one poll, the two halves are handed on as one record
+    # read in one poll, the two halves (one read of each ring) merge in ingest's window
     [rec] = [o for o in sink.items if isinstance(o, StepRecord)]
     assert (rec.engine, rec.step, rec.halves) == ("decode-0", 1, HALF_STATS | HALF_REQUESTS)
     # the scheduler's half carries the recorder's bytes, decoded only when read
@@ -75,7 +91,7 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     assert rec.request_block.column("computed_tokens") == [300] and rec.request_block.column("output_tokens") == [1]
     assert (rec.running, rec.waiting, rec.kv_cache_usage) == (2, 1, 0.25)  # the stats half's figures
 
-    # read in two polls, each half is handed on alone (ingest's ring merges them)
+    # read in two polls, each half is handed on alone (ingest's window merges them)
     sched.append(encode_rows(2, 999.5, [Row("r1", 300, 301, 2)]))
     sink = ListSink()
     assert src.poll(sink) == 1
@@ -88,28 +104,6 @@ def test_both_halves_of_a_step_arrive_named_by_their_engine(tmp_path: Path) -> N
     [stat] = sink.items
     assert isinstance(stat, StepRecord) and stat.halves == HALF_STATS and stat.request_block is None
     assert (stat.running, stat.waiting, stat.kv_cache_usage) == (2, 1, 0.25)
-
-
-def test_pairing_keeps_the_first_halfs_place_and_pairs_only_one_engines_run_and_step() -> None:
-    from collector.sources.recorder import pair_halves
-
-    def half(engine: str, n: int, *, stats: bool, run: int = 7) -> StepRecord:
-        if stats:
-            return StepRecord(engine=engine, ts=1.0, step=n, running=3, halves=HALF_STATS, run=run)
-        block = make_block(n, 1.0, [Row("r", 1, 1)])
-        return StepRecord(engine=engine, ts=1.0, step=n, running=1, request_block=block, halves=HALF_REQUESTS, run=run)
-
-    r1, s2, s1, r1b, s1_other_run = (
-        half("a", 1, stats=False),
-        half("a", 2, stats=True),
-        half("a", 1, stats=True),
-        half("b", 1, stats=False),
-        half("a", 1, stats=True, run=8),
-    )
-    out = pair_halves([r1, s2, s1, r1b, s1_other_run])
-    assert out == [s1, s2, r1b, s1_other_run]
-    assert s1.halves == HALF_STATS | HALF_REQUESTS and s1.request_block is r1.request_block and s1.running == 3
-    assert r1b.halves == HALF_REQUESTS and s1_other_run.request_block is None
 
 
 def test_a_figure_the_stat_logger_could_not_read_arrives_as_null(tmp_path: Path) -> None:
@@ -444,7 +438,10 @@ def test_a_poll_hands_its_records_to_a_batch_sink_in_one_call_and_its_events_aft
     sink = BatchListSink()
     assert RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True).poll(sink) == 7
     [records] = sink.calls
-    assert [(r.step, r.halves) for r in records if isinstance(r, StepRecord)] == [(n, HALF_STATS | HALF_REQUESTS) for n in range(1, 4)]
+    # one read of each ring: their step halves as columns, which ingest's window merges
+    assert [type(o) for o in records] == [StepHalves, StepHalves]
+    halves = [o for o in records if isinstance(o, StepHalves)]
+    assert [(r.step, r.halves) for r in records_of(halves)] == [(n, HALF_STATS | HALF_REQUESTS) for n in range(1, 4)]
     assert [type(o) for o in sink.items] == [Event]  # events one by one, after the records
 
 
