@@ -5,7 +5,8 @@ queue and its rows, for E engines x R running requests, without a clock to keep 
 
 Each round the simulator's load model writes ``--steps`` steps into every engine's two rings (as
 vLLM's two processes do), then one ``RecorderSource.poll`` files them all into a ``Hub`` whose
-rows go to a ``BatchWriter`` queue; the writer's rows are then built (``step_tuples``) but not
+rows go to a ``BatchWriter`` queue; then ingest hands the writer its steps (``StepBatch``es; in
+a checkout before them, the writer's rows are built from its per-record queue) and nothing is
 sent anywhere. ``PYTHONPATH=../other-checkout`` measures that checkout's code. Prints CPU
 microseconds per step (both halves) for the poll and for the rows, best and median of the
 rounds: the node bench's 800 steps/s costs 800 x that per second.
@@ -26,7 +27,6 @@ from collector.settings import Settings
 from collector.sim.load import EngineLoad, LoadConfig
 from collector.sources.recorder import RecorderSource
 from collector.storage.writer import BatchWriter
-from collector.storage.writer import step_tuples as rows_of
 
 
 class _NoRepo:
@@ -69,10 +69,17 @@ def main() -> None:
             c0 = time.process_time()
             source.poll(hub)
             c1 = time.process_time()
-            recs = [rec for _, rec in writer._q.steps.values()]
-            rows_of(recs)
-            c2 = time.process_time()
-            writer._q.steps.clear()
+            release = getattr(writer, "_release", None)
+            if release is not None:  # steps as column batches, handed over by ingest
+                release(True)
+                c2 = time.process_time()
+                writer._q.batches.clear()
+            else:  # a checkout with the per-record queue
+                from collector.storage.writer import step_tuples  # type: ignore[attr-defined]  # noqa: PLC0415
+
+                step_tuples([rec for _, rec in writer._q.steps.values()])  # type: ignore[attr-defined]
+                c2 = time.process_time()
+                writer._q.steps.clear()  # type: ignore[attr-defined]
             n = args.steps * args.engines
             poll_us.append((c1 - c0) / n * 1e6)
             rows_us.append((c2 - c1) / n * 1e6)
