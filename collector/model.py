@@ -128,7 +128,7 @@ HALF_STATS = 1  # the stat logger's record of the step arrived
 HALF_REQUESTS = 2  # the scheduler's per-request record arrived
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One engine step as the in-engine recorder (or the simulator) reports it.
 

@@ -23,6 +23,7 @@ RANK = {
     "malloc": 0,
     "heap": 0,
     "durable": 0,
+    "columns": 0,  # steps as column arrays: the form ingest's window keeps and storage takes (numpy)
     "__init__": 0,
     "channel": 1,
     "parsers": 1,
@@ -270,9 +271,6 @@ VIEW_WRITES = {
 # The records of collector.model that are still changed after they are made, each with where.
 # Every other one is frozen: what a source made is what ingest holds, stores and serves.
 STILL_MUTABLE = {
-    # the recorder source names a step's engine and run once the read's meta record is read; its
-    # two halves are paired into one; the rings fold steps into per-second records of their own
-    "StepRecord",
     # given its uid when routed; a later witness's sources merged into it (collector.xid.merge)
     "Event",
     # a source's own health, kept and updated by that source (served as it is, never stored)

@@ -575,6 +575,15 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
             engine_index=engine_index,
             halves=HALF_STATS,
         )
+    unknown = extras.get("null")
+    if isinstance(unknown, list) and unknown:
+        nulls = {name for name in unknown if name in _NULL_NAMES}
+        running, waiting_v, kv, preempt, prompt, gen, finished, pq, ph = (
+            None if name in nulls else v
+            for name, v in zip(_NULLABLE_FIXED, (running, waiting, kv, preempt, prompt, gen, finished, pq, ph), strict=True)
+        )
+    else:
+        waiting_v = waiting
     by_reason = {"capacity": max(waiting - deferred, 0), "deferred": deferred}
     more = extras.get("waiting_by_reason")
     if isinstance(more, dict):
@@ -582,12 +591,12 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
     connector = extras.get("connector")
     worker = extras.get("worker")
     details = {k: v for k in STEP_DETAIL_KEYS if isinstance(v := extras.get(k), dict)}
-    rec = StepRecord(
+    return StepRecord(
         engine=engine,
         ts=ts,
         step=step,
         running=running,
-        waiting=waiting,
+        waiting=waiting_v,
         kv_cache_usage=kv,
         preemptions=preempt,
         prompt_tokens=prompt,
@@ -602,16 +611,11 @@ def _step_of(engine: str, head: tuple[Any, ...], extras: dict[str, Any] | None) 
         halves=HALF_STATS,
         details=details,
     )
-    unknown = extras.get("null")
-    if isinstance(unknown, list):
-        for name in unknown:
-            if name in _NULL_NAMES:
-                setattr(rec, name, None)
-    return rec
 
 
 # fixed fields of an S record a recorder may name as unread (``"null"`` in its extras)
 _NULL_NAMES = frozenset(_NULLABLE_STEP_FIELDS) - {"deferred"}
+_NULLABLE_FIXED = tuple(name for name in _NULLABLE_STEP_FIELDS if name != "deferred")
 
 
 _block_type: type[RequestBlock] | None = None

@@ -97,7 +97,10 @@ class Intake:
         self._hold_clock: Callable[[], float] = getattr(self.rows, "clock", time.monotonic)
         self._hold_s = float(getattr(self.rows, "hold_s", 0.0))
         self._due_at = float("inf")  # the earliest a held step is due (on the hold clock)
+        # a writer that asks before each flush (``steps_from``); else the steps due are handed
+        # over from filing, at most once a second
         attach = getattr(self.rows, "steps_from", None)
+        self._asked = attach is not None
         if attach is not None:
             attach(self._release_steps, self._steps_held)
         for eng in config.engines:
@@ -179,7 +182,7 @@ class Intake:
                 self.store.of(item.engine).workload.add(item)
         except Exception:  # a bad record must never stop the sources feeding us
             self.set_aside(item)
-        if self._hold_clock() >= self._due_at:
+        if not self._asked and self._hold_clock() >= self._due_at:
             self._release_steps()
 
     def file_many(self, items: Sequence[Observation]) -> None:
@@ -201,7 +204,7 @@ class Intake:
                 for rec in items[i:j]:
                     self.set_aside(rec)
             i = j
-        if self._hold_clock() >= self._due_at:
+        if not self._asked and self._hold_clock() >= self._due_at:
             self._release_steps()
 
     def emit(self, item: Observation) -> None:
@@ -283,8 +286,8 @@ class Intake:
             batch = window.due(stamp, everything=True)
             if batch is not None:
                 self.rows.offer_steps(batch)
-        else:
-            self._due_at = min(self._due_at, stamp + self._hold_s)
+        elif self._due_at == float("inf"):
+            self._due_at = stamp + self._hold_s
         self._progress(engine, h)
 
     def _progress(self, engine: str, h: StepHalves) -> None:
@@ -317,6 +320,7 @@ class Intake:
             for w in (rings.window, rings.previous.window if rings.previous is not None else None):
                 if w is not None and w.next_stamp() is not None:
                     self._due_at = min(self._due_at, w.next_stamp() + self._hold_s)  # type: ignore[operator]
+        self._due_at = max(self._due_at, now + 1.0)  # (filing hands over at most once a second)
 
     def _steps_held(self) -> int:
         """Steps filed and not handed to the writer yet."""

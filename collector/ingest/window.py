@@ -486,7 +486,6 @@ class _Second:
     finished: int | None = None
     connector: dict[str, Any] = field(default_factory=dict)
     request_block: StepRequests | None = None
-    built: StepRecord | None = None  # the record last handed out, while nothing changed
 
 
 class SecondAggregates:
@@ -545,7 +544,6 @@ class SecondAggregates:
             agg = self._bucket(int(math.floor(first_ts[k])), first_ts[k], first_step[k], run)
             if agg is None:
                 continue
-            agg.built = None
             if tmax[k] > agg.ts:
                 agg.ts = tmax[k]
             if smax[k] > agg.step:
@@ -576,7 +574,6 @@ class SecondAggregates:
             agg = self._bucket(s, ts0, step0, run)
             if agg is None:
                 continue
-            agg.built = None
             if ts1 > agg.ts:
                 agg.ts = ts1
             if step1 > agg.step:
@@ -587,30 +584,28 @@ class SecondAggregates:
                 agg.running = b.running
 
     def all(self) -> list[StepRecord]:
-        """The seconds held, oldest first (records; the newest second may still grow, in a later
-        record)."""
-        out = []
-        for agg in list(self._buckets):
-            rec = agg.built
-            if rec is None:
-                rec = agg.built = StepRecord(
-                    engine=self.engine,
-                    ts=agg.ts,
-                    step=agg.step,
-                    run=agg.run,
-                    running=agg.running,
-                    waiting=agg.waiting,
-                    kv_cache_usage=agg.kv_cache_usage,
-                    prompt_tokens=agg.prompt_tokens,
-                    generation_tokens=agg.generation_tokens,
-                    preemptions=agg.preemptions,
-                    finished=agg.finished,
-                    connector=agg.connector,
-                    request_block=agg.request_block,
-                    halves=agg.halves,
-                )
-            out.append(rec)
-        return out
+        """The seconds held, oldest first, as new records (the newest second may still grow, in
+        a later call's record)."""
+        engine = self.engine
+        return [
+            StepRecord(
+                engine=engine,
+                ts=agg.ts,
+                step=agg.step,
+                run=agg.run,
+                running=agg.running,
+                waiting=agg.waiting,
+                kv_cache_usage=agg.kv_cache_usage,
+                prompt_tokens=agg.prompt_tokens,
+                generation_tokens=agg.generation_tokens,
+                preemptions=agg.preemptions,
+                finished=agg.finished,
+                connector=agg.connector,
+                request_block=agg.request_block,
+                halves=agg.halves,
+            )
+            for agg in list(self._buckets)
+        ]
 
 
 def records_of(halves: Sequence[StepHalves]) -> list[StepRecord]:

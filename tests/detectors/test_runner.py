@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 from detector_synth import gpu, noisy, scrapes, steps
@@ -29,9 +31,7 @@ def replay(runner: DetectorRunner, records, *, until: float, gpu_samples=(), scr
 
 def stats_half(records: list[StepRecord]) -> list[StepRecord]:
     """The synthetic steps as the stat logger's half carries them: every figure known."""
-    for r in records:
-        r.prompt_tokens, r.finished, r.halves = 0, 0, HALF_STATS
-    return records
+    return [dataclasses.replace(r, prompt_tokens=0, finished=0, halves=HALF_STATS) for r in records]
 
 
 def test_a_stall_fires_once_and_resolves_once() -> None:

@@ -3,6 +3,8 @@ judge a load as they judge its steps one by one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from detector_synth import steps
 
 from collector.detectors.config import DetectorThresholds
@@ -26,9 +28,7 @@ def _scenario() -> list[StepRecord]:
         preemptions=lambda t: 1 if 40 <= t < 55 and int(t * 100) % 10 == 0 else 0,
         kv=lambda t: 0.9 if 40 <= t < 50 else 0.2,
     )
-    for r in records:
-        r.prompt_tokens, r.finished, r.halves = 0, 0, HALF_STATS
-    return records
+    return [dataclasses.replace(r, prompt_tokens=0, finished=0, halves=HALF_STATS) for r in records]
 
 
 def _published(states: list) -> dict[str, str]:  # type: ignore[type-arg]
