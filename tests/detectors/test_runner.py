@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import random
 
 from detector_synth import gpu, noisy, scrapes, steps
