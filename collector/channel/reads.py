@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from collector.channel.blocks import RequestBlock
 from collector.channel.codec import STEP_HEAD, TAG_REQS, TAG_STEP, CodecError, Decoded, decode_many
-from collector.columns import INT64_NULL, INT_NULL, STATS_DTYPE, stats_of_records
+from collector.columns import STATS_DTYPE, stats_of_records
 from collector.model import StepExtra, StepRecord, StepRequests
 
 __all__ = ["Read", "decode_read"]
@@ -42,9 +42,19 @@ WIRE_DTYPE = np.dtype(
     ]
 )
 assert WIRE_DTYPE.itemsize == 1 + STEP_HEAD.size
+# the same records without their tag: their fields in ``STATS_DTYPE``'s order
+_TAIL = list(WIRE_DTYPE.names or ())[1:]
+_WIRE_FIELDS: np.dtype[np.void] = np.dtype(  # type: ignore[call-overload]
+    {
+        "names": _TAIL,
+        "formats": [WIRE_DTYPE[n] for n in _TAIL],
+        "offsets": [WIRE_DTYPE.fields[n][1] for n in _TAIL],  # type: ignore[index]
+        "itemsize": WIRE_DTYPE.itemsize,
+    }
+)
+assert tuple(_WIRE_FIELDS.names or ()) == tuple(STATS_DTYPE.names or ())
 _PLAIN = WIRE_DTYPE.itemsize
 _STEP, _REQS = TAG_STEP[0], TAG_REQS[0]
-_U32_FIELDS = ("running", "waiting", "deferred", "preemptions", "prompt_tokens", "generation_tokens", "finished")
 _STEP_MAX = (1 << 62) - 1
 
 
@@ -119,19 +129,8 @@ def _decode_one(payload: bytes | memoryview, engine: str | None) -> tuple[object
 
 
 def _plain_rows(wire: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
-    rows = np.empty(len(wire), dtype=STATS_DTYPE)
-    step = wire["step"]
-    rows["step"] = np.where(step > _STEP_MAX, -1, step.astype(np.int64))  # out of range: set aside
-    rows["ts"] = wire["ts"]
-    rows["engine_index"] = wire["engine_index"]
-    for name in _U32_FIELDS:
-        col = wire[name]
-        rows[name] = np.minimum(col, 0x7FFFFFFF).astype(np.int32)
-    rows["kv_cache_usage"] = wire["kv_cache_usage"]
-    for name in ("prefix_cache_queries", "prefix_cache_hits"):
-        rows[name] = np.minimum(wire[name], (1 << 63) - 1).astype(np.int64)
+    """The ``S`` records' fixed fields as ``STATS_DTYPE`` rows, in one cast (field by field, in
+    order: a step beyond 2^62 becomes negative and is set aside by the caller; a count beyond
+    2^31 wraps, as no column could hold it)."""
+    rows: npt.NDArray[np.void] = wire.view(_WIRE_FIELDS).astype(STATS_DTYPE)
     return rows
-
-
-# (kept for the reader's sake: what a null slot holds in the rows)
-NULLS = {"int32": INT_NULL, "int64": INT64_NULL}

@@ -41,6 +41,8 @@ DEFAULT_REQUEST_BYTES = 8 * 1024 * 1024
 _STAT_COLS = tuple(n for n in STATS_DTYPE.names or () if n not in ("step", "ts"))
 _SUMS = ("prompt_tokens", "generation_tokens", "preemptions", "finished")
 _NEWEST = ("running", "waiting", "kv_cache_usage")
+_FOLD_FIELDS = ["ts", "step", "running", "waiting", "kv_cache_usage", "preemptions", "prompt_tokens", "generation_tokens", "finished"]
+FOLD_VECTOR_FROM = 64  # a read of more stats halves than this is folded with reductions per second
 _NO_WAITING: dict[str, int] = {}
 _NO_CONNECTOR: dict[str, Any] = {}
 _NO_DETAILS: dict[str, Any] = {}
@@ -81,7 +83,7 @@ class StepWindow:
         self.host_blocks = np.full(cap, INT_NULL, dtype=np.int32)
         self.extra: npt.NDArray[np.object_] = np.full(cap, None, dtype=object)
         self.block: npt.NDArray[np.object_] = np.full(cap, None, dtype=object)
-        self._with_blocks: deque[tuple[int, int]] = deque()  # (run, step) holding a block, oldest first
+        self._with_blocks: deque[tuple[StepRequests, int]] = deque()  # (block, step) held, oldest first
         self._block_bytes = 0
         self._held = 0
         self._last_step = -1
@@ -92,6 +94,9 @@ class StepWindow:
         self.evicted = 0
         self.blocks_evicted = 0  # blocks dropped for the byte bound (their steps kept)
         self.seconds = SecondAggregates(engine)  # what the detectors read
+        self._running = self.stats["running"]  # (a view: the column a bare requests half fills)
+        self._one_run: int | None = None  # the run of every slot, while only one run filed (-1: several)
+        self._extras_held = False  # a slot ever held extras (else the extra columns are all empty)
 
     def __len__(self) -> int:
         return self._held
@@ -109,30 +114,32 @@ class StepWindow:
             return
         self.received += n
         steps = rows["step"]
-        if n > 1 and len(np.unique(steps)) != n:  # the same step twice in one read: one at a time
-            for i in range(n):
+        if n > 1 and not (steps[1:] > steps[:-1]).all() and len(np.unique(steps)) != n:
+            for i in range(n):  # the same step twice in one read: one at a time
                 self.file_stats(run, rows[i : i + 1], {0: extras[i]} if i in extras else {}, stamp)
             self.received -= n
             return
         self.seconds.fold_stats(run, rows, extras)
-        slots, fresh, merge = self._place(run, steps, stamp)
-        cmirror = np.full(n, INT_NULL, dtype=np.int32)
-        extra_col: list[Any] = [None] * n
-        for i, ex in extras.items():
-            extra_col[i] = ex
-            m = ex.connector.get("mirror_rows") if ex.connector else None
-            if isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and abs(m) < 1 << 31:
-                cmirror[i] = int(m)
-        keep = fresh | merge
-        if not keep.all():
-            self._set_loose(run, rows[~keep], cmirror[~keep])
-        s = slots[keep]
-        sel = rows[keep]
-        self.stats[s] = sel
-        self.ts[s] = sel["ts"]
-        self.cmirror[s] = cmirror[keep]
-        self.extra[s] = np.array(extra_col, dtype=object)[keep] if extras else None
-        self.halves[s] |= HALF_STATS
+        slots, keep = self._place(run, steps, stamp, stats=True)
+        if keep is not None:
+            self._set_loose_stats(run, rows[~keep])
+            extras = {j: extras[i] for j, i in enumerate(np.flatnonzero(keep).tolist()) if i in extras}
+            rows, slots, steps = rows[keep], slots[keep], steps[keep]
+            if not len(rows):
+                return
+        self.stats[slots] = rows
+        self.ts[slots] = rows["ts"]
+        self.halves[slots] |= HALF_STATS
+        if extras or self._extras_held:
+            self.extra[slots] = None
+            self.cmirror[slots] = INT_NULL
+            for i, ex in extras.items():
+                slot = int(slots[i])
+                self.extra[slot] = ex
+                m = ex.connector.get("mirror_rows") if ex.connector else None
+                if isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) and abs(m) < 1 << 31:
+                    self.cmirror[slot] = int(m)
+            self._extras_held = self._extras_held or bool(extras)
         self._track_last(run, int(steps.max()))
 
     def file_blocks(self, run: int, blocks: Sequence[StepRequests], stamp: float, at: Sequence[tuple[int, float]] = ()) -> None:
@@ -143,57 +150,48 @@ class StepWindow:
             return
         self.received += n
         if at:
-            steps = np.fromiter((s for s, _ in at), dtype=np.int64, count=n)
+            step_list = [s for s, _ in at]
             times = [t for _, t in at]
         else:
-            steps = np.fromiter((b.step for b in blocks), dtype=np.int64, count=n)
+            step_list = [b.step for b in blocks]
             times = [b.ts for b in blocks]
-        if n > 1 and len(np.unique(steps)) != n:
+        steps = np.array(step_list, dtype=np.int64)
+        if n > 1 and not (steps[1:] > steps[:-1]).all() and len(np.unique(steps)) != n:
             for i, b in enumerate(blocks):
                 self.file_blocks(run, (b,), stamp, at[i : i + 1])
             self.received -= n
             return
-        step_list = steps.tolist()
         self.seconds.fold_blocks(run, blocks, step_list, times)
-        slots, fresh, merge = self._place(run, steps, stamp)
-        keep = fresh | merge
+        slots, keep = self._place(run, steps, stamp, stats=False)
+        if keep is not None:
+            kept = keep.tolist()
+            self._set_loose_blocks(run, [x for x, k in zip(zip(blocks, step_list, times, strict=True), kept, strict=True) if not k])
+            blocks = [b for b, k in zip(blocks, kept, strict=True) if k]
+            times = [t for t, k in zip(times, kept, strict=True) if k]
+            step_list = [x for x, k in zip(step_list, kept, strict=True) if k]
+            slots = slots[keep]
+            if not blocks:
+                return
+        block_col = self.block
         bytes_ = self._block_bytes
         with_blocks = self._with_blocks
-        block_col = self.block
-        halves = self.halves
-        for i, b in enumerate(blocks):
-            if not keep[i]:
-                continue
-            slot = int(slots[i])
+        for slot, b, step in zip(slots.tolist(), blocks, step_list, strict=True):
             old = block_col[slot]
             if old is not None:
                 bytes_ -= old.nbytes
-            else:
-                with_blocks.append((run, step_list[i]))
+            with_blocks.append((b, step))
             block_col[slot] = b
             bytes_ += b.nbytes
-            self.bmirror[slot] = INT_NULL if b.mirror_rows is None else min(b.mirror_rows, 0x7FFFFFFF)
-            self.host_blocks[slot] = INT_NULL if b.host_blocks is None else min(b.host_blocks, 0x7FFFFFFF)
-            if not halves[slot] & HALF_STATS:
-                self.ts[slot] = times[i]
-                self.stats["running"][slot] = min(b.running, 0x7FFFFFFF)
-            halves[slot] |= HALF_REQUESTS
         self._block_bytes = bytes_
-        if not keep.all():
-            loose = np.zeros(int((~keep).sum()), dtype=STEP_DTYPE)
-            lb = [b for b, k in zip(blocks, keep.tolist(), strict=True) if not k]
-            loose["ts"] = [t for t, k in zip(times, keep.tolist(), strict=True) if not k]
-            loose["step"] = steps[~keep]
-            loose["run"] = run
-            for name in ("waiting", "preemptions", "prompt_tokens", "generation_tokens"):
-                loose[name] = INT_NULL
-            loose["kv_cache_usage"] = np.nan
-            loose["running"] = [b.running for b in lb]
-            loose["mirror_rows"] = [INT_NULL if b.mirror_rows is None else b.mirror_rows for b in lb]
-            loose["host_blocks"] = [INT_NULL if b.host_blocks is None else b.host_blocks for b in lb]
-            self._loose.append(loose)
+        self.bmirror[slots] = [INT_NULL if b.mirror_rows is None else min(b.mirror_rows, 0x7FFFFFFF) for b in blocks]
+        self.host_blocks[slots] = [INT_NULL if b.host_blocks is None else min(b.host_blocks, 0x7FFFFFFF) for b in blocks]
+        bare = (self.halves[slots] & HALF_STATS) == 0  # no stats half yet: the block's figures stand in
+        if bare.any():
+            self.ts[slots[bare]] = np.array(times)[bare]
+            self._running[slots[bare]] = np.array([min(b.running, 0x7FFFFFFF) for b in blocks], dtype=np.int32)[bare]
+        self.halves[slots] |= HALF_REQUESTS
         self._evict_blocks()
-        self._track_last(run, int(steps.max()))
+        self._track_last(run, max(step_list))
 
     def add(self, rec: StepRecord, stamp: float = 0.0) -> StepRecord:
         """One record, as its halves (tests, the simulator, a JSON step); returns the step now
@@ -211,52 +209,88 @@ class StepWindow:
         return held if held is not None and held.run == rec.run else rec
 
     def _place(
-        self, run: int, steps: npt.NDArray[np.int64], stamp: float
-    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        """The slots of ``steps``: which begin a step there (``fresh``: the slot cleared, an
-        older step it held evicted) and which merge into the step held."""
+        self, run: int, steps: npt.NDArray[np.int64], stamp: float, *, stats: bool
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.bool_] | None]:
+        """The slots of ``steps``, each begun (cleared: an older step there evicted, handed to
+        the writer first if it had not been) or merged into. The second value is None when
+        every step is held, else which are (an older step than its slot's is not)."""
         slots = steps % self.max_steps
         held = self.step[slots]
-        same = (held == steps) & (self.run[slots] == run)
-        fresh = ~same & ((held < steps) | (self.run[slots] != run) | (held < 0))
-        if fresh.any():
-            fs = slots[fresh]
-            old = held[fresh]
-            unsent = fs[self.pending[fs] & (old >= 0)]
-            if len(unsent):  # an evicted step not yet handed to the writer: it still is
-                self._loose.append(self._rows(unsent))
-                self.pending[unsent] = False
-            self._held += int((old < 0).sum())
-            self.evicted += int((old >= 0).sum())
-            for slot in fs[self.block[fs] != None].tolist():  # noqa: E711 - an object column
-                self._block_bytes -= self.block[slot].nbytes
-            self.step[fs] = steps[fresh]
+        if self._one_run == run:
+            fresh = held < steps
+            all_fresh = bool(fresh.all())
+            keep = None if all_fresh or (held <= steps).all() else held <= steps
+        else:
+            other = self.run[slots] != run
+            fresh = (held < steps) | other
+            all_fresh = bool(fresh.all())
+            ok = fresh | (held == steps)
+            keep = None if ok.all() else ok
+            if self._one_run is None and not self._held:
+                self._one_run = run
+            elif other.any() or self._one_run is None:
+                self._one_run = -1  # several runs (a run's id is never -1)
+        if all_fresh or fresh.any():
+            fs = slots if all_fresh else slots[fresh]
+            old = held if all_fresh else held[fresh]
+            evicted = old >= 0
+            n_evicted = int(evicted.sum())
+            if n_evicted:
+                self.evicted += n_evicted
+                gone = fs[evicted]
+                unsent = gone[self.pending[gone]]
+                if len(unsent):  # an evicted step not yet handed to the writer: it still is
+                    self._loose.append(self._rows(unsent))
+                    self.pending[unsent] = False
+                if self._block_bytes:
+                    for slot in gone[self.block[gone] != None].tolist():  # noqa: E711 - an object column
+                        self._block_bytes -= self.block[slot].nbytes
+                        self.block[slot] = None
+            self._held += len(fs) - n_evicted
+            self.step[fs] = steps if all_fresh else steps[fresh]
             self.run[fs] = run
             self.halves[fs] = 0
-            self.block[fs] = None
-            self.extra[fs] = None
-            self.stats[fs] = _EMPTY_STATS
             self.bmirror[fs] = INT_NULL
-            self.cmirror[fs] = INT_NULL
             self.host_blocks[fs] = INT_NULL
-        keep = fresh | same
-        ks = slots[keep]
+            if self._extras_held:
+                self.extra[fs] = None
+                self.cmirror[fs] = INT_NULL
+            if not stats:  # a stats half writes every stat column itself
+                self.stats[fs] = _EMPTY_STATS
+        ks = slots if keep is None else slots[keep]
         newly = ~self.pending[ks]
         if newly.any():
-            self._pending.append((stamp, run, steps[keep][newly]))
+            kept_steps = steps if keep is None else steps[keep]
+            self._pending.append((stamp, run, kept_steps if newly.all() else kept_steps[newly]))
             self.pending[ks] = True
-        return slots, fresh, same
+        return slots, keep
 
-    def _set_loose(self, run: int, rows: npt.NDArray[np.void], cmirror: npt.NDArray[np.int32]) -> None:
+    def _set_loose_stats(self, run: int, rows: npt.NDArray[np.void]) -> None:
+        """Stats halves not held (an older step than its slot's): handed to the writer alone."""
         loose = np.zeros(len(rows), dtype=STEP_DTYPE)
         for name in STEP_DTYPE.names or ():
             if name in STATS_DTYPE.names:  # type: ignore[operator]
                 loose[name] = rows[name]
         loose["run"] = run
-        loose["mirror_rows"] = cmirror
+        loose["mirror_rows"] = INT_NULL
         loose["host_blocks"] = INT_NULL
         self._loose.append(loose)
         self.evicted += len(rows)
+
+    def _set_loose_blocks(self, run: int, items: Sequence[tuple[StepRequests, int, float]]) -> None:
+        """Request halves not held: handed to the writer alone."""
+        loose = np.zeros(len(items), dtype=STEP_DTYPE)
+        loose["ts"] = [t for _, _, t in items]
+        loose["step"] = [s for _, s, _ in items]
+        loose["run"] = run
+        for name in ("waiting", "preemptions", "prompt_tokens", "generation_tokens"):
+            loose[name] = INT_NULL
+        loose["kv_cache_usage"] = np.nan
+        loose["running"] = [b.running for b, _, _ in items]
+        loose["mirror_rows"] = [INT_NULL if b.mirror_rows is None else b.mirror_rows for b, _, _ in items]
+        loose["host_blocks"] = [INT_NULL if b.host_blocks is None else b.host_blocks for b, _, _ in items]
+        self._loose.append(loose)
+        self.evicted += len(items)
 
     def _track_last(self, run: int, step: int) -> None:
         if run != self._last_run or step >= self._last_step:
@@ -269,14 +303,16 @@ class StepWindow:
         self._evict_blocks()
 
     def _evict_blocks(self) -> None:
-        while self._block_bytes > self.max_request_bytes and len(self._with_blocks) > 1:
-            run, step = self._with_blocks.popleft()
-            slot = step % self.max_steps
-            old = self.block[slot]
-            if old is not None and self.step[slot] == step and self.run[slot] == run:
-                self._block_bytes -= old.nbytes
-                self.block[slot] = None
+        with_blocks, block_col, cap = self._with_blocks, self.block, self.max_steps
+        while self._block_bytes > self.max_request_bytes and len(with_blocks) > 1:
+            block, step = with_blocks.popleft()
+            slot = step % cap
+            if block_col[slot] is block:  # (still that step's: not evicted or replaced since)
+                self._block_bytes -= block.nbytes
+                block_col[slot] = None
                 self.blocks_evicted += 1
+        while with_blocks and block_col[with_blocks[0][1] % cap] is not with_blocks[0][0]:
+            with_blocks.popleft()  # a block its step gave up otherwise (evicted, replaced)
 
     # -- to storage --------------------------------------------------------------------------
     def unsent(self) -> int:
@@ -516,6 +552,43 @@ class SecondAggregates:
         return agg
 
     def fold_stats(self, run: int, rows: npt.NDArray[np.void], extras: Mapping[int, StepExtra]) -> None:
+        """A read's stats halves folded in: a read of a few steps (a poll's, the usual) over its
+        rows' values in one pass; a longer one (a catch-up) with reductions per second."""
+        if len(rows) > FOLD_VECTOR_FROM:
+            self._fold_columns(run, rows, extras)
+            return
+        agg: _Second | None = None
+        second = -1
+        conn = {i: ex.connector for i, ex in extras.items() if ex.connector} if extras else None
+        for i, (ts, step, running, waiting, kv, pre, prompt, gen, fin) in enumerate(rows[_FOLD_FIELDS].tolist()):
+            sec = math.floor(ts) if ts == ts else 0
+            if agg is None or sec != second:
+                agg, second = self._bucket(sec, ts, step, run), sec
+                if agg is None:
+                    continue
+            if ts > agg.ts:
+                agg.ts = ts
+            if step > agg.step:
+                agg.step = step
+            agg.halves |= HALF_STATS
+            if running != INT_NULL:
+                agg.running = running
+            if waiting != INT_NULL:
+                agg.waiting = waiting
+            if kv == kv:
+                agg.kv_cache_usage = kv
+            if pre != INT_NULL:
+                agg.preemptions = (agg.preemptions or 0) + pre
+            if prompt != INT_NULL:
+                agg.prompt_tokens = (agg.prompt_tokens or 0) + prompt
+            if gen != INT_NULL:
+                agg.generation_tokens = (agg.generation_tokens or 0) + gen
+            if fin != INT_NULL:
+                agg.finished = (agg.finished or 0) + fin
+            if conn and i in conn:
+                agg.connector = conn[i]
+
+    def _fold_columns(self, run: int, rows: npt.NDArray[np.void], extras: Mapping[int, StepExtra]) -> None:
         ts = rows["ts"]
         secs = np.floor(ts).astype(np.int64)
         starts = np.concatenate(([0], np.flatnonzero(np.diff(secs)) + 1))

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.columns import STEP_COLUMNS, stats_of_records, to_python
+from collector.ingest import window as window_module
 from collector.ingest.window import StepWindow
 from collector.model import HALF_REQUESTS, HALF_STATS, StepRecord
 from tests.request_columns import Row, make_block
@@ -123,8 +124,18 @@ def reads(draw: st.DrawFn, items: list[Half]) -> list[list[Half]]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_the_window_and_its_seconds_agree_with_the_reference(data: st.DataObject) -> None:
+@given(st.data(), st.sampled_from([0, 64]))
+def test_the_window_and_its_seconds_agree_with_the_reference(data: st.DataObject, vector_from: int) -> None:
+    # both ways of folding a read's stats halves: with reductions per second, and row by row
+    default = window_module.FOLD_VECTOR_FROM
+    window_module.FOLD_VECTOR_FROM = vector_from
+    try:
+        _check(data)
+    finally:
+        window_module.FOLD_VECTOR_FROM = default
+
+
+def _check(data: st.DataObject) -> None:
     items = data.draw(halves())
     window = StepWindow("d", 4096)
     ref = Ref()
