@@ -57,8 +57,17 @@ class StepBatch:
         return len(self.cols)
 
     def tuples(self) -> list[tuple[Any, ...]]:
-        """Rows as ``STEP_COLUMNS`` tuples with None for unknown (the driver's form)."""
-        return [tuple(to_python(v) for v in row) for row in self.cols.tolist()]
+        """Rows as ``STEP_COLUMNS`` tuples with None for unknown (the driver's form): a column
+        at a time (Python ints and floats, None where unknown), then zipped."""
+        out: list[list[Any]] = []
+        for name in STEP_COLUMNS:
+            col = self.cols[name]
+            unknown = np.isnan(col) if col.dtype.kind == "f" else col == INT_NULL
+            values = col.astype(object)
+            if unknown.any():
+                values[unknown] = None
+            out.append(values.tolist())
+        return list(zip(*out, strict=True))
 
 
 def to_python(value: Any) -> Any:

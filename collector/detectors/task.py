@@ -18,7 +18,7 @@ from collector.model import Event, EventKind, Severity
 log = logging.getLogger(__name__)
 
 # What the detectors see of each engine's steps: its steps folded per second as they arrive
-# (``ingest.rings.SecondAggregates``, the last 120 s), not the steps themselves: 2,048 steps per
+# (``ingest.window.SecondAggregates``, the last 120 s), not the steps themselves: 2,048 steps per
 # engine per tick once cost a third of the sidecar's CPU at 8 engines, and the last 512 still
 # most of the detector task's. The scrape series are kept up to date one scrape at a time by
 # the runner (``detectors.series.ScrapeSeries``).

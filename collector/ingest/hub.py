@@ -1,8 +1,8 @@
 """Ingest's front door: where every source's observations land.
 
-``emit`` (synchronous, never blocking, on the event loop) files each observation
-(``collector.ingest.intake``: the engine registry, the rings, the writer's queue) and routes
-each event (``collector.ingest.routing``) to the consumers given at construction. Data flows
+``emit``/``emit_many`` (the sources' sink; synchronous, never blocking, on the event loop) file
+each observation through ingest's one door (``Intake.emit``/``emit_many``: the engine registry,
+the windows and rings, the writer's queue) and route each event (``collector.ingest.routing``) to the consumers given at construction. Data flows
 one way: sources -> this -> consumers; what the other stages read goes through the read-only
 view (``view``, ``collector.ingest.view``).
 
@@ -34,15 +34,16 @@ class Hub:
         return self.intake.host
 
     def emit(self, item: Observation) -> None:
-        self.intake.file(item)
-        if self.intake.events:
+        """File an observation (``Intake.emit``) and route the events waiting."""
+        self.intake.emit(item)
+        if self.intake.events_waiting:
             self.router.drain()
 
     def emit_many(self, items: Sequence[Observation]) -> None:
-        """A source's poll of records in one call (``Intake.file_many``); any event among them
+        """A source's poll of records in one call (``Intake.emit_many``); any event among them
         is routed after all are filed."""
-        self.intake.file_many(items)
-        if self.intake.events:
+        self.intake.emit_many(items)
+        if self.intake.events_waiting:
             self.router.drain()
 
 

@@ -89,7 +89,7 @@ class Intake:
         # API says (discovery hands it in): a GPU fault's event names them
         self.gpu_holders: dict[str, tuple[dict[str, Any], ...]] = {}
         self.xid_counts: dict[tuple[str, int], int] = {}
-        self.events: deque[Event] = deque()  # filed, waiting for the router
+        self._events: deque[Event] = deque()  # filed, waiting for the router (``next_event``)
         self.dropped = 0  # observations that raised while being filed (counted, logged once each kind)
         self._drop_logged: set[str] = set()
         # a step's hold before it is stored (both halves in), on the writer's clock; the writer
@@ -156,7 +156,7 @@ class Intake:
                         return [dict(h) for h in self.gpu_holders[key]]
         return []
 
-    def file(self, item: Observation) -> None:
+    def _file(self, item: Observation) -> None:
         try:
             if type(item) is StepHalves:
                 self._halves(item)
@@ -167,7 +167,7 @@ class Intake:
                 self.rows.offer_gpu(item)
                 self.engines.learn_gpus(item.index, item.processes)
             elif isinstance(item, Event):
-                self.events.append(item)
+                self._events.append(item)
             elif isinstance(item, MetricsScrape):
                 self._scrape(item)
             elif isinstance(item, LogLine):
@@ -185,13 +185,13 @@ class Intake:
         if not self._asked and self._hold_clock() >= self._due_at:
             self._release_steps()
 
-    def file_many(self, items: Sequence[Observation]) -> None:
-        """``file`` for each, in order; a run of one engine's step records is filed together."""
+    def _file_many(self, items: Sequence[Observation]) -> None:
+        """``_file`` for each, in order; a run of one engine's step records is filed together."""
         i, end = 0, len(items)
         while i < end:
             item = items[i]
             if type(item) is not StepRecord:
-                self.file(item)
+                self._file(item)
                 i += 1
                 continue
             engine = item.engine
@@ -207,14 +207,24 @@ class Intake:
         if not self._asked and self._hold_clock() >= self._due_at:
             self._release_steps()
 
+    # -- the front door: a source's sink (``collector.sources.base.Sink``) --------------------
     def emit(self, item: Observation) -> None:
-        """Filing as a source's sink (the trigger policy reads the recorder this way before a
-        capture): data is filed at once, an event waits for the router's next turn."""
-        self.file(item)
+        """File one observation: data at once; an event waits for the router (``next_event``).
+        The hub (``collector.ingest.hub``) is this plus routing; the trigger policy's read
+        before a capture files this way, its events routed at the router's next turn."""
+        self._file(item)
 
     def emit_many(self, items: Sequence[Observation]) -> None:
-        """``emit`` for a source's poll in one call (``file_many``)."""
-        self.file_many(items)
+        """``emit`` for a source's poll in one call: a run of one engine's steps filed together."""
+        self._file_many(items)
+
+    def next_event(self) -> Event | None:
+        """The oldest event filed and not routed yet (the router's), or None."""
+        return self._events.popleft() if self._events else None
+
+    @property
+    def events_waiting(self) -> int:
+        return len(self._events)
 
     def set_aside(self, item: Observation) -> None:
         self.dropped += 1

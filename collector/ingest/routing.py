@@ -8,7 +8,7 @@ consumers get it as not new, to replace theirs. No event is changed once filed.
 
 Events are handled one at a time, in arrival order: an event filed while one is being handed
 out (a consumer that reads the recorder before it captures, which may find a dead ring) waits
-its turn in ``Intake.events`` instead of re-entering the consumers.
+its turn in ingest's queue (``Intake.next_event``) instead of re-entering the consumers.
 """
 
 from __future__ import annotations
@@ -63,9 +63,7 @@ class EventRouter:
             return
         self._busy = True
         try:
-            waiting = self.intake.events
-            while waiting:
-                ev = waiting.popleft()
+            while (ev := self.intake.next_event()) is not None:
                 try:
                     self._route(ev)
                 except Exception:  # a bad event must never stop the ones behind it

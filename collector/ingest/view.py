@@ -1,9 +1,10 @@
 """The read-only view of ingest that every later stage is given: the API and the sidecar's
 ``/metrics``, the detectors, the trigger policy and the snapshot capture.
 
-It answers with copies and frozen records (``EngineInfo``, ``Route``) and the held records
-themselves, which are never changed once held (``collector.ingest.rings``): a reader cannot
-change what ingest keeps, and nothing but ingest's front door (``Hub.emit``) files anything.
+It answers with copies and frozen records (``EngineInfo``, ``Route``, the ``StepRecord``s built
+from the step windows' columns when asked: ``collector.ingest.window``) and the held records
+themselves, which are never changed once held: a reader cannot change what ingest keeps, and
+nothing but ingest's front door (the sources' sink: ``Hub.emit``/``emit_many``) files anything.
 Queries run on the event loop, where ingest writes.
 """
 

@@ -522,6 +522,7 @@ class _Second:
     finished: int | None = None
     connector: dict[str, Any] = field(default_factory=dict)
     request_block: StepRequests | None = None
+    built: StepRecord | None = None  # its record, made when a later second began (a late half redoes it)
 
 
 class SecondAggregates:
@@ -536,26 +537,39 @@ class SecondAggregates:
     def __init__(self, engine: str = "", seconds: int = 120) -> None:
         self.engine = engine
         self._buckets: deque[_Second] = deque(maxlen=seconds)
+        self._late: list[_Second] = []
 
     def _bucket(self, second: int, ts: float, step: int, run: int) -> _Second | None:
         buckets = self._buckets
         for held in reversed(buckets):  # the newest, or one of the last few for a late half
             key = int(held.ts)
             if key == second:
+                if held is not buckets[-1]:
+                    self._late.append(held)
                 return held
             if key < second:
                 break
         if buckets and second < int(buckets[-1].ts):
             return None  # a late half of a second that has passed with no other step: let it go
+        if buckets:  # the newest second is over: its record, once (the detectors read it each tick)
+            last = buckets[-1]
+            last.built = self._record(last)
         agg = _Second(ts=ts, step=step, run=run)
         buckets.append(agg)
         return agg
+
+    def _settle(self) -> None:
+        """Past seconds a late half changed: their records again."""
+        for agg in self._late:
+            agg.built = self._record(agg)
+        self._late.clear()
 
     def fold_stats(self, run: int, rows: npt.NDArray[np.void], extras: Mapping[int, StepExtra]) -> None:
         """A read's stats halves folded in: a read of a few steps (a poll's, the usual) over its
         rows' values in one pass; a longer one (a catch-up) with reductions per second."""
         if len(rows) > FOLD_VECTOR_FROM:
             self._fold_columns(run, rows, extras)
+            self._settle()
             return
         agg: _Second | None = None
         second = -1
@@ -587,6 +601,8 @@ class SecondAggregates:
                 agg.finished = (agg.finished or 0) + fin
             if conn and i in conn:
                 agg.connector = conn[i]
+        if self._late:
+            self._settle()
 
     def _fold_columns(self, run: int, rows: npt.NDArray[np.void], extras: Mapping[int, StepExtra]) -> None:
         ts = rows["ts"]
@@ -655,30 +671,35 @@ class SecondAggregates:
             agg.request_block = b
             if not agg.halves & HALF_STATS:
                 agg.running = b.running
+        if self._late:
+            self._settle()
 
     def all(self) -> list[StepRecord]:
-        """The seconds held, oldest first, as new records (the newest second may still grow, in
-        a later call's record)."""
-        engine = self.engine
-        return [
-            StepRecord(
-                engine=engine,
-                ts=agg.ts,
-                step=agg.step,
-                run=agg.run,
-                running=agg.running,
-                waiting=agg.waiting,
-                kv_cache_usage=agg.kv_cache_usage,
-                prompt_tokens=agg.prompt_tokens,
-                generation_tokens=agg.generation_tokens,
-                preemptions=agg.preemptions,
-                finished=agg.finished,
-                connector=agg.connector,
-                request_block=agg.request_block,
-                halves=agg.halves,
-            )
-            for agg in list(self._buckets)
-        ]
+        """The seconds held, oldest first, as records (the newest second's a new one each call:
+        it may still grow)."""
+        buckets = list(self._buckets)
+        out = [agg.built or self._record(agg) for agg in buckets[:-1]]
+        if buckets:
+            out.append(self._record(buckets[-1]))
+        return out
+
+    def _record(self, agg: _Second) -> StepRecord:
+        return StepRecord(
+            engine=self.engine,
+            ts=agg.ts,
+            step=agg.step,
+            run=agg.run,
+            running=agg.running,
+            waiting=agg.waiting,
+            kv_cache_usage=agg.kv_cache_usage,
+            prompt_tokens=agg.prompt_tokens,
+            generation_tokens=agg.generation_tokens,
+            preemptions=agg.preemptions,
+            finished=agg.finished,
+            connector=agg.connector,
+            request_block=agg.request_block,
+            halves=agg.halves,
+        )
 
 
 def records_of(halves: Sequence[StepHalves]) -> list[StepRecord]:

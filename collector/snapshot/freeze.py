@@ -255,8 +255,9 @@ def capture(
     scrape_seconds: float = SCRAPE_SECONDS,
     scrape_interval: float | None = None,
 ) -> Capture:
-    """The engine's rings at the trigger, by reference: the records held are never changed
-    (``collector.ingest.rings``), so a capture built later still holds what they held."""
+    """The engine's steps and rings at the trigger: the step records are built from the step
+    window's columns when asked and are frozen (``collector.ingest.window``), the other records
+    held are never changed, so a capture built later still holds what they held."""
     info = view.engine(engine)
     steps, run = run_steps(view, engine, trigger)
     samples = view.gpu_samples(since=trigger.ts - gpu_seconds, gpus=set(info.gpus) if info is not None and info.gpus else None)

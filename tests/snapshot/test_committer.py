@@ -35,7 +35,7 @@ def setup(
     def read_now() -> None:
         for s in late or []:
             if not hub.view.has_step(s.engine, s.step):
-                hub.intake.file(s)
+                hub.intake.emit(s)
 
     hub, c = with_committer(
         settings,
