@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from collector.ingest.intake import Intake
@@ -50,9 +51,9 @@ class LiveView:
     def engine_state(self, name: str) -> EngineState | None:
         return self._engines.state(name, self._in.clock())
 
-    def steps(self, engine: str) -> list[StepRecord]:
+    def steps(self, engine: str) -> Sequence[StepRecord]:
         rings = self._store.engines.get(engine)
-        return rings.window.steps() if rings is not None else []
+        return rings.window.held() if rings is not None else []
 
     def run_info(self, engine: str) -> RunInfo:
         """The run the engine's ring holds, and the previous one (``collector.ingest.runs``)."""
@@ -73,10 +74,10 @@ class LiveView:
             previous_last_step=last.step if last is not None else None,
         )
 
-    def previous_steps(self, engine: str) -> list[StepRecord]:
+    def previous_steps(self, engine: str) -> Sequence[StepRecord]:
         """The previous run's steps, held apart from the current run's (oldest first)."""
         rings = self._store.engines.get(engine)
-        return rings.previous.window.steps() if rings is not None and rings.previous is not None else []
+        return rings.previous.window.held() if rings is not None and rings.previous is not None else []
 
     def recent_steps(self, engine: str, n: int) -> list[StepRecord]:
         rings = self._store.engines.get(engine)

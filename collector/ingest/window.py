@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -422,17 +422,48 @@ class StepWindow:
     def _records(self, slots: npt.NDArray[np.intp]) -> list[StepRecord]:
         if not len(slots):
             return []
-        st = self.stats[slots].tolist()
+        return _Columns.of(self, slots).records()
+
+    def held(self) -> HeldSteps:
+        """The held steps in step order (an earlier run's first) as a sequence whose records are
+        built when first read: a copy of their columns now (a capture at a fault, on the event
+        loop), their records later (the snapshot's build, in a thread)."""
+        return HeldSteps(_Columns.of(self, self._held_slots()))
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """A copy of some slots' columns, in order."""
+
+    engine: str
+    step: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.float64]
+    run: npt.NDArray[np.int64]
+    halves: npt.NDArray[np.uint8]
+    extra: npt.NDArray[np.object_]
+    block: npt.NDArray[np.object_]
+    stats: npt.NDArray[np.void]
+
+    @classmethod
+    def of(cls, w: StepWindow, slots: npt.NDArray[np.intp]) -> _Columns:
+        return cls(w.engine, w.step[slots], w.ts[slots], w.run[slots], w.halves[slots], w.extra[slots], w.block[slots], w.stats[slots])
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def records(self, start: int = 0, stop: int | None = None) -> list[StepRecord]:
+        part = slice(start, stop)
+        st = self.stats[part].tolist()
         engine = self.engine
         out = []
         for (step, ts, run, halves, extra, block), row in zip(
             zip(
-                self.step[slots].tolist(),
-                self.ts[slots].tolist(),
-                self.run[slots].tolist(),
-                self.halves[slots].tolist(),
-                self.extra[slots].tolist(),
-                self.block[slots].tolist(),
+                self.step[part].tolist(),
+                self.ts[part].tolist(),
+                self.run[part].tolist(),
+                self.halves[part].tolist(),
+                self.extra[part].tolist(),
+                self.block[part].tolist(),
                 strict=True,
             ),
             st,
@@ -473,6 +504,39 @@ class StepWindow:
                 )
             )
         return out
+
+
+class HeldSteps(Sequence[StepRecord]):
+    """A window's held steps at one moment (``StepWindow.held``): records built on first read,
+    then kept by this sequence (never by the window)."""
+
+    def __init__(self, cols: _Columns) -> None:
+        self._cols = cols
+        self._built: list[StepRecord] | None = None
+
+    def __len__(self) -> int:
+        return len(self._cols)
+
+    def _all(self) -> list[StepRecord]:
+        if self._built is None:
+            self._built = self._cols.records()
+        return self._built
+
+    @overload
+    def __getitem__(self, i: int) -> StepRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[StepRecord]: ...
+    def __getitem__(self, i: int | slice) -> StepRecord | list[StepRecord]:
+        if isinstance(i, slice) or self._built is not None:
+            return self._all()[i]
+        n = len(self._cols)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(i)
+        return self._cols.records(j, j + 1)[0]
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(self._all())
 
 
 _SPLITS: dict[tuple[int, int], dict[str, int]] = {}

@@ -215,7 +215,7 @@ class Capture:
     host: str
     engine: str
     trigger: Event
-    steps: list[StepRecord]
+    steps: Sequence[StepRecord]  # built when the capture is (ingest.window.HeldSteps)
     gpu_samples: list[GpuSample]
     events: list[Event]
     log_lines: list[LogLine]
@@ -290,7 +290,7 @@ def capture(
     )
 
 
-def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[list[StepRecord], dict[str, Any]]:
+def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[Sequence[StepRecord], dict[str, Any]]:
     """The steps of one run of the engine (``collector.ingest.runs``), never two: the previous
     run's for a trigger of that run (its ring's death, read after the engine came back), else the
     current run's; and what the snapshot's summary says of the runs (``run``, ``previous_run``:
