@@ -453,54 +453,59 @@ class _Columns:
 
     def records(self, start: int = 0, stop: int | None = None) -> list[StepRecord]:
         part = slice(start, stop)
-        st = self.stats[part].tolist()
+        st = self.stats[part]
+        # each figure column once as Python values, None where unknown (no call per value)
+        figures = [_known(st[name]) for name in _RECORD_FIGURES]
+        waiting_raw = st["waiting"].tolist()
+        deferred_raw = st["deferred"].tolist()
         engine = self.engine
-        out = []
-        for (step, ts, run, halves, extra, block), row in zip(
-            zip(
-                self.step[part].tolist(),
-                self.ts[part].tolist(),
-                self.run[part].tolist(),
-                self.halves[part].tolist(),
-                self.extra[part].tolist(),
-                self.block[part].tolist(),
-                strict=True,
-            ),
-            st,
+        out: list[StepRecord] = []
+        append = out.append
+        for step, ts, run, halves, extra, block, w_raw, d_raw, engine_index, running, waiting, kv, pre, prompt, gen, fin, pq, ph in zip(
+            self.step[part].tolist(),
+            self.ts[part].tolist(),
+            self.run[part].tolist(),
+            self.halves[part].tolist(),
+            self.extra[part].tolist(),
+            self.block[part].tolist(),
+            waiting_raw,
+            deferred_raw,
+            st["engine_index"].tolist(),
+            *figures,
             strict=True,
         ):
-            (_, _, engine_index, running, waiting, deferred, kv, pre, prompt, gen, fin, pq, ph) = row
             if extra is not None:
                 by_reason = extra.waiting_by_reason
                 if by_reason is None:
-                    by_reason = _split(waiting, deferred)
+                    by_reason = _split(w_raw, d_raw)
                 connector, worker, details = extra.connector, extra.worker, extra.details
             else:
-                by_reason = _split(waiting, deferred) if halves & HALF_STATS else _NO_WAITING
+                by_reason = _split(w_raw, d_raw) if halves & HALF_STATS else _NO_WAITING
                 connector, worker, details = _NO_CONNECTOR, None, _NO_DETAILS
-            out.append(
+            # positional, in the dataclass's field order (a keyword call costs a third more)
+            append(
                 StepRecord(
-                    engine=engine,
-                    ts=ts,
-                    step=step,
-                    running=_int(running),
-                    waiting=_int(waiting),
-                    kv_cache_usage=_float(kv),
-                    preemptions=_int(pre),
-                    prompt_tokens=_int(prompt),
-                    generation_tokens=_int(gen),
-                    finished=_int(fin),
-                    waiting_by_reason=by_reason,
-                    prefix_cache_queries=_i64(pq),
-                    prefix_cache_hits=_i64(ph),
-                    connector=connector,
-                    engine_index=engine_index,
-                    worker=worker,
-                    finished_requests=_NO_FINISHED,
-                    request_block=block,
-                    details=details,
-                    halves=halves,
-                    run=run,
+                    engine,
+                    ts,
+                    step,
+                    running,
+                    waiting,
+                    kv,
+                    pre,
+                    prompt,
+                    gen,
+                    fin,
+                    by_reason,
+                    pq,
+                    ph,
+                    connector,
+                    engine_index,
+                    worker,
+                    _NO_FINISHED,
+                    block,
+                    details,
+                    halves,
+                    run,
                 )
             )
         return out
@@ -537,6 +542,35 @@ class HeldSteps(Sequence[StepRecord]):
 
     def __iter__(self) -> Iterator[StepRecord]:
         return iter(self._all())
+
+    def __reversed__(self) -> Iterator[StepRecord]:
+        return reversed(self._all())
+
+
+_RECORD_FIGURES = (
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "finished",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+)
+
+
+def _known(col: npt.NDArray[Any]) -> list[Any]:
+    """A figure column as Python values, None where unknown (``INT_NULL``, NaN)."""
+    if col.dtype.kind == "f":
+        unknown = np.isnan(col)
+    else:
+        unknown = col == (INT64_NULL if col.dtype.itemsize == 8 else INT_NULL)
+    if not unknown.any():
+        return col.tolist()  # type: ignore[no-any-return]
+    values = col.astype(object)
+    values[unknown] = None
+    return values.tolist()  # type: ignore[no-any-return]
 
 
 _SPLITS: dict[tuple[int, int], dict[str, int]] = {}
