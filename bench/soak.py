@@ -261,6 +261,23 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
     grew = (rows[-1]["store_mib"] - rows[0]["store_mib"]) if rows and rows[0]["store_mib"] is not None and rows[-1]["store_mib"] is not None else None
     if grew is not None and len(rows) > 1:
         fig["store_mib_per_engine_hour"] = round(grew / (args.engines * hours * (len(rows) - 1) / len(rows)), 1)
+    cpus = [r["cpu_share"] for r in rows if r.get("cpu_share") is not None]
+    restarted = fig.get("restarts")
+    per_engine_hour = fig.get("store_mib_per_engine_hour")
+    # the figures the benchmark table reads (bench/table.py); None where nothing was measured
+    fig["summary"] = {
+        "hours": round(hours, 2),
+        "rss_first_mib": first_rss,
+        "rss_end_mib": end_rss,
+        "rss_peak_mib": fig.get("rss_peak_mib"),
+        "rss_drift": None if not first_rss or end_rss is None else round(end_rss / first_rss - 1, 4),
+        "cpu_share_mean": round(sum(cpus) / len(cpus), 4) if cpus else None,
+        "faults": fig.get("faults"),
+        "faults_missing": None if fig.get("faults") is None else fig["faults"] - (fig.get("faults_snapshotted") or 0),
+        "restarts_total": sum(restarted.values()) if isinstance(restarted, dict) else restarted,
+        "store_mib_per_engine_hour": per_engine_hour,
+        "store_gb_per_day_8": None if per_engine_hour is None else round(per_engine_hour * 2**20 * 8 * 24 / 1e9, 2),
+    }
     return {
         "every_record_received": written is not None and fig.get("step_records_received") == 2 * written,
         "every_step_stored_once": written is not None and fig.get("db_step_rows") == fig.get("db_distinct_steps") == written,
