@@ -75,6 +75,9 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     scrape_interval: float = Field(default=1.0, gt=0, le=3600)
     scrape_timeout: float = Field(default=2.0, gt=0)
     health_fail_threshold: int = Field(default=3, ge=1)
+    engine_start_grace_s: float = Field(
+        default=600.0, ge=0, description="an engine that never answered is starting, not down, this long after the first try"
+    )
     # one store, or a mapping {local, shared}: collector/fleet/placement.py says what goes where
     database: str = "sqlite:///flightrec.db"
     database_local: str | None = Field(default=None, description="set by database's mapping form: the node-local store")
