@@ -99,7 +99,12 @@ class Repository:
 
     def prune(self, *, steps_before: float, gpu_before: float, events_before: float, snapshots_before: float | None) -> dict[str, int]:
         return retention.prune(
-            self.database, steps_before=steps_before, gpu_before=gpu_before, events_before=events_before, snapshots_before=snapshots_before
+            self.database,
+            self.series.steps,
+            steps_before=steps_before,
+            gpu_before=gpu_before,
+            events_before=events_before,
+            snapshots_before=snapshots_before,
         )
 
     # -- events -----------------------------------------------------------------------------------

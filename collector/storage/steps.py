@@ -1,0 +1,188 @@
+"""The stored step series: written as chunks (``stepchunks``), read back as steps.
+
+Writing: one engine's steps (column batches) become chunks, less any step already stored (a
+ring read again after a restart offers steps the store has: found through the chunks whose step
+range reaches the new ones, one index lookup per engine and run when there are none, and through
+``engine_steps``, the rows stored before 0005, until it is empty). Within what is written at once,
+a step offered twice is written once, as last offered.
+
+Reading: the chunks (and old rows) whose time reaches the window, decoded into one column array
+in time order; ``recent_steps`` and ``binned_steps`` give the rows and bins they always gave,
+None for a figure nobody measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import delete, func, select
+from sqlalchemy.engine import Connection
+
+from collector.columns import INT_NULL, STEP_COLUMNS, STEP_DTYPE, to_python
+from collector.storage.database import Database
+from collector.storage.models import EngineRow, EngineStepChunkRow, EngineStepRow
+from collector.storage.stepchunks import ENCODING, chunks_of, decode, encode
+
+Cols = npt.NDArray[np.void]
+_LEGACY = [getattr(EngineStepRow, c) for c in STEP_COLUMNS]
+_C = EngineStepChunkRow
+
+
+def rows_to_cols(rows: Sequence[Sequence[Any]]) -> Cols:
+    """Rows of ``STEP_COLUMNS`` values (None for unknown; a run nobody gave is 0, as the
+    column's default was) as one column array."""
+    cols = np.empty(len(rows), dtype=STEP_DTYPE)
+    for i, name in enumerate(STEP_COLUMNS):
+        null: Any = np.nan if STEP_DTYPE[name].kind == "f" else 0 if name == "run" else INT_NULL
+        cols[name] = [null if r[i] is None else r[i] for r in rows]
+    return cols
+
+
+class StepStore:
+    def __init__(self, database: Database) -> None:
+        self.d = database
+        # engine_steps gets no new rows since 0005: once seen empty it stays so
+        self._legacy_empty = False
+        self._statements: dict[str, str] = {}
+
+    # -- writing ----------------------------------------------------------------------------
+    def write(self, conn: Connection, batches: dict[int, list[Cols]]) -> int:
+        """Store each engine's steps (``batches``: by engine id), in this transaction; returns
+        how many were new. One driver-level ``executemany`` for every chunk."""
+        rows: list[tuple[Any, ...]] = []
+        for engine_id, parts in batches.items():
+            cols = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            if len(cols):
+                rows += self._chunk_rows(conn, engine_id, cols)
+        if rows:
+            conn.exec_driver_sql(self._sql("insert"), rows)
+        return sum(int(r[6]) for r in rows)
+
+    def _chunk_rows(self, conn: Connection, engine_id: int, cols: Cols) -> list[tuple[Any, ...]]:
+        order = np.lexsort((cols["step"], cols["run"]))  # stable: the last offer of a step stays last
+        cols = cols[order]
+        run, step = cols["run"], cols["step"]
+        last = np.ones(len(cols), dtype=bool)
+        last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
+        cols = cols[last]
+        runs = np.unique(cols["run"])
+        rows: list[tuple[Any, ...]] = []
+        for r in runs:
+            mine = cols if len(runs) == 1 else cols[cols["run"] == r]
+            stored = self._stored_steps(conn, engine_id, int(r), int(mine["step"][0]), int(mine["step"][-1]))
+            if len(stored):
+                mine = mine[~np.isin(mine["step"], stored)]
+            mine = mine[np.argsort(mine["ts"], kind="stable")]
+            rows += [
+                (engine_id, c.run, c.first_step, c.last_step, c.ts_min, c.ts_max, len(c.cols), ENCODING, encode(c.cols)) for c in chunks_of(mine)
+            ]
+        return rows
+
+    def _stored_steps(self, conn: Connection, engine_id: int, run: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
+        """The steps of ``run`` between ``lo`` and ``hi`` the store already has."""
+        found = [decode(payload, n, encoding)["step"] for n, encoding, payload in conn.exec_driver_sql(self._sql("stored"), (engine_id, run, lo, hi))]
+        if not self._legacy_empty and not self._legacy_gone(conn):
+            legacy = select(EngineStepRow.step).where(
+                EngineStepRow.engine_id == engine_id, EngineStepRow.run == run, EngineStepRow.step.between(lo, hi)
+            )
+            found.append(np.array(conn.execute(legacy).scalars().all(), dtype=np.int64))
+        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
+    def _legacy_gone(self, conn: Connection) -> bool:
+        """Whether ``engine_steps`` is empty (remembered once it is: it gets no new rows)."""
+        if conn.execute(select(EngineStepRow.id).limit(1)).first() is None:
+            self._legacy_empty = True
+        return self._legacy_empty
+
+    def _sql(self, name: str) -> str:
+        """The write path's statements in the driver's own form: built once, no SQLAlchemy
+        expression per flush (it was most of the write's CPU)."""
+        sql = self._statements.get(name)
+        if sql is None:
+            mark = "%s" if self.d.db.dialect.paramstyle in ("format", "pyformat") else "?"
+            if name == "insert":
+                cols = ("engine_id", "run", "first_step", "last_step", "ts_min", "ts_max", "steps", "encoding", "payload")
+                sql = f"INSERT INTO {_C.__tablename__} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
+            else:
+                sql = (
+                    f"SELECT steps, encoding, payload FROM {_C.__tablename__} "  # noqa: S608 - our own names
+                    f"WHERE engine_id = {mark} AND run = {mark} AND last_step >= {mark} AND first_step <= {mark}"
+                )
+            self._statements[name] = sql
+        return sql
+
+    # -- reading ----------------------------------------------------------------------------
+    def load(self, conn: Connection, engine_id: int, *, since: float, until: float | None = None) -> Cols:
+        """The engine's steps with ``since <= ts < until``, in time order."""
+        q = select(_C.steps, _C.encoding, _C.payload).where(_C.engine_id == engine_id, _C.ts_max >= since)
+        if until is not None:
+            q = q.where(_C.ts_min < until)
+        parts = [decode(payload, n, encoding) for n, encoding, payload in conn.execute(q)]
+        parts.append(self._legacy(conn, engine_id, since, until))
+        cols = np.concatenate(parts)
+        ts = cols["ts"]
+        keep = ts >= since if until is None else (ts >= since) & (ts < until)
+        cols = cols[keep]
+        return cols[np.argsort(cols["ts"], kind="stable")]
+
+    def _legacy(self, conn: Connection, engine_id: int, since: float, until: float | None) -> Cols:
+        if self._legacy_empty or self._legacy_gone(conn):
+            return np.empty(0, dtype=STEP_DTYPE)
+        q = select(*_LEGACY).where(EngineStepRow.engine_id == engine_id, EngineStepRow.ts >= since)
+        if until is not None:
+            q = q.where(EngineStepRow.ts < until)
+        return rows_to_cols(conn.execute(q).all())
+
+    def recent(self, conn: Connection, engine_id: int, *, since: float) -> list[dict[str, Any]]:
+        cols = self.load(conn, engine_id, since=since)
+        return [{"engine_id": engine_id, **{k: to_python(v) for k, v in zip(STEP_COLUMNS, row, strict=True)}} for row in cols.tolist()]
+
+    def binned(self, conn: Connection, engine_id: int, *, since: float, until: float, bin_s: float) -> list[dict[str, Any]]:
+        cols = self.load(conn, engine_id, since=since, until=until)
+        if not len(cols):
+            return []
+        b = ((cols["ts"] - since) / bin_s).astype(np.int64)  # never negative: truncation is floor
+        order = np.argsort(b, kind="stable")
+        b, cols = b[order], cols[order]
+        bins, starts = np.unique(b, return_index=True)
+        counts = np.diff(np.append(starts, len(b)))
+        out: list[dict[str, Any]] = [{"b": int(x), "steps": int(n)} for x, n in zip(bins, counts, strict=True)]
+        for name, how in (
+            ("running", "max"),
+            ("waiting", "max"),
+            ("kv_cache_usage", "max"),
+            ("prompt_tokens", "sum"),
+            ("generation_tokens", "sum"),
+            ("preemptions", "sum"),
+        ):
+            col = cols[name]
+            known = ~np.isnan(col) if col.dtype.kind == "f" else col != INT_NULL
+            any_known = np.add.reduceat(known.astype(np.int64), starts) > 0
+            if how == "max":
+                low = -np.inf if col.dtype.kind == "f" else np.iinfo(col.dtype).min
+                values = np.maximum.reduceat(np.where(known, col, low), starts)
+            else:
+                values = np.add.reduceat(np.where(known, col, 0).astype(np.int64), starts)
+            for row, v, k in zip(out, values.tolist(), any_known.tolist(), strict=True):
+                row[name] = v if k else None
+        for row in out:
+            row["t"] = since + row["b"] * bin_s
+        return out
+
+    # -- retention --------------------------------------------------------------------------
+    def prune(self, conn: Connection, *, before: float) -> int:
+        """Delete the chunks wholly before ``before`` (every host's, as rows were) and old rows
+        before it; returns the steps deleted."""
+        gone = 0
+        for (engine_id,) in conn.execute(select(EngineRow.id)).all():  # one index range each
+            old = (_C.engine_id == engine_id, _C.ts_max < before)
+            n = conn.execute(select(func.coalesce(func.sum(_C.steps), 0)).where(*old)).scalar_one()
+            if n:
+                conn.execute(delete(_C).where(*old))
+                gone += int(n)
+        if not self._legacy_empty:
+            gone += conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < before)).rowcount
+        return gone
