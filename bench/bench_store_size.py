@@ -248,9 +248,8 @@ def main() -> int:
         "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
     }
     mib = 1024 * 1024
-    print(
-        f"{args.engines} engines x {args.minutes:g} min x {args.running} running x {args.steps_per_second:g} steps/s ({fig['db']}), {run['steps']} steps"
-    )
+    load = f"{args.engines} engines x {args.minutes:g} min x {args.running} running x {args.steps_per_second:g} steps/s"
+    print(f"{load} ({fig['db']}), {run['steps']} steps")
     for t, b in per_eh.items():
         if b / mib < 0.5:
             continue  # a table's first pages: not a rate

@@ -186,3 +186,30 @@ class StepStore:
         if not self._legacy_empty:
             gone += conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < before)).rowcount
         return gone
+
+
+def count_stored_steps(url: str, *, engine: str | None = None) -> tuple[int, int]:
+    """(steps stored, distinct engine/run/step keys among them) in the store at ``url``, every
+    host's, or one engine's by name: the check that every step is stored once (tests, benches,
+    scripts; the chunks are decoded, so this reads the whole series)."""
+    from collector.storage.connect import make_engine  # noqa: PLC0415 - a tool's entry, not the sidecar's
+
+    db = make_engine(url)
+    keys: list[npt.NDArray[np.int64]] = []
+    try:
+        with db.connect() as conn:
+            ids = select(EngineRow.id) if engine is None else select(EngineRow.id).where(EngineRow.name == engine)
+            for engine_id, n, encoding, payload in conn.execute(select(_C.engine_id, _C.steps, _C.encoding, _C.payload).where(_C.engine_id.in_(ids))):
+                cols = decode(payload, n, encoding)
+                keys.append(np.stack([np.full(n, engine_id), cols["run"], cols["step"]], axis=1))
+            legacy = conn.execute(
+                select(EngineStepRow.engine_id, EngineStepRow.run, EngineStepRow.step).where(EngineStepRow.engine_id.in_(ids))
+            ).all()
+            if legacy:
+                keys.append(np.array(legacy, dtype=np.int64))
+    finally:
+        db.dispose()
+    if not keys:
+        return 0, 0
+    every = np.concatenate(keys)
+    return len(every), len(np.unique(every, axis=0))
