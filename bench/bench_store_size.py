@@ -251,7 +251,7 @@ def main() -> int:
     load = f"{args.engines} engines x {args.minutes:g} min x {args.running} running x {args.steps_per_second:g} steps/s"
     print(f"{load} ({fig['db']}), {run['steps']} steps")
     for t, b in per_eh.items():
-        if b / mib < 0.5:
+        if b / mib < 0.1:
             continue  # a table's first pages: not a rate
         print(f"  {t:<20} {b / mib:9.2f} MiB per engine-hour")
         for name, part in sorted(by_table[t].items(), key=lambda kv: -kv[1]):

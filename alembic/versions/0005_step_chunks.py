@@ -1,4 +1,4 @@
-"""steps stored as chunks, scrapes' figures packed
+"""steps stored as chunks and per second, scrapes' figures packed
 
 Revision ID: 0005
 Revises: 0004
@@ -7,7 +7,8 @@ Create Date: 2026-12-06
 New steps go to ``engine_step_chunks`` (collector/storage/stepchunks.py: a few seconds of one
 engine's steps per row, the columns packed in one blob); ``engine_steps`` keeps the steps stored
 before, which the readers read beside the chunks until retention prunes them (an upgrade copies
-no rows, so it takes no time on a full store). A scrape's figures go to ``engine_scrapes.packed``
+no rows, so it takes no time on a full store). ``engine_step_seconds`` holds the per-second
+series made from the same steps, from now on. A scrape's figures go to ``engine_scrapes.packed``
 (collector/storage/scrapepack.py); ``values`` keeps those of rows stored before, and becomes
 nullable. The downgrade writes the chunks' steps back as rows, and the packed figures back as JSON.
 """
@@ -46,6 +47,24 @@ def upgrade() -> None:
     )
     op.create_index("ix_engine_step_chunks_last_step", "engine_step_chunks", ["engine_id", "run", "last_step"], unique=False)
     op.create_index("ix_engine_step_chunks_ts", "engine_step_chunks", ["engine_id", "ts_max"], unique=False)
+    op.create_table(
+        "engine_step_seconds",
+        sa.Column("id", _BIG_ID, autoincrement=True, nullable=False),
+        sa.Column("engine_id", sa.Integer(), nullable=False),
+        sa.Column("ts", sa.Double(), nullable=False),
+        sa.Column("steps", sa.Integer(), nullable=False),
+        sa.Column("running", sa.Integer(), nullable=True),
+        sa.Column("waiting", sa.Integer(), nullable=True),
+        sa.Column("kv_cache_usage", sa.Double(), nullable=True),
+        sa.Column("preemptions", sa.BigInteger(), nullable=True),
+        sa.Column("prompt_tokens", sa.BigInteger(), nullable=True),
+        sa.Column("generation_tokens", sa.BigInteger(), nullable=True),
+        sa.Column("mirror_rows", sa.Integer(), nullable=True),
+        sa.Column("host_blocks", sa.Integer(), nullable=True),
+        sa.ForeignKeyConstraint(["engine_id"], ["engines.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index("ix_engine_step_seconds_engine_ts", "engine_step_seconds", ["engine_id", "ts"], unique=False)
     with op.batch_alter_table("engine_scrapes", schema=None) as batch_op:
         batch_op.add_column(sa.Column("packed", sa.LargeBinary(), nullable=True))
         batch_op.alter_column("values", existing_type=_JSON, nullable=True)
@@ -73,6 +92,8 @@ def downgrade() -> None:
     with op.batch_alter_table("engine_scrapes", schema=None) as batch_op:
         batch_op.alter_column("values", existing_type=_JSON, nullable=False)
         batch_op.drop_column("packed")
+    op.drop_index("ix_engine_step_seconds_engine_ts", table_name="engine_step_seconds")
+    op.drop_table("engine_step_seconds")
     op.drop_index("ix_engine_step_chunks_ts", table_name="engine_step_chunks")
     op.drop_index("ix_engine_step_chunks_last_step", table_name="engine_step_chunks")
     op.drop_table("engine_step_chunks")

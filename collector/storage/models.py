@@ -121,6 +121,30 @@ class EngineStepChunkRow(Base):
     payload: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class EngineStepSecondRow(Base):
+    """An engine's steps per second, in SQL (dashboards, and kept longer than the chunks:
+    ``retention.step_seconds_hours``): ``ts`` the second's start, ``steps`` how many steps,
+    ``running``/``waiting``/``kv_cache_usage``/``mirror_rows``/``host_blocks`` their maxima,
+    ``preemptions``/``prompt_tokens``/``generation_tokens`` their sums (NULL: no step carried
+    the figure). A second whose steps came in two writes is two rows: a reader adds them up."""
+
+    __tablename__ = "engine_step_seconds"
+    __table_args__ = (Index("ix_engine_step_seconds_engine_ts", "engine_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Double)
+    steps: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int | None] = mapped_column(Integer)
+    waiting: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Double)
+    preemptions: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    generation_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    mirror_rows: Mapped[int | None] = mapped_column(Integer)
+    host_blocks: Mapped[int | None] = mapped_column(Integer)
+
+
 class EngineScrapeRow(Base):
     """One /metrics scrape of an engine: the series of engines without a recorder (vLLM's
     official image), and the cross-check of those with one."""

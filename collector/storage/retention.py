@@ -12,11 +12,22 @@ from collector.storage.steps import StepStore
 
 
 def prune(
-    d: Database, steps: StepStore, *, steps_before: float, gpu_before: float, events_before: float, snapshots_before: float | None
+    d: Database,
+    steps: StepStore,
+    *,
+    steps_before: float,
+    gpu_before: float,
+    events_before: float,
+    snapshots_before: float | None,
+    step_seconds_before: float | None = None,
 ) -> dict[str, int]:
+    """One pass; returns what went per table (``engine_steps``: steps at full resolution,
+    chunks and old rows alike; ``engine_step_seconds``: per-second rows, before
+    ``step_seconds_before``, by default ``steps_before``)."""
     counts = {}
     with d.tx() as conn:
         counts["engine_steps"] = steps.prune(conn, before=steps_before)  # steps, not rows
+        counts["engine_step_seconds"] = steps.prune_seconds(conn, before=steps_before if step_seconds_before is None else step_seconds_before)
         counts["engine_scrapes"] = conn.execute(delete(EngineScrapeRow).where(EngineScrapeRow.ts < steps_before)).rowcount
         counts["gpu_samples"] = conn.execute(delete(GpuSampleRow).where(GpuSampleRow.ts < gpu_before)).rowcount
         counts["events"] = conn.execute(delete(EventRow).where(EventRow.ts < events_before, EventRow.snapshot_id.is_(None))).rowcount

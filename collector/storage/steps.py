@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from collector.columns import INT_NULL, STEP_COLUMNS, STEP_DTYPE, to_python
 from collector.storage.database import Database
-from collector.storage.models import EngineRow, EngineStepChunkRow, EngineStepRow
+from collector.storage.models import EngineRow, EngineStepChunkRow, EngineStepRow, EngineStepSecondRow
 from collector.storage.stepchunks import ENCODING, chunks_of, decode, encode
 
 Cols = npt.NDArray[np.void]
@@ -41,6 +41,35 @@ def rows_to_cols(rows: Sequence[Sequence[Any]]) -> Cols:
     return cols
 
 
+# The per-bin and per-second figures: (column, how), in ``engine_step_seconds``' order.
+MAXIMA = ("running", "waiting", "kv_cache_usage")
+SUMS = ("preemptions", "prompt_tokens", "generation_tokens")
+SECOND_FIGURES = (*MAXIMA, *SUMS, "mirror_rows", "host_blocks")
+_HOW = {**dict.fromkeys(MAXIMA, "max"), **dict.fromkeys(SUMS, "sum"), "mirror_rows": "max", "host_blocks": "max"}
+
+
+def fold(cols: Cols, group: npt.NDArray[np.int64], names: Sequence[str]) -> tuple[list[int], list[int], dict[str, list[Any]]]:
+    """``cols`` grouped by ``group`` (one number per step): the groups in order, their step
+    counts, and each of ``names`` per group, its maximum or sum (``_HOW``), None where no step
+    of the group carried it."""
+    order = np.argsort(group, kind="stable")
+    group, cols = group[order], cols[order]
+    groups, starts = np.unique(group, return_index=True)
+    counts = np.diff(np.append(starts, len(group)))
+    out: dict[str, list[Any]] = {}
+    for name in names:
+        col = cols[name]
+        known = ~np.isnan(col) if col.dtype.kind == "f" else col != INT_NULL
+        any_known = np.add.reduceat(known.astype(np.int64), starts) > 0
+        if _HOW[name] == "max":
+            low = -np.inf if col.dtype.kind == "f" else np.iinfo(col.dtype).min
+            values = np.maximum.reduceat(np.where(known, col, low), starts)
+        else:
+            values = np.add.reduceat(np.where(known, col, 0).astype(np.int64), starts)
+        out[name] = [v if k else None for v, k in zip(values.tolist(), any_known.tolist(), strict=True)]
+    return groups.tolist(), counts.tolist(), out
+
+
 class StepStore:
     def __init__(self, database: Database) -> None:
         self.d = database
@@ -53,15 +82,24 @@ class StepStore:
         """Store each engine's steps (``batches``: by engine id), in this transaction; returns
         how many were new. One driver-level ``executemany`` for every chunk."""
         rows: list[tuple[Any, ...]] = []
+        seconds: list[tuple[Any, ...]] = []
         for engine_id, parts in batches.items():
             cols = parts[0] if len(parts) == 1 else np.concatenate(parts)
             if len(cols):
-                rows += self._chunk_rows(conn, engine_id, cols)
+                new = self._new_steps(conn, engine_id, cols)
+                rows += [
+                    (engine_id, c.run, c.first_step, c.last_step, c.ts_min, c.ts_max, len(c.cols), ENCODING, encode(c.cols)) for c in chunks_of(new)
+                ]
+                seconds += second_rows(engine_id, new)
         if rows:
             conn.exec_driver_sql(self._sql("insert"), rows)
+        if seconds:
+            conn.exec_driver_sql(self._sql("seconds"), seconds)
         return sum(int(r[6]) for r in rows)
 
-    def _chunk_rows(self, conn: Connection, engine_id: int, cols: Cols) -> list[tuple[Any, ...]]:
+    def _new_steps(self, conn: Connection, engine_id: int, cols: Cols) -> Cols:
+        """``cols`` less the steps already stored and less all but the last offer of a step
+        offered twice; by run, then time."""
         order = np.lexsort((cols["step"], cols["run"]))  # stable: the last offer of a step stays last
         cols = cols[order]
         run, step = cols["run"], cols["step"]
@@ -69,17 +107,14 @@ class StepStore:
         last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
         cols = cols[last]
         runs = np.unique(cols["run"])
-        rows: list[tuple[Any, ...]] = []
+        kept: list[Cols] = []
         for r in runs:
             mine = cols if len(runs) == 1 else cols[cols["run"] == r]
             stored = self._stored_steps(conn, engine_id, int(r), int(mine["step"][0]), int(mine["step"][-1]))
             if len(stored):
                 mine = mine[~np.isin(mine["step"], stored)]
-            mine = mine[np.argsort(mine["ts"], kind="stable")]
-            rows += [
-                (engine_id, c.run, c.first_step, c.last_step, c.ts_min, c.ts_max, len(c.cols), ENCODING, encode(c.cols)) for c in chunks_of(mine)
-            ]
-        return rows
+            kept.append(mine[np.argsort(mine["ts"], kind="stable")])
+        return kept[0] if len(kept) == 1 else np.concatenate(kept)
 
     def _stored_steps(self, conn: Connection, engine_id: int, run: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
         """The steps of ``run`` between ``lo`` and ``hi`` the store already has."""
@@ -103,9 +138,14 @@ class StepStore:
         sql = self._statements.get(name)
         if sql is None:
             mark = "%s" if self.d.db.dialect.paramstyle in ("format", "pyformat") else "?"
-            if name == "insert":
-                cols = ("engine_id", "run", "first_step", "last_step", "ts_min", "ts_max", "steps", "encoding", "payload")
-                sql = f"INSERT INTO {_C.__tablename__} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
+            if name in ("insert", "seconds"):
+                table = _C.__tablename__ if name == "insert" else EngineStepSecondRow.__tablename__
+                cols = (
+                    ("engine_id", "run", "first_step", "last_step", "ts_min", "ts_max", "steps", "encoding", "payload")
+                    if name == "insert"
+                    else ("engine_id", "ts", "steps", *SECOND_FIGURES)
+                )
+                sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
             else:
                 sql = (
                     f"SELECT steps, encoding, payload FROM {_C.__tablename__} "  # noqa: S608 - our own names
@@ -145,34 +185,19 @@ class StepStore:
         if not len(cols):
             return []
         b = ((cols["ts"] - since) / bin_s).astype(np.int64)  # never negative: truncation is floor
-        order = np.argsort(b, kind="stable")
-        b, cols = b[order], cols[order]
-        bins, starts = np.unique(b, return_index=True)
-        counts = np.diff(np.append(starts, len(b)))
-        out: list[dict[str, Any]] = [{"b": int(x), "steps": int(n)} for x, n in zip(bins, counts, strict=True)]
-        for name, how in (
-            ("running", "max"),
-            ("waiting", "max"),
-            ("kv_cache_usage", "max"),
-            ("prompt_tokens", "sum"),
-            ("generation_tokens", "sum"),
-            ("preemptions", "sum"),
-        ):
-            col = cols[name]
-            known = ~np.isnan(col) if col.dtype.kind == "f" else col != INT_NULL
-            any_known = np.add.reduceat(known.astype(np.int64), starts) > 0
-            if how == "max":
-                low = -np.inf if col.dtype.kind == "f" else np.iinfo(col.dtype).min
-                values = np.maximum.reduceat(np.where(known, col, low), starts)
-            else:
-                values = np.add.reduceat(np.where(known, col, 0).astype(np.int64), starts)
-            for row, v, k in zip(out, values.tolist(), any_known.tolist(), strict=True):
-                row[name] = v if k else None
-        for row in out:
-            row["t"] = since + row["b"] * bin_s
-        return out
+        names = ("running", "waiting", "kv_cache_usage", "prompt_tokens", "generation_tokens", "preemptions")
+        bins, counts, figures = fold(cols, b, names)
+        return [
+            {"b": x, "steps": n, **{k: figures[k][i] for k in names}, "t": since + x * bin_s}
+            for i, (x, n) in enumerate(zip(bins, counts, strict=True))
+        ]
 
     # -- retention --------------------------------------------------------------------------
+    def prune_seconds(self, conn: Connection, *, before: float) -> int:
+        """Delete the per-second rows before ``before`` (every host's); returns how many."""
+        s = EngineStepSecondRow
+        return sum(conn.execute(delete(s).where(s.engine_id == eid, s.ts < before)).rowcount for (eid,) in conn.execute(select(EngineRow.id)).all())
+
     def prune(self, conn: Connection, *, before: float) -> int:
         """Delete the chunks wholly before ``before`` (every host's, as rows were) and old rows
         before it; returns the steps deleted."""
@@ -186,6 +211,14 @@ class StepStore:
         if not self._legacy_empty:
             gone += conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < before)).rowcount
         return gone
+
+
+def second_rows(engine_id: int, cols: Cols) -> list[tuple[Any, ...]]:
+    """``engine_step_seconds`` rows of ``cols`` (in the driver's form)."""
+    if not len(cols):
+        return []
+    seconds, counts, figures = fold(cols, np.floor(cols["ts"]).astype(np.int64), SECOND_FIGURES)
+    return [(engine_id, float(t), n, *(figures[k][i] for k in SECOND_FIGURES)) for i, (t, n) in enumerate(zip(seconds, counts, strict=True))]
 
 
 def count_stored_steps(url: str, *, engine: str | None = None) -> tuple[int, int]:

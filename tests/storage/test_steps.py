@@ -164,3 +164,32 @@ def test_scrape_figures_read_back_as_written(database_url: str) -> None:
     assert row["values"] == values and (row["running"], row["waiting"]) == (3.0, None)
     assert set(row) == {"id", "engine_id", "ts", "running", "waiting", "kv_cache_usage", "values"}
     repo.db.dispose()
+
+
+def test_the_per_second_series_sums_and_maxima_each_second_once(database_url: str) -> None:
+    repo = _repo(database_url)
+    rows = _rows(100, start=2000.0)
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", rows[:60])])
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", rows[40:])])  # 40-59 again: counted once
+    with repo.db.connect() as conn:
+        got = conn.execute(
+            text(
+                "SELECT floor(ts), sum(steps), max(running), max(kv_cache_usage), sum(prompt_tokens), sum(preemptions), max(mirror_rows) "
+                "FROM engine_step_seconds GROUP BY floor(ts) ORDER BY floor(ts)"
+            )
+        ).all()
+    want: dict[int, list[Any]] = {}
+    for r in rows:
+        w = want.setdefault(math.floor(r["ts"]), [0, None, None, None, None])
+        w[0] += 1
+        w[1] = r["running"] if w[1] is None else max(w[1], r["running"] or w[1])
+        w[2] = r["kv_cache_usage"] if w[2] is None else max(w[2], r["kv_cache_usage"] or w[2])
+        w[3] = r["prompt_tokens"] if w[3] is None else w[3] + (r["prompt_tokens"] or 0)
+        w[4] = r["preemptions"] if w[4] is None else w[4] + r["preemptions"]
+    assert [(int(t), int(n), run, kv, p, pre, m) for t, n, run, kv, p, pre, m in got] == [(t, *w, None) for t, w in sorted(want.items())]
+    # retention keeps the seconds on their own horizon
+    pruned = repo.prune(steps_before=1e12, gpu_before=0, events_before=0, snapshots_before=None, step_seconds_before=2010.0)
+    assert pruned["engine_steps"] == 100 and pruned["engine_step_seconds"] >= 10
+    with repo.db.connect() as conn:
+        assert conn.execute(text("SELECT min(ts) FROM engine_step_seconds")).scalar_one() >= 2010.0
+    repo.db.dispose()
