@@ -12,8 +12,8 @@ busy engine's: ~``--running`` requests with a random walk, a token per running r
 prefill chunk on some steps, KV usage as used/total blocks, rare preemptions, wall-clock times
 with jitter.
 
-Prints each table's bytes (with its indexes) per engine-hour, the whole file's, and the day for
-8 engines at ``retention.steps_hours``; and the writer's CPU (this process, all threads) per
+Prints each table's bytes (and each of its indexes') per engine-hour, the whole file's, and the
+store for 8 engines once retention holds it steady (each table at its own horizon); and the writer's CPU (this process, all threads) per
 1,000 steps, in a second run with steps only.
 """
 
@@ -228,8 +228,12 @@ def main() -> int:
     table_bytes = {t: sum(parts.values()) for t, parts in by_table.items()}
     per_eh = {t: b / engine_hours for t, b in sorted(table_bytes.items(), key=lambda kv: -kv[1]) if b}
     total = sum(table_bytes.values())
-    steps_hours = RetentionConfig().steps_hours
-    day_8 = total / engine_hours * 8 * steps_hours
+    retention = RetentionConfig()
+    steps_hours = retention.steps_hours
+    # each table at its own horizon: the store's size once retention holds it steady
+    seconds_hours = float(getattr(retention, "step_seconds_hours", steps_hours))  # a tree before the per-second series has none
+    horizon = {"engine_step_seconds": seconds_hours, "gpu_samples": retention.gpu_samples_hours}
+    day_8 = sum(b / engine_hours * 8 * horizon.get(t, steps_hours) for t, b in table_bytes.items())
     fig: dict[str, Any] = {
         "engines": args.engines,
         "minutes": args.minutes,
@@ -243,6 +247,7 @@ def main() -> int:
         "total_bytes_per_engine_hour": round(total / engine_hours),
         "file_bytes_per_engine_hour": round(file_bytes / engine_hours) if file_bytes is not None else None,
         "steps_hours": steps_hours,
+        "step_seconds_hours": seconds_hours,
         "projected_bytes_8_engines_retention": round(day_8),
         "writer_cpu_ms_per_1000_steps": round(cpu["cpu_per_1000_steps_ms"], 3) if cpu else None,
         "loadavg": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
@@ -260,7 +265,10 @@ def main() -> int:
     print(f"  {'all tables':<20} {total / engine_hours / mib:9.2f} MiB per engine-hour")
     if file_bytes is not None:
         print(f"  {'the file':<20} {file_bytes / engine_hours / mib:9.2f} MiB per engine-hour")
-    print(f"8 engines x {steps_hours:g} h (retention.steps_hours): {day_8 / 1e9:.2f} GB")
+    print(
+        f"8 engines, each table at its retention (steps and scrapes {steps_hours:g} h, per second"
+        f" {seconds_hours:g} h, GPU samples {retention.gpu_samples_hours:g} h): {day_8 / 1e9:.2f} GB"
+    )
     if cpu:
         print(f"writer CPU: {cpu['cpu_per_1000_steps_ms']:.2f} ms per 1,000 steps (steps only), load {fig['loadavg']}")
     if args.json:

@@ -52,9 +52,11 @@ def fold(cols: Cols, group: npt.NDArray[np.int64], names: Sequence[str]) -> tupl
     """``cols`` grouped by ``group`` (one number per step): the groups in order, their step
     counts, and each of ``names`` per group, its maximum or sum (``_HOW``), None where no step
     of the group carried it."""
-    order = np.argsort(group, kind="stable")
-    group, cols = group[order], cols[order]
-    groups, starts = np.unique(group, return_index=True)
+    if not np.all(group[1:] >= group[:-1]):
+        order = np.argsort(group, kind="stable")
+        group, cols = group[order], cols[order]
+    starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+    groups = group[starts]
     counts = np.diff(np.append(starts, len(group)))
     out: dict[str, list[Any]] = {}
     for name in names:
@@ -62,7 +64,7 @@ def fold(cols: Cols, group: npt.NDArray[np.int64], names: Sequence[str]) -> tupl
         known = ~np.isnan(col) if col.dtype.kind == "f" else col != INT_NULL
         any_known = np.add.reduceat(known.astype(np.int64), starts) > 0
         if _HOW[name] == "max":
-            low = -np.inf if col.dtype.kind == "f" else np.iinfo(col.dtype).min
+            low = -np.inf if col.dtype.kind == "f" else INT_NULL  # the int32 columns' least value
             values = np.maximum.reduceat(np.where(known, col, low), starts)
         else:
             values = np.add.reduceat(np.where(known, col, 0).astype(np.int64), starts)
@@ -100,12 +102,13 @@ class StepStore:
     def _new_steps(self, conn: Connection, engine_id: int, cols: Cols) -> Cols:
         """``cols`` less the steps already stored and less all but the last offer of a step
         offered twice; by run, then time."""
-        order = np.lexsort((cols["step"], cols["run"]))  # stable: the last offer of a step stays last
-        cols = cols[order]
         run, step = cols["run"], cols["step"]
-        last = np.ones(len(cols), dtype=bool)
-        last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
-        cols = cols[last]
+        if not (np.all(run == run[0]) and np.all(step[1:] > step[:-1])):  # the common case: one run, in step order
+            cols = cols[np.lexsort((step, run))]  # stable: the last offer of a step stays last
+            run, step = cols["run"], cols["step"]
+            last = np.ones(len(cols), dtype=bool)
+            last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
+            cols = cols[last]
         runs = np.unique(cols["run"])
         kept: list[Cols] = []
         for r in runs:
@@ -113,7 +116,8 @@ class StepStore:
             stored = self._stored_steps(conn, engine_id, int(r), int(mine["step"][0]), int(mine["step"][-1]))
             if len(stored):
                 mine = mine[~np.isin(mine["step"], stored)]
-            kept.append(mine[np.argsort(mine["ts"], kind="stable")])
+            ts = mine["ts"]
+            kept.append(mine if np.all(ts[1:] >= ts[:-1]) else mine[np.argsort(ts, kind="stable")])
         return kept[0] if len(kept) == 1 else np.concatenate(kept)
 
     def _stored_steps(self, conn: Connection, engine_id: int, run: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
