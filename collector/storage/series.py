@@ -113,7 +113,10 @@ class SeriesStore:
         for r in rows:
             packed = r.pop("packed")
             if packed is not None:
-                r["values"] = unpack(packed)
+                try:
+                    r["values"] = unpack(bytes(packed))
+                except ValueError:
+                    r["values"] = None  # a damaged row: its figures are unknown
         return rows
 
     def _engine(self, conn: Connection, host: str, engine: str) -> int | None:

@@ -13,7 +13,8 @@ None for a figure nobody measured.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from collector.columns import INT_NULL, STEP_COLUMNS, STEP_DTYPE, to_python
 from collector.storage.database import Database
 from collector.storage.models import EngineRow, EngineStepChunkRow, EngineStepRow, EngineStepSecondRow
 from collector.storage.stepchunks import ENCODING, chunks_of, decode, encode
+
+log = logging.getLogger(__name__)
 
 Cols = npt.NDArray[np.void]
 _LEGACY = [getattr(EngineStepRow, c) for c in STEP_COLUMNS]
@@ -122,7 +125,11 @@ class StepStore:
 
     def _stored_steps(self, conn: Connection, engine_id: int, run: int, lo: int, hi: int) -> npt.NDArray[np.int64]:
         """The steps of ``run`` between ``lo`` and ``hi`` the store already has."""
-        found = [decode(payload, n, encoding)["step"] for n, encoding, payload in conn.exec_driver_sql(self._sql("stored"), (engine_id, run, lo, hi))]
+        found = []
+        for first, last, n, encoding, payload in conn.exec_driver_sql(self._sql("stored"), (engine_id, run, lo, hi)):
+            got = _decoded([(n, encoding, payload)])
+            # an unreadable chunk holds its whole range: those steps are not written again
+            found.append(got[0]["step"] if got else np.arange(int(first), int(last) + 1, dtype=np.int64))
         if not self._legacy_empty and not self._legacy_gone(conn):
             legacy = select(EngineStepRow.step).where(
                 EngineStepRow.engine_id == engine_id, EngineStepRow.run == run, EngineStepRow.step.between(lo, hi)
@@ -152,7 +159,7 @@ class StepStore:
                 sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"
             else:
                 sql = (
-                    f"SELECT steps, encoding, payload FROM {_C.__tablename__} "  # noqa: S608 - our own names
+                    f"SELECT first_step, last_step, steps, encoding, payload FROM {_C.__tablename__} "  # noqa: S608 - our own names
                     f"WHERE engine_id = {mark} AND run = {mark} AND last_step >= {mark} AND first_step <= {mark}"
                 )
             self._statements[name] = sql
@@ -164,7 +171,7 @@ class StepStore:
         q = select(_C.steps, _C.encoding, _C.payload).where(_C.engine_id == engine_id, _C.ts_max >= since)
         if until is not None:
             q = q.where(_C.ts_min < until)
-        parts = [decode(payload, n, encoding) for n, encoding, payload in conn.execute(q)]
+        parts = _decoded(conn.execute(q))
         parts.append(self._legacy(conn, engine_id, since, until))
         cols = np.concatenate(parts)
         ts = cols["ts"]
@@ -223,6 +230,18 @@ def second_rows(engine_id: int, cols: Cols) -> list[tuple[Any, ...]]:
         return []
     seconds, counts, figures = fold(cols, np.floor(cols["ts"]).astype(np.int64), SECOND_FIGURES)
     return [(engine_id, float(t), n, *(figures[k][i] for k in SECOND_FIGURES)) for i, (t, n) in enumerate(zip(seconds, counts, strict=True))]
+
+
+def _decoded(rows: Iterable[Any]) -> list[Cols]:
+    """The columns of chunk rows (steps, encoding, payload); a chunk that does not decode (a
+    damaged file) is logged and left out, never raised to the writer or a reader."""
+    out = []
+    for n, encoding, payload in rows:
+        try:
+            out.append(decode(bytes(payload), int(n), str(encoding)))
+        except (ValueError, TypeError) as exc:
+            log.warning("a stored step chunk is unreadable, left out: %s", exc)
+    return out
 
 
 def count_stored_steps(url: str, *, engine: str | None = None) -> tuple[int, int]:

@@ -193,3 +193,33 @@ def test_the_per_second_series_sums_and_maxima_each_second_once(database_url: st
     with repo.db.connect() as conn:
         assert conn.execute(text("SELECT min(ts) FROM engine_step_seconds")).scalar_one() >= 2010.0
     repo.db.dispose()
+
+
+def test_a_damaged_chunk_is_left_out_not_raised(sqlite_url: str) -> None:
+    repo = _repo(sqlite_url)
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", _rows(40))])  # 0-39: two chunks (windows at 1000 and 1010)
+    with repo.db.begin() as conn:
+        conn.execute(text("UPDATE engine_step_chunks SET payload = :p WHERE first_step = 0"), {"p": b"not zlib"})
+    kept = repo.recent_steps("decode-0", since=0)
+    assert kept and all(s["step"] >= 27 for s in kept)  # the second window's steps, the first's unreadable
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", _rows(60))])  # the writer goes on
+    assert [s["step"] for s in repo.recent_steps("decode-0", since=0)][-1] == 59
+    repo.db.dispose()
+
+
+def test_a_downgrade_writes_the_chunks_back_as_rows(database_url: str) -> None:
+    from collector.storage.migrate import downgrade
+
+    repo = _repo(database_url)
+    rows = _rows(120)
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", rows)])
+    repo.write_batch([], [], [], scrapes=[{"engine": "decode-0", "ts": 1.0, "running": 1.0, "waiting": 0.0, "kv_cache_usage": 0.5, "values": {"a": 1.5}}])
+    repo.db.dispose()
+    downgrade(database_url, "0004")
+    db = make_engine(database_url)
+    with db.connect() as conn:
+        got = conn.execute(text(f"SELECT {', '.join(STEP_COLUMNS)} FROM engine_steps ORDER BY ts")).all()
+        values = conn.execute(text('SELECT "values" FROM engine_scrapes')).scalar_one()
+    db.dispose()
+    assert [tuple(r) for r in got] == [tuple(r[k] for k in STEP_COLUMNS) for r in rows]
+    assert (values if isinstance(values, dict) else __import__("json").loads(values)) == {"a": 1.5}
