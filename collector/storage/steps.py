@@ -171,9 +171,19 @@ class StepStore:
         q = select(_C.steps, _C.encoding, _C.payload).where(_C.engine_id == engine_id, _C.ts_max >= since)
         if until is not None:
             q = q.where(_C.ts_min < until)
-        parts = _decoded(conn.execute(q))
-        parts.append(self._legacy(conn, engine_id, since, until))
-        cols = np.concatenate(parts)
+        chunks = conn.execute(q).all()
+        legacy = self._legacy(conn, engine_id, since, until)
+        cols = np.empty(sum(int(n) for n, _, _ in chunks) + len(legacy), dtype=STEP_DTYPE)
+        at = 0
+        for n, encoding, payload in chunks:  # decoded in place: no array per chunk to concatenate
+            try:
+                decode(bytes(payload), int(n), str(encoding), out=cols[at : at + int(n)])
+            except (ValueError, TypeError) as exc:
+                log.warning("a stored step chunk is unreadable, left out: %s", exc)
+                continue
+            at += int(n)
+        cols[at : at + len(legacy)] = legacy
+        cols = cols[: at + len(legacy)]
         ts = cols["ts"]
         keep = ts >= since if until is None else (ts >= since) & (ts < until)
         cols = cols[keep]
