@@ -65,7 +65,10 @@ def unpack(blob: bytes) -> dict[str, Any]:
         raise ValueError("unknown scrape packing")
     try:
         z = zlib.decompressobj(zdict=_ZDICT_1)
-        out = json.loads(z.decompress(blob[1:]) + z.flush())
+        text = z.decompress(blob[1:]) + z.flush()
+        if not z.eof:
+            raise ValueError("truncated")
+        out = json.loads(text)
     except (zlib.error, ValueError) as exc:
         raise ValueError(f"scrape packing: {exc}") from exc
     if not isinstance(out, dict):

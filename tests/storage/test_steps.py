@@ -14,7 +14,7 @@ from collector.storage.connect import make_engine
 from collector.storage.migrate import upgrade
 from collector.storage.models import EngineStepRow
 from collector.storage.repo import Repository
-from collector.storage.stepchunks import CHUNK_S, chunks_of, decode, encode
+from collector.storage.stepchunks import CHUNK_S
 
 
 def _rows(n: int, *, start: float = 1000.0, run: int = 7, first: int = 0) -> list[dict[str, Any]]:
@@ -38,24 +38,6 @@ def _rows(n: int, *, start: float = 1000.0, run: int = 7, first: int = 0) -> lis
 
 def _expected(rows: list[dict[str, Any]], engine_id: int) -> list[dict[str, Any]]:
     return [{"engine_id": engine_id, **{k: r.get(k) for k in STEP_COLUMNS}} for r in sorted(rows, key=lambda r: r["ts"])]
-
-
-def test_a_chunk_decodes_to_exactly_its_columns() -> None:
-    cols = batch_from_rows("e", _rows(300)).cols
-    cols["running"][3] = 2**31 - 1  # the widest a column holds: the differences wrap and unwrap
-    cols["kv_cache_usage"][4] = -0.0
-    back = decode(encode(cols), len(cols))
-    assert back.tobytes() == cols.tobytes()
-    assert decode(encode(cols[:0]), 0).shape == (0,)
-
-
-def test_chunks_are_cut_at_each_window_and_run() -> None:
-    rows = _rows(100, start=995.0) + _rows(5, start=1001.0, run=8)
-    chunks = list(chunks_of(batch_from_rows("e", rows).cols))
-    assert sum(len(c.cols) for c in chunks) == 105
-    for c in chunks:
-        assert len({math.floor(t / CHUNK_S) for t in c.cols["ts"]}) == 1 and set(c.cols["run"]) == {c.run}
-        assert (c.first_step, c.last_step) == (int(c.cols["step"].min()), int(c.cols["step"].max()))
 
 
 def _repo(url: str) -> Repository:
@@ -213,7 +195,9 @@ def test_a_downgrade_writes_the_chunks_back_as_rows(database_url: str) -> None:
     repo = _repo(database_url)
     rows = _rows(120)
     repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", rows)])
-    repo.write_batch([], [], [], scrapes=[{"engine": "decode-0", "ts": 1.0, "running": 1.0, "waiting": 0.0, "kv_cache_usage": 0.5, "values": {"a": 1.5}}])
+    repo.write_batch(
+        [], [], [], scrapes=[{"engine": "decode-0", "ts": 1.0, "running": 1.0, "waiting": 0.0, "kv_cache_usage": 0.5, "values": {"a": 1.5}}]
+    )
     repo.db.dispose()
     downgrade(database_url, "0004")
     db = make_engine(database_url)
