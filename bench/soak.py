@@ -16,7 +16,7 @@ the middle of each interval one Xid line naming the next engine's API-server pid
 snapshot row is in the database.
 
 At the end, the checks the issue sets (each printed PASS/FAIL, and in ``--json``): every step
-record received (a stats and a requests half each) and stored once (``engine_steps`` rows, no
+record received (a stats and a requests half each) and stored once (steps in ``engine_step_chunks``, no
 duplicate); every fault snapshotted once; no task restarted; peak RSS <= ``--rss-goal-mib``;
 the RSS at the end within ``--rss-drift`` of the RSS after the first interval; the store's
 growth per engine-hour. Exits 1 when a check fails.
@@ -197,7 +197,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         # after its first half came, in batches a second or more apart)
         rows_seen, still_since = -1, time.time()
         while time.time() - t_end < 180:
-            counted = db.query("SELECT count(*) FROM engine_steps")
+            counted = node.step_rows(db)
             now_rows = int(counted[0][0]) if counted else -1
             if now_rows != rows_seen:
                 rows_seen, still_since = now_rows, time.time()
@@ -209,8 +209,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         fig["load_end"] = node.loadavg()
         fig["written_steps"] = written
         fig["step_records_received"] = node.scrape_sidecar(base).get("steps_received")
-        counts = db.query("SELECT count(*), count(DISTINCT engine_id * 10000000000 + step) FROM engine_steps")
-        fig["db_step_rows"], fig["db_distinct_steps"] = (int(counts[0][0]), int(counts[0][1])) if counts else (None, None)
+        fig["db_step_rows"], fig["db_distinct_steps"] = node.step_counts(db) or (None, None)
         fig["store_mib"] = None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1)
         fig["restarts"] = restarts(base)
         fig["rss_peak_mib"] = round((node.proc_status_kib(side.pid, "VmHWM") or 0) / 1024, 1)

@@ -57,7 +57,8 @@ class EngineConfig(BaseModel):
 class RetentionConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
-    steps_hours: float = Field(default=24.0, gt=0, description="continuous per-step series")
+    steps_hours: float = Field(default=24.0, gt=0, description="every step (chunks) and every /metrics scrape")
+    step_seconds_hours: float = Field(default=72.0, gt=0, description="the per-second step series (engine_step_seconds)")
     gpu_samples_hours: float = Field(default=24.0, gt=0)
     events_days: float = Field(default=30.0, gt=0)
     coarse_days: float = Field(default=7.0, gt=0, description="the shared store's coarse series (Postgres: whole partitions)")
