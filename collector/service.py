@@ -305,9 +305,6 @@ class Service:
 
     def _committed(self, doc: SnapshotDoc, trigger: Event) -> None:
         assert self.ctx is not None
-        from collector.api.metrics import observe_commit_latency
-
-        observe_commit_latency(max(time.time() - trigger.ts, 0.0))
         key = (doc.engine, trigger.kind.value)
         self.ctx.snapshot_counts[key] = self.ctx.snapshot_counts.get(key, 0) + 1
         if self.ctx.alerter is not None:
