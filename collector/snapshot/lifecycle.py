@@ -235,7 +235,8 @@ class OpenSnapshot:
         return {e.xid for e in (self._trigger, *self._late) if e.xid is not None}
 
     def __repr__(self) -> str:
-        return f"OpenSnapshot({self.engine!r}, {self._trigger.kind.value}, {self._life.stored.value}, amendment {self._life.amendment.value}, id {self._snapshot_id})"
+        life = f"{self._life.stored.value}, amendment {self._life.amendment.value}"
+        return f"OpenSnapshot({self.engine!r}, {self._trigger.kind.value}, {life}, id {self._snapshot_id})"
 
     # -- transitions ---------------------------------------------------------------------------------
     def join(self, ev: Event, *, gpu: str | None, now: float) -> None:
