@@ -30,6 +30,7 @@ RANK = {
     "recorder": 2,  # engine side: writes the channel
     "vllm": 3,  # vLLM's adapters over the recorder
     "tasks": 3,  # the supervisor every long-running stage runs under
+    "components": 3,  # named steps started in order, stopped in reverse (the wiring declares its own)
     "sources": 4,
     "stacks": 4,  # reads the node's processes (/proc, py-spy) for a wedge's snapshot, like a source
     "ingest": 5,
