@@ -1,4 +1,4 @@
-"""The sidecar process: wires settings -> storage, hub, sources, writer, snapshots, alerts and
+"""Internal: the sidecar process: wires settings -> storage, hub, sources, writer, snapshots, alerts and
 the HTTP app, runs them on one asyncio loop, and stops cleanly on SIGINT/SIGTERM, flushing
 what it holds."""
 

@@ -32,6 +32,8 @@ from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
 from collector.stacks.settings import StacksSettings
 
+__all__ = ["EngineConfig", "RetentionConfig", "Settings", "SettingsError", "load_settings"]
+
 
 class SettingsError(FlightrecError):
     """Invalid settings. ``str()`` is one line per problem, each naming the key."""
