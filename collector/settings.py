@@ -103,7 +103,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     )
     # All engines' blocks together: a node's memory must not grow with its engine count. 32 MiB
     # leaves up to 4 engines their 8 MiB each; at 8 engines each keeps 4 MiB (~440 steps, 4 s at
-    # 256 running x 100 steps/s): 24 MiB less held at that load (BENCHMARKS.md, Node scale).
+    # 256 running x 100 steps/s).
     ring_request_bytes_total: int = Field(
         default=32 * 1024 * 1024,
         ge=1 << 16,

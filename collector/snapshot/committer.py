@@ -107,7 +107,7 @@ class SnapshotCommitter:
         """At shutdown: process what is queued and the amendments not due yet, within ``timeout``.
 
         The amendments are queued here, not through a timer of delay 0: the queue's ``join`` must
-        see them (a timer fires after it returned, and the amendment was lost at every stop)."""
+        see them, and a timer would fire after it returned."""
         self.policy.amend_now()
         await self.queue.join(timeout)
 
