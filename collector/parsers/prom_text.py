@@ -1,7 +1,8 @@
 """A fast parser for the Prometheus text exposition format, restricted to the families we keep.
 
 A vLLM ``/metrics`` page is about 54 KB and 430 samples, most of them histogram buckets we
-never look at. ``prometheus_client.parser`` builds every family and sample of the page; this parser looks at a line only when it starts with a wanted name (one C-level
+never look at. ``prometheus_client.parser`` builds every family and sample of the page; this
+parser looks at a line only when it starts with a wanted name (one C-level
 ``str.startswith`` over a tuple of prefixes), so its cost is one pass over the lines plus the few
 samples we keep. It is written by hand only because it is measured faster: see
 ``bench/bench_prom_text.py`` (ours vs ``prometheus_client`` on the captured vLLM pages).
