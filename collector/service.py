@@ -233,10 +233,12 @@ class Service:
 
     # -- the steps, in start order; stopped in reverse ---------------------------------------------
     def _steps(self, p: _Parts, migrated: bool) -> Components:
-        """Started top to bottom, stopped bottom to top. So at a stop: the sources end first (no
-        new input), then what is held is made durable (snapshots drained, spooled or committed,
-        the writer's last flush), then the stages (the kernel log's mark after the last flush),
-        the alerts (what is queued sent), the HTTP server, the stores, the signal handlers."""
+        """Started top to bottom, stopped bottom to top. At a start, the stages and the sources
+        run while the HTTP server binds (``listening`` waits for it last). At a stop: the sources
+        end first (no new input), then what is held is made durable (snapshots drained, spooled
+        or committed, the writer's last flush), then the stages (the kernel log's mark after the
+        last flush), the alerts (what is queued sent), the HTTP server, the stores, the signal
+        handlers."""
         steps = Components()
         ctx = p.ctx
         loop = asyncio.get_running_loop()
@@ -270,6 +272,7 @@ class Service:
             steps.add("migrate", start=migrate.start, stop=migrate.stop)
         steps.add("durability", stop=functools.partial(self._make_durable, p))
         steps.add("sources", start=functools.partial(self._start_sources, ctx), stop=self._stop_sources)
+        steps.add("listening", start=self._listening)
         return steps
 
     def _signals(self, loop: asyncio.AbstractEventLoop, *, add: bool) -> None:
@@ -281,23 +284,32 @@ class Service:
                 else:
                     loop.remove_signal_handler(sig)
 
-    async def _serve(self, ctx: AppContext) -> None:
+    def _serve(self, ctx: AppContext) -> None:
+        """The HTTP server's task; it binds while the later steps start (``_listening``)."""
         from collector.api.app import create_app
 
         settings = self.settings
         config = uvicorn.Config(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False, lifespan="off")
-        server = self.server = _Server(config)
-        task = self._server_task = asyncio.create_task(server.serve(), name="http")
+        self.server = _Server(config)
+        self._server_task = asyncio.create_task(self.server.serve(), name="http")
+
+    async def _listening(self) -> None:
+        """Until the HTTP server listens; a bind that failed stops the service."""
+        server, task = self.server, self._server_task
+        assert server is not None and task is not None
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if task.done():
             failure = task.exception()
-            raise SystemExit(f"cannot serve on {settings.host}:{settings.port}: {failure or 'bind failed'}")
+            raise SystemExit(f"cannot serve on {self.settings.host}:{self.settings.port}: {failure or 'bind failed'}")
 
     async def _stop_serving(self) -> None:
-        if self.server is not None and self._server_task is not None:
-            self.server.should_exit = True
-            await self._server_task
+        if self.server is None or self._server_task is None:
+            return
+        if self._server_task.done():  # it never listened (``_listening`` said why)
+            return
+        self.server.should_exit = True
+        await self._server_task
 
     def _start_sources(self, ctx: AppContext) -> None:
         self._source_tasks = [asyncio.create_task(s.run(ctx.hub), name=f"source:{s.name}") for s in ctx.supervised]

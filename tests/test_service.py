@@ -256,8 +256,9 @@ def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp
     assert sorted(r["step"] for r in rows) == list(range(40))  # nothing lost: the first 20 waited in the queue
 
 
-# The sidecar's steps, in start order; a stop runs them bottom to top: the sources end first (no
-# new input), what is held is made durable, then the stages, the alerts, HTTP, the stores.
+# The sidecar's steps, in start order (the stages and sources run while HTTP binds: ``listening``
+# waits for it last); a stop runs them bottom to top: the sources end first (no new input), what
+# is held is made durable, then the stages, the alerts, HTTP, the stores.
 SERVICE_STEPS = [
     "signals",
     "stores",
@@ -271,6 +272,7 @@ SERVICE_STEPS = [
     "heartbeat",
     "durability",
     "sources",
+    "listening",
 ]
 
 
