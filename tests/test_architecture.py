@@ -427,3 +427,26 @@ def test_doc_examples_import_only_the_public_surface() -> None:
             exported = _all(ast.parse(_path_of(module).read_text())) or []
             against += [f"{doc.name}: imports {n} from {module}, not in its __all__" for n in names.replace(" ", "").split(",") if n not in exported]
     assert not against, "\n".join(against)
+
+
+# -- an open snapshot's life (collector/snapshot/lifecycle.py) ----------------------------------------
+# Fields only an open snapshot has: nothing outside its module assigns them (they change through its
+# transitions; ``OpenSnapshot.__setattr__`` refuses it at run time too).
+OPEN_SNAPSHOT_FIELDS = {"snapshot_id", "amended", "duplicate", "spool_path", "intent_path", "spool_error", "late", "gpus", "retake", "until"}
+
+
+def test_an_open_snapshot_changes_only_through_its_transitions() -> None:
+    against = []
+    for path in sorted((ROOT / "snapshot").rglob("*.py")):
+        if path.name == "lifecycle.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr in OPEN_SNAPSHOT_FIELDS and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    against.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} assigns .{t.attr}")
+    assert not against, "\n".join(against)
