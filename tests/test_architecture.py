@@ -402,7 +402,7 @@ def test_every_other_module_says_it_is_internal() -> None:
     for path in sorted(ROOT.rglob("*.py")):
         module = _module_name(path)
         if module == "collector" or module in public or path.stem.startswith("_") and path.stem != "__init__":
-            continue  # the root package holds only ``__version__``; ``_name``: internal by its name
+            continue  # the root package exports only ``__version__``; ``_name``: internal by its name
         parts = module.split(".")
         packages = [".".join(parts[:i]) for i in range(2, len(parts) + 1)]  # itself, and each package above it
         if any(p in NOT_MARKED_YET for p in packages):
