@@ -23,6 +23,7 @@ RANK = {
     "malloc": 0,
     "heap": 0,
     "durable": 0,
+    "columns": 0,  # steps as numpy columns: the batch form ingest hands storage (imports nothing of ours)
     "__init__": 0,
     "channel": 1,
     "parsers": 1,
