@@ -32,6 +32,8 @@ from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
 from collector.stacks.settings import StacksSettings
 
+__all__ = ["EngineConfig", "RetentionConfig", "Settings", "SettingsError", "load_settings"]
+
 
 class SettingsError(FlightrecError):
     """Invalid settings. ``str()`` is one line per problem, each naming the key."""
@@ -102,7 +104,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     )
     # All engines' blocks together: a node's memory must not grow with its engine count. 32 MiB
     # leaves up to 4 engines their 8 MiB each; at 8 engines each keeps 4 MiB (~440 steps, 4 s at
-    # 256 running x 100 steps/s): 24 MiB less held at that load (BENCHMARKS.md, Node scale).
+    # 256 running x 100 steps/s).
     ring_request_bytes_total: int = Field(
         default=32 * 1024 * 1024,
         ge=1 << 16,

@@ -52,6 +52,8 @@ from typing import cast
 from collector.channel.secure import FILE_MODE, open_private_file
 from collector.errors import FlightrecError
 
+__all__ = ["DEFAULT_CAPACITY", "HEADER_SIZE", "MAGIC", "VERSION", "RingCorrupt", "RingInfo", "RingReader", "RingWriter"]
+
 MAGIC = b"FLRING01"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQQIId8s")
