@@ -149,10 +149,11 @@ SECTIONS: tuple[Section, ...] = (
         "bench/bench_node_wide_fault.py",
         ("--runs", "3"),
         "One fault that opens a snapshot of each of 8 engines (1,024 steps x 64 requests each): the "
-        "trigger to the last snapshot durable, medians of runs.",
+        "trigger to the last snapshot durable, medians of runs; the goal is no slower than the 390 ms "
+        "measured when the 8 were first committed together.",
         (
             Metric("trigger -> captures done, on the loop", "on_loop_ms", "ms", "", None, 1.0, 0),
-            Metric("trigger -> last snapshot durable", "last_durable_ms", "ms", "", None, 1.0, 0),
+            Metric("trigger -> last snapshot durable", "last_durable_ms", "ms", "<= 390", le(390.0), 1.0, 0),
         ),
     ),
     Section(
