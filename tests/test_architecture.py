@@ -305,13 +305,6 @@ INTERNAL = "Internal:"
 # or an ``Internal:`` docstring) by the next change to its stage, which removes it from here.
 NOT_MARKED_YET = {
     "collector.ingest",
-    "collector.storage",
-    "collector.model",
-    "collector.context",
-    "collector.tasks",
-    "collector.heap",
-    "collector.malloc",
-    "collector.columns",
     "collector.channel.blocks",
     "collector.recorder.base",
     "collector.recorder.channel",
