@@ -134,7 +134,9 @@ class RingWriter:
         """Logical offset one past the last published record; ``head // capacity`` counts wraps."""
         return self._head
 
-    def append(self, payload: bytes) -> None:
+    def append(self, payload: bytes, crc: int | None = None) -> None:
+        """Publish one record. ``crc``: ``zlib.crc32(payload)`` when the caller has it already
+        (``collector.channel.crc``), else it is computed here."""
         n = len(payload)
         if n == 0:
             raise ValueError("empty record")  # length 0 marks a corrupt header to readers
@@ -155,7 +157,7 @@ class RingWriter:
             self._make_room(pos + size)
         base = HEADER_SIZE + phys
         self._mm[base + REC.size : base + REC.size + n] = payload
-        REC.pack_into(self._mm, base, n, zlib.crc32(payload))
+        REC.pack_into(self._mm, base, n, zlib.crc32(payload) if crc is None else crc)
         self._head = pos + size
         _U64.pack_into(self._mm, _HEAD_AT, self._head)
 

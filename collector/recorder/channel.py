@@ -76,12 +76,13 @@ class RecorderChannel:
     def active(self) -> bool:
         return self._ring is not None
 
-    def write(self, payload: bytes) -> None:
+    def write(self, payload: bytes, crc: int | None = None) -> None:
+        """One record; ``crc``, when given, is ``zlib.crc32(payload)`` (see ``RingWriter.append``)."""
         ring = self._ring
         if ring is None:
             return
         try:
-            ring.append(payload)
+            ring.append(payload, crc)
             wrap = ring.head // self._capacity
             if wrap != self._wrap:
                 self._wrap = wrap
