@@ -153,7 +153,7 @@ class RingWriter:
                 REC.pack_into(self._mm, HEADER_SIZE + phys, PAD, 0)
             pos += cap - phys
             phys = 0
-        else:
+        elif pos + size - cap > self._tail:  # (most appends overwrite nothing not yet dropped)
             self._make_room(pos + size)
         base = HEADER_SIZE + phys
         self._mm[base + REC.size : base + REC.size + n] = payload

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 from operator import attrgetter, ne
 from typing import Any
 
@@ -57,11 +57,11 @@ def row_mirrors_of(metadata: Any) -> Mapping[str, Sequence[Any]] | None:
     if metadata is None:
         return None
     rows = getattr(metadata, "row_mirrors", None)
-    if isinstance(rows, Mapping):
+    if type(rows) is dict or isinstance(rows, Mapping):  # a dict in vLLM: no ABC check per step
         return rows
     for sub in getattr(metadata, "metadata", None) or ():  # MultiKVConnectorMetadata
         rows = getattr(sub, "row_mirrors", None)
-        if isinstance(rows, Mapping):
+        if type(rows) is dict or isinstance(rows, Mapping):
             return rows
     return None
 
@@ -223,7 +223,7 @@ class HostBlocks:
             lst, start, end = lists[i], old[i], lens[i]
             if end < start:  # not a list we know how to follow: count it whole
                 start, counts[i] = 0, 0
-            counts[i] += end - start - sum(map(_IS_NULL, islice(lst, start, end)))
+            counts[i] += end - start - sum(map(_IS_NULL, lst[start:end]))
         self._lens = lens
         self._column = i32_column(counts)
         return self._column
