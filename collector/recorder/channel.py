@@ -76,13 +76,14 @@ class RecorderChannel:
     def active(self) -> bool:
         return self._ring is not None
 
-    def write(self, payload: bytes, crc: int | None = None) -> None:
-        """One record; ``crc``, when given, is ``zlib.crc32(payload)`` (see ``RingWriter.append``)."""
+    def write(self, payload: bytes, crc: int | None = None, tail: bytes = b"") -> None:
+        """One record, ``payload`` then ``tail``; ``crc``, when given, is the CRC of both (see
+        ``RingWriter.append``)."""
         ring = self._ring
         if ring is None:
             return
         try:
-            ring.append(payload, crc)
+            ring.append(payload, crc, tail)
             wrap = ring.head // self._capacity
             if wrap != self._wrap:
                 self._wrap = wrap

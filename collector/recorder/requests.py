@@ -212,7 +212,7 @@ class RequestRecorder(RecorderBase):
         except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
             channel.fail(f"write_requests raised {exc!r}")
             return
-        channel.write(prefix + tail.suffix, tail.crc(prefix))
+        channel.write(prefix, tail.crc(prefix), tail.suffix)
 
     def write_arrival(
         self,

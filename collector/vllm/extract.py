@@ -160,6 +160,14 @@ _STATUS = attrgetter("status")
 REQUIRED = ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "status")
 
 
+def _u32(values: list[int]) -> bytes:
+    """The bytes of ``array("I", values)``; ``fromlist`` reads a list a quarter faster than
+    the constructor, which takes any sequence item by item."""
+    column = array("I")
+    column.fromlist(values)
+    return column.tobytes()
+
+
 class RequestColumns:
     """Reads the running requests of a step column by column, for one ``R`` record.
 
@@ -215,9 +223,9 @@ class RequestColumns:
         """Refresh the cached columns when needed; return this step's (computed, output)."""
         if changed or running != self._prev:
             self._refresh(running)
-        computed = array("I", [r.num_computed_tokens for r in running]).tobytes()
+        computed = _u32([r.num_computed_tokens for r in running])
         if self._output_len:
-            output = array("I", list(map(len, self._outputs))).tobytes()
+            output = _u32(list(map(len, self._outputs)))
         else:
-            output = array("I", [r.num_output_tokens for r in running]).tobytes()
+            output = _u32([r.num_output_tokens for r in running])
         return computed, output
