@@ -167,7 +167,7 @@ class RingWriter:
         if tail:
             mm[start + first : start + n] = tail
         if crc is None:
-            crc = zlib.crc32(tail, zlib.crc32(payload))
+            crc = zlib.crc32(tail, zlib.crc32(payload)) if tail else zlib.crc32(payload)
         REC.pack_into(mm, start - REC.size, n, crc)
         self._head = pos + size
         _U64.pack_into(mm, _HEAD_AT, self._head)
