@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from collector.channel.codec import encode
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.channel.secure import ensure_private_dir
+from collector.channel.wire import encode
 from collector.recorder.identity import EngineIdentity
 
 log = logging.getLogger("collector.recorder")

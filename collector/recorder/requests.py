@@ -24,7 +24,8 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-from collector.channel.codec import (
+from collector.channel.crc import SuffixCrc
+from collector.channel.wire import (
     FLAG_HOST_BLOCKS,
     FLAG_MIRROR,
     REQS_HEAD,
@@ -35,7 +36,6 @@ from collector.channel.codec import (
     encode_end,
     encode_request_columns,
 )
-from collector.channel.crc import SuffixCrc
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import SCHED_RING_BYTES
 

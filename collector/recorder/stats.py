@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.channel.codec import encode_step_fields
+from collector.channel.wire import encode_step_fields
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import STATS_RING_BYTES
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS
+from collector.channel.wire import STATUS_CODE, UNKNOWN_STATUS
 from collector.errors import FlightrecError
 
 # What each connector's stat lists mean (vLLM 0.32/0.33: hisparse/stats.py, nixl/stats.py).
