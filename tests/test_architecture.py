@@ -306,18 +306,8 @@ INTERNAL = "Internal:"
 NOT_MARKED_YET = {
     "collector.ingest",
     "collector.channel.blocks",
-    "collector.recorder.base",
-    "collector.recorder.channel",
-    "collector.recorder.env",
-    "collector.recorder.identity",
-    "collector.recorder.requests",
-    "collector.recorder.stats",
-    "collector.vllm.extract",
-    "collector.vllm.fingerprint",
-    "collector.vllm.hisparse",
-    "collector.vllm.server",
 }
-NO_ALL_YET = {"collector.vllm.plugin", "collector.vllm.scheduler", "collector.channel.codec"}
+NO_ALL_YET = {"collector.vllm.plugin", "collector.vllm.scheduler"}
 
 
 def _module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""zlib's CRC-32 of records that end the same way, record after record, without reading the end
+"""Internal: zlib's CRC-32 of records that end the same way, record after record, without reading the end
 again: the writer's half of the ring's CRC for ``R`` records, whose ids, statuses and other
 columns stay the same while the running set does (three quarters of the record at 256 running).
 

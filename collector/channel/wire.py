@@ -1,4 +1,4 @@
-"""The ring records' wire format, writing side: the tags, the binary heads, the status codes and
+"""Internal: the ring records' wire format, writing side: the tags, the binary heads, the status codes and
 the encoders the engine-side recorder calls (``collector.channel.codec`` describes the format and
 decodes it). Standard library only: this is what an engine process imports of the format, and it
 must not load the sidecar's domain model (``collector.model``) into vLLM's process.

@@ -1,4 +1,4 @@
-"""What every engine-side recorder writes besides its per-step records: the deployment
+"""Internal: what every engine-side recorder writes besides its per-step records: the deployment
 fingerprint and events. ``StatsRecorder`` and ``RequestRecorder`` build on it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The in-engine end of the channel: one ring file per writing process and engine.
+"""Internal: the in-engine end of the channel: one ring file per writing process and engine.
 
 Every recorder (``collector.recorder.stats``, ``collector.recorder.requests``) writes through a
 ``RecorderChannel``. It names the file (``collector.channel.naming``), writes the ``meta`` record

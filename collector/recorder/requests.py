@@ -1,4 +1,4 @@
-"""``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
+"""Internal: ``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
 call), and the workload records a replay is built from (``W`` arrive/end, once per request).
 
 What vLLM's ``RecordingScheduler`` writes through; any other engine or a load simulator writes

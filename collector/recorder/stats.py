@@ -1,4 +1,4 @@
-"""``StatsRecorder``: one engine step's aggregates, one binary ``S`` record per call.
+"""Internal: ``StatsRecorder``: one engine step's aggregates, one binary ``S`` record per call.
 
 This is what vLLM's stat-logger plugin (``collector.vllm.plugin``) writes through, and what any
 other engine or a load simulator calls to write steps the way vLLM's adapter does::

@@ -1,4 +1,4 @@
-"""Pure readers of vLLM's stats and request objects, duck-typed so they run (and are tested)
+"""Internal: pure readers of vLLM's stats and request objects, duck-typed so they run (and are tested)
 without vLLM.
 
 vLLM documents ``SchedulerStats``, ``IterationStats`` and ``Request`` as unstable interfaces:

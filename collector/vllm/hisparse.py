@@ -1,4 +1,4 @@
-"""Per-request HiSparse state, read where vLLM keeps it (vllm/v1/hisparse/, vllm 0.32 and 0.33).
+"""Internal: per-request HiSparse state, read where vLLM keeps it (vllm/v1/hisparse/, vllm 0.32 and 0.33).
 
 - **Mirror rows** are not a ``Request`` attribute. Each step the HiSparse connector's scheduler
   side builds ``HiSparseConnectorMetadata.row_mirrors``: request id -> tuple of
