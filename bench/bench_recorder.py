@@ -256,7 +256,17 @@ def main() -> int:
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; rings in {ring_dir}")
     if a.json:
-        doc = {"vllm": vllm.__version__, "repeat": a.repeat, "load_before": load_before, "load_after": load_after, "figures": figures}
+        by_running: dict[str, dict[str, Any]] = {}
+        for f in figures:
+            by_running.setdefault(str(f["running"]), {})[f["what"]] = {"median_us": f["median_us"], "p99_us": f["p99_us"]}
+        doc = {
+            "vllm": vllm.__version__,
+            "repeat": a.repeat,
+            "load_before": load_before,
+            "load_after": load_after,
+            "figures": figures,
+            "by_running": by_running,
+        }
         Path(a.json).write_text(json.dumps(doc, indent=1))
     shutil.rmtree(ring_dir, ignore_errors=True)
     return 0
