@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -204,12 +206,16 @@ def run_sidecar_mode(am_url: str, faults: int, gap: float, startup: float) -> di
     return out
 
 
-def report(label: str, latencies: list[float], faults: int, markdown: bool) -> None:
+def report(label: str, latencies: list[float], faults: int, markdown: bool, into: dict[str, Any] | None = None) -> None:
     if not latencies:
         print(f"{label}: no alert seen out of {faults} faults")
+        if into is not None:
+            into[label] = {"faults": faults, "seen": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
         return
     ms = [x * 1000 for x in latencies]
     p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
+    if into is not None:
+        into[label] = {"faults": faults, "seen": len(ms), "p50_ms": round(p50, 1), "p99_ms": round(p99, 1), "max_ms": round(max(ms), 1)}
     print(f"{label}: {len(ms)}/{faults} faults seen; p50 {p50:.1f} ms, p99 {p99:.1f} ms, mean {statistics.fmean(ms):.1f} ms, max {max(ms):.1f} ms")
     if markdown:
         print(f"| {label} | {len(ms)} | {p50:.1f} | {p99:.1f} | {max(ms):.1f} |")
@@ -223,7 +229,9 @@ def main() -> int:
     parser.add_argument("--alertmanager", help="use this Alertmanager instead of starting one")
     parser.add_argument("--startup", type=float, default=60.0, help="sidecar mode: seconds to wait for it")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
+    figures: dict[str, Any] = {"mode": args.mode, "faults": args.faults}
     if args.faults < 50:
         print("note: p99 needs at least 50 faults to mean anything", file=sys.stderr)
 
@@ -235,12 +243,14 @@ def main() -> int:
         am_url = am.url
     try:
         if args.mode == "client":
-            report("client fire -> Alertmanager API", run_client_mode(am_url, args.faults, args.gap), args.faults, args.markdown)
+            report("client fire -> Alertmanager API", run_client_mode(am_url, args.faults, args.gap), args.faults, args.markdown, figures)
         else:
             result = run_sidecar_mode(am_url, args.faults, args.gap, args.startup)
-            report("Xid line -> Alertmanager API", result["xid"], (args.faults + 1) // 2, args.markdown)
-            report("CUDA error line -> Alertmanager API", result["cuda"], args.faults // 2, args.markdown)
-            report("all faults", result["xid"] + result["cuda"], args.faults, args.markdown)
+            report("Xid line -> Alertmanager API", result["xid"], (args.faults + 1) // 2, args.markdown, figures)
+            report("CUDA error line -> Alertmanager API", result["cuda"], args.faults // 2, args.markdown, figures)
+            report("all faults", result["xid"] + result["cuda"], args.faults, args.markdown, figures)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     finally:
         if am is not None:
             am.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -135,6 +136,23 @@ async def main(args: argparse.Namespace) -> None:
             f"  trigger seen by the hub -> committed:    p50 {pct(inner, 50) * 1e3:.0f} ms  p99 {pct(inner, 99) * 1e3:.0f} ms  "
             f"max {max(inner) * 1e3:.0f} ms"
         )
+    if args.json:
+
+        def figs(xs: list[float]) -> dict[str, Any]:
+            return (
+                {"n": len(xs), "p50_ms": round(pct(xs, 50) * 1e3, 1), "p99_ms": round(pct(xs, 99) * 1e3, 1), "max_ms": round(max(xs) * 1e3, 1)}
+                if xs
+                else {"n": 0}
+            )
+
+        out = {
+            "backend": backend,
+            "faults": args.faults,
+            "snapshotted": len(lat),
+            "written_to_committed": figs(lat),
+            "seen_to_committed": figs(inner),
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
@@ -145,4 +163,5 @@ if __name__ == "__main__":
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--rate", type=float, default=20.0, help="engine steps per second after the ring is full")
     p.add_argument("--settle", type=float, default=0.5)
+    p.add_argument("--json", help="write the figures to this file")
     asyncio.run(main(p.parse_args()))

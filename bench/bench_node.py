@@ -187,6 +187,26 @@ class SnapshotPoller(threading.Thread):
             conn.close()
 
 
+def step_rows(db: Database) -> list[tuple[int]]:
+    """Steps stored, as one row (empty before the tables exist): the chunks' steps (0005 on)
+    and the rows of ``engine_steps`` (a tree before 0005, or steps stored before it)."""
+    chunks = db.query("SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks")
+    rows = db.query("SELECT count(*) FROM engine_steps")
+    if not chunks and not rows:
+        return []
+    return [(int(chunks[0][0] if chunks else 0) + int(rows[0][0] if rows else 0),)]
+
+
+def step_counts(db: Database) -> tuple[int, int] | None:
+    """(steps stored, distinct engine/step keys among them), whichever form the tree stores."""
+    if int((db.query("SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") or [(0,)])[0][0]):
+        from collector.storage.steps import count_stored_steps  # noqa: PLC0415 - this checkout's reader
+
+        return count_stored_steps(db.url)
+    counts = db.query("SELECT count(*), count(DISTINCT engine_id * 10000000000 + run * 100000 + step) FROM engine_steps")
+    return (int(counts[0][0]), int(counts[0][1])) if counts else None
+
+
 def raw_insert_best(db: Database, rows: int = 100_000, repeats: int = 3) -> dict[str, float | None]:
     """The driver's best rows/s into ``engine_steps``, rows shaped like one the sidecar wrote
     (its columns read from the table, so this works on any schema version)."""
@@ -393,7 +413,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         time.sleep(max(0.0, t_a - time.time()))
         fig["load_start"] = loadavg()
         cpu_a, wall_a = proc_cpu_s(side.pid), time.time()
-        rows_a = db.query("SELECT count(*) FROM engine_steps")
+        rows_a = step_rows(db)
         half = cfg.duration / 2 if cfg.faults else cfg.duration
         time.sleep(max(0.0, wall_a + half - time.time()))
         cpu_m, wall_m = proc_cpu_s(side.pid), time.time()
@@ -415,7 +435,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             faults.append((t0, engine_name(doc, engine_i)))
         time.sleep(max(0.0, wall_a + cfg.duration - time.time()))
         cpu_b, wall_b = proc_cpu_s(side.pid), time.time()
-        rows_b = db.query("SELECT count(*) FROM engine_steps")
+        rows_b = step_rows(db)
         fig["load_end"] = loadavg()
         fig["sidecar_cpu_share"] = round((cpu_b - cpu_a) / (wall_b - wall_a), 4)
         fig["sidecar_cpu_share_steady"] = round((cpu_m - cpu_a) / (wall_m - wall_a), 4)
@@ -449,9 +469,9 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         fig["step_records_received"] = last_scrape.get("steps_received")
         fig["step_records_written"] = None if written is None else 2 * written  # a stats and a requests record each
         fig["request_rows_received"] = last_scrape.get("request_rows_received")
-        counts = db.query("SELECT count(*), count(DISTINCT engine_id * 10000000000 + step) FROM engine_steps")
+        counts = step_counts(db)
         if counts:
-            fig["db_step_rows"], fig["db_distinct_steps"] = int(counts[0][0]), int(counts[0][1])
+            fig["db_step_rows"], fig["db_distinct_steps"] = counts
             fig["db_duplicate_steps"] = fig["db_step_rows"] - fig["db_distinct_steps"]
         if rows_a and rows_b:
             fig["ingest_step_rows_per_s"] = round((rows_b[0][0] - rows_a[0][0]) / (wall_b - wall_a), 1)

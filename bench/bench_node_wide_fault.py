@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -86,6 +87,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--db", help="a database URL (default: a SQLite file per run)")
     p.add_argument("--one-at-a-time", action="store_true", help="one transaction per engine, each after its own build")
+    p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     loops, firsts, lasts = [], [], []
     for _ in range(args.runs):
@@ -102,6 +104,17 @@ def main() -> None:
     print(f"  trigger -> intents and captures done (on the loop): {ms(loops)}")
     print(f"  trigger -> first snapshot durable:                 {ms(firsts)}")
     print(f"  trigger -> last snapshot durable:                  {ms(lasts)}  (spread {ms([b - a for a, b in zip(firsts, lasts, strict=True)])})")
+    if args.json:
+        med = lambda xs: round(statistics.median(xs) * 1e3, 1)  # noqa: E731
+        out = {
+            "engines": args.engines,
+            "runs": args.runs,
+            "one_at_a_time": args.one_at_a_time,
+            "on_loop_ms": med(loops),
+            "first_durable_ms": med(firsts),
+            "last_durable_ms": med(lasts),
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,14 @@ has) and real engine-core ``Request`` objects, then prints the median and p99 of
 - ``hisparse``: the same with a HiSparse connector: each request's mirror rows from a real
   ``HiSparseConnectorMetadata`` in the step's ``MultiKVConnectorMetadata`` and its host blocks
   from a real ``HiSparseCoordinator`` (``--host-blocks`` per request, 500 = a 32,000-token
-  context in 64-token blocks).
+  context in 64-token blocks);
+- ``hisparse_grow``: the same while the host lists grow as decode makes them: each step one
+  request in 64 gets one more host block (a 64-token block fills every 64 decode steps), through
+  the host manager's own ``allocate_new_blocks``.
 
-Figures go into BENCHMARKS.md by hand; nothing here asserts a time.
+The rings are written where the recorder writes them by default, a folder in /dev/shm (RAM)
+when there is one (``--dir`` to choose another). Figures go into BENCHMARKS.md by hand; nothing
+here asserts a time. ``--json FILE`` writes them with the load average before and after.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -84,10 +90,11 @@ def requests(n: int) -> list[Any]:
     return out
 
 
-def hisparse_setup(reqs: list[Any], blocks_per_request: int) -> tuple[Any, Any]:
+def hisparse_setup(reqs: list[Any], blocks_per_request: int, spare_blocks: int = 0) -> tuple[Any, Any, Any]:
     """A MultiConnector holding a HiSparseConnector bound to a real coordinator whose host
     manager holds ``blocks_per_request`` blocks for each request, and a step output whose
-    metadata mirrors two row spans per request."""
+    metadata mirrors two row spans per request; and the host manager (to grow a request's
+    blocks as decode does)."""
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
     from vllm.distributed.kv_transfer.kv_connector.v1.hisparse.connector import (
@@ -103,7 +110,7 @@ def hisparse_setup(reqs: list[Any], blocks_per_request: int) -> tuple[Any, Any]:
     from vllm.v1.hisparse.types import SparseKVRowMirror
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    total = len(reqs) * blocks_per_request + 1
+    total = len(reqs) * blocks_per_request + spare_blocks + 1
     spec = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)], hisparse_host_num_blocks=total)
     host = HiSparseSourceManager(spec, BlockPool(num_gpu_blocks=64, enable_caching=False, hash_block_size=64), False, 0, 64)
@@ -120,7 +127,7 @@ def hisparse_setup(reqs: list[Any], blocks_per_request: int) -> tuple[Any, Any]:
     meta = HiSparseConnectorMetadata(None, (), (), mirrors, True, {})
     out = SchedulerOutput.make_empty()
     out.kv_connector_metadata = MultiKVConnectorMetadata(metadata=(KVConnectorMetadata(), meta))
-    return multi, out
+    return multi, out, host
 
 
 def timed(fn: Any, repeat: int, setup: Any = None) -> tuple[float, float]:
@@ -146,9 +153,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--sizes", default="16,64,256")
     ap.add_argument("--host-blocks", type=int, default=500, help="HiSparse host blocks per request")
+    ap.add_argument("--dir", default=None, help="where the rings go (default: a new folder in /dev/shm, else the temp folder)")
+    ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     work = Path(tempfile.mkdtemp(prefix="flightrec-bench-"))
-    os.environ["FLIGHTREC_RECORDER_DIR"] = str(work / "rec")
+    shm = Path("/dev/shm")
+    ring_dir = a.dir or tempfile.mkdtemp(prefix="flightrec-bench-rings-", dir=shm if shm.is_dir() else None)
+    os.environ["FLIGHTREC_RECORDER_DIR"] = str(Path(ring_dir) / "rec")
     os.environ["FLIGHTREC_ENGINE_NAME"] = "bench"
     (work / "model").mkdir()
     cfg = vllm_config(work / "model")
@@ -164,7 +176,8 @@ def main() -> int:
     import vllm
 
     print(f"vLLM {vllm.__version__}, Python {sys.version.split()[0]}, {a.repeat} steps each; microseconds per step")
-    print(f"{'running':>8} {'what':<12} {'median':>8} {'p99':>8} {'vs prometheus':>14}")
+    print(f"{'running':>8} {'what':<13} {'median':>8} {'p99':>8} {'vs prometheus':>14}")
+    figures: list[dict[str, Any]] = []
     for n in [int(s) for s in a.sizes.split(",")]:
         counter = [0]
 
@@ -193,8 +206,24 @@ def main() -> int:
             sched.updating(outputs[0])
 
         hs_reqs = requests(n)
-        connector, hs_out = hisparse_setup(hs_reqs, a.host_blocks)
+        connector, hs_out, _ = hisparse_setup(hs_reqs, a.host_blocks)
         hs_sched = _SchedRecorder(cfg, connector=connector)
+        grow_reqs = requests(n)
+        steps = a.repeat + min(200, a.repeat)
+        grow_connector, grow_out, grow_host = hisparse_setup(grow_reqs, a.host_blocks, spare_blocks=steps * n // 64 + n)
+        grow_sched = _SchedRecorder(cfg, connector=grow_connector)
+        grow_counter = [0]
+
+        def grow_decode_step(reqs: list[Any] = grow_reqs) -> None:
+            decode_step(reqs)
+            grow_counter[0] += 1
+            for r in reqs[grow_counter[0] % 64 :: 64]:  # one request in 64 fills its block
+                have = len(grow_host.req_to_blocks[r.request_id])
+                grow_host.allocate_new_blocks(r.request_id, (have + 1) * 64, (have + 1) * 64)
+
+        def grow_step() -> None:
+            grow_sched.scheduled(grow_reqs, grow_out)
+            grow_sched.updating(grow_out)
 
         def hs_decode_step(reqs: list[Any] = hs_reqs) -> None:
             decode_step(reqs)
@@ -203,20 +232,43 @@ def main() -> int:
             hs_sched.scheduled(reqs, hs_out)
             hs_sched.updating(hs_out)
 
-        p_med, p99 = timed(prom_step, a.repeat, new_stats)
+        p_med, p_99 = timed(prom_step, a.repeat, new_stats)
         o_med, o99 = timed(ours_step, a.repeat, new_stats)
         s_med, s99 = timed(sched_step, a.repeat, decode_step)
         h_med, h99 = timed(hs_step, a.repeat, hs_decode_step)
-        print(f"{n:>8} {'prometheus':<12} {p_med:>8.1f} {p99:>8.1f} {'1.00':>14}")
-        print(f"{n:>8} {'stat_logger':<12} {o_med:>8.1f} {o99:>8.1f} {o_med / p_med:>14.3f}")
-        print(f"{n:>8} {'per_request':<12} {s_med:>8.1f} {s99:>8.1f} {s_med / p_med:>14.3f}")
-        print(f"{n:>8} {'hisparse':<12} {h_med:>8.1f} {h99:>8.1f} {h_med / p_med:>14.3f}")
-        if hs_sched.channel.failed:
-            print("recorder disabled during the run:", hs_sched.channel.failed)
-            return 1
+        g_med, g99 = timed(grow_step, a.repeat, grow_decode_step)
+        for what, med, tail in (
+            ("prometheus", p_med, p_99),
+            ("stat_logger", o_med, o99),
+            ("per_request", s_med, s99),
+            ("hisparse", h_med, h99),
+            ("hisparse_grow", g_med, g99),
+        ):
+            print(f"{n:>8} {what:<13} {med:>8.1f} {tail:>8.1f} {med / p_med:>14.3f}")
+            figures.append({"running": n, "what": what, "median_us": round(med, 2), "p99_us": round(tail, 2)})
+        for s in (hs_sched, grow_sched):
+            if s.channel.failed:
+                print("recorder disabled during the run:", s.channel.failed)
+                return 1
     if ours.channel.failed or sched.channel.failed:
         print("recorder disabled during the run:", ours.channel.failed or sched.channel.failed)
         return 1
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; rings in {ring_dir}")
+    if a.json:
+        by_running: dict[str, dict[str, Any]] = {}
+        for f in figures:
+            by_running.setdefault(str(f["running"]), {})[f["what"]] = {"median_us": f["median_us"], "p99_us": f["p99_us"]}
+        doc = {
+            "vllm": vllm.__version__,
+            "repeat": a.repeat,
+            "load_before": load_before,
+            "load_after": load_after,
+            "figures": figures,
+            "by_running": by_running,
+        }
+        Path(a.json).write_text(json.dumps(doc, indent=1))
+    shutil.rmtree(ring_dir, ignore_errors=True)
     return 0
 
 

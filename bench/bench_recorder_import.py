@@ -16,6 +16,7 @@ this package installed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -54,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", default=sys.executable, help="an interpreter that has vLLM")
     ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
@@ -63,6 +65,12 @@ def main() -> None:
     print(f"recorder import after vLLM's: median {statistics.median(ms):.1f} ms (min {min(ms):.1f}, max {max(ms):.1f}) over {args.runs} runs")
     print(f"modules added: {sorted(added)}")
     print(f"load average: {' '.join(load)}")
+    if args.json:
+        doc = {"runs": args.runs, "import_ms": {"median": round(statistics.median(ms), 1), "min": round(min(ms), 1), "max": round(max(ms), 1)}}
+        doc["modules_added"] = sorted(added)
+        doc["load_before"] = load
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

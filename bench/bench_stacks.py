@@ -1,7 +1,7 @@
 """What reading a wedged engine's stacks costs: one py-spy dump per process, non-blocking and
 native, and what the target process and the sidecar's event loop feel of it.
 
-    .venv/bin/python bench/bench_stacks.py [--repeat 7] [--torch-python PY] [--pid PID ...] [--json]
+    .venv/bin/python bench/bench_stacks.py [--repeat 7] [--torch-python PY] [--pid PID ...] [--json FILE]
 
 Targets: a Python process blocked like a wedged engine core (tests/stacks/blocked_child.py),
 the same with torch imported (``--torch-python``: a python that has torch, e.g. the vLLM CPU
@@ -165,7 +165,7 @@ def main() -> int:
     ap.add_argument("--torch-python", help="a python with torch installed: a target with libtorch mapped")
     ap.add_argument("--pid", type=int, action="append", default=[], help="also measure this running process (no pause measure)")
     ap.add_argument("--interval", type=float, default=3.0)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     binary = pyspy.find_binary()
     if binary is None:
@@ -187,8 +187,7 @@ def main() -> int:
         results["targets"][f"pid {pid} ({title})"] = measure(binary, pid, args.repeat, None)
     results["load_after"] = os.getloadavg()
     if args.json:
-        print(json.dumps(results, indent=1))
-        return 0
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(f"py-spy {results['py_spy']}; load average before {results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}")
     print(f"{'target':44} {'mode':12} {'wall p50':>9} {'wall max':>9} {'py-spy CPU':>10} {'pause p50':>10} {'pause max':>10} {'idle gap':>9}")
     for name, r in results["targets"].items():

@@ -11,7 +11,7 @@ sidecar's (the trigger's ``ts``, the commit callback); the page's is when a loop
 standing in for Alertmanager's ``POST /api/v2/alerts`` received it (the sidecar's own path: a
 real Alertmanager adds its group_wait before any notification).
 
-    .venv/bin/python bench/bench_wedge.py [--rounds 3] [--hang-for 20] [--floor 10] [--json]
+    .venv/bin/python bench/bench_wedge.py [--rounds 3] [--hang-for 20] [--floor 10] [--json FILE]
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hang-for", type=float, default=20.0, help="seconds the decode engine's step lasts")
     ap.add_argument("--floor", type=float, help="detectors.wedge.floor_s (default: the setting's default)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     thr = WedgeThresholds() if args.floor is None else WedgeThresholds(floor_s=args.floor)
     rounds = [asyncio.run(one_round(args.hang_for, thr)) for _ in range(args.rounds)]
@@ -161,11 +161,10 @@ def main() -> int:
         }
     out = {"rounds": rounds, "summary": summary, "floor_s": thr.floor_s, "hang_for_s": args.hang_for, "load": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"wedge on the simulator: {args.rounds} rounds, floor {thr.floor_s:g} s, hang {args.hang_for:g} s, load {out['load'][0]:.2f}")
-        for k, v in summary.items():
-            print(f"  {k:28s} median {v['median']} s, max {v['max']} s" + (f" ({v['missing']} missing)" if v["missing"] else ""))
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wedge on the simulator: {args.rounds} rounds, floor {thr.floor_s:g} s, hang {args.hang_for:g} s, load {out['load'][0]:.2f}")
+    for k, v in summary.items():
+        print(f"  {k:28s} median {v['median']} s, max {v['max']} s" + (f" ({v['missing']} missing)" if v["missing"] else ""))
     return 0
 
 

@@ -1,6 +1,6 @@
 """A wedge on the real vLLM CPU build, timed from the engine's last step to what the sidecar does.
 
-    .venv/bin/python bench/bench_wedge_real.py [--rounds 3] [--tp 2 --kinds step,worker,sigstop] [--python VLLM_PY] [--json]
+    .venv/bin/python bench/bench_wedge_real.py [--rounds 3] [--tp 2 --kinds step,worker,sigstop] [--python VLLM_PY] [--json FILE]
 
 One vLLM server (the tiny random-weight Llama, ``tests/support/wedge_rig.py``: the recorder, a
 scheduler that blocks inside its step on demand, steps of at least 20 ms) watched by
@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="step,sigstop", help="step, sigstop, worker (one TP rank blocked: --tp 2)")
     ap.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size of the server (the CPU build runs 2)")
     ap.add_argument("--python", default=default_vllm_python(), help="the vLLM virtualenv's python")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     if "worker" in args.kinds.split(",") and args.tp < 2:
         ap.error("--kinds worker needs --tp 2 or more")
@@ -108,8 +108,7 @@ def main() -> int:
     results["load_after"] = os.getloadavg()
     results["summary"] = summary(results["rounds"])
     if args.json:
-        print(json.dumps(results, indent=1))
-        return 0
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     load = f"load average before {results['load_before'][0]:.1f}, after {results['load_after'][0]:.1f}"
     print(f"vLLM CPU build, TP={args.tp}, {results['cpus']} CPUs, {load}")
     print(f"{'wedge':8} " + " ".join(f"{m:>15}" for m in MEASURES) + "   (seconds from the last step, resumed from the release; median / max)")

@@ -16,7 +16,7 @@ the middle of each interval one Xid line naming the next engine's API-server pid
 snapshot row is in the database.
 
 At the end, the checks the issue sets (each printed PASS/FAIL, and in ``--json``): every step
-record received (a stats and a requests half each) and stored once (``engine_steps`` rows, no
+record received (a stats and a requests half each) and stored once (steps in ``engine_step_chunks``, no
 duplicate); every fault snapshotted once; no task restarted; peak RSS <= ``--rss-goal-mib``;
 the RSS at the end within ``--rss-drift`` of the RSS after the first interval; the store's
 growth per engine-hour. Exits 1 when a check fails.
@@ -197,7 +197,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         # after its first half came, in batches a second or more apart)
         rows_seen, still_since = -1, time.time()
         while time.time() - t_end < 180:
-            counted = db.query("SELECT count(*) FROM engine_steps")
+            counted = node.step_rows(db)
             now_rows = int(counted[0][0]) if counted else -1
             if now_rows != rows_seen:
                 rows_seen, still_since = now_rows, time.time()
@@ -209,8 +209,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         fig["load_end"] = node.loadavg()
         fig["written_steps"] = written
         fig["step_records_received"] = node.scrape_sidecar(base).get("steps_received")
-        counts = db.query("SELECT count(*), count(DISTINCT engine_id * 10000000000 + step) FROM engine_steps")
-        fig["db_step_rows"], fig["db_distinct_steps"] = (int(counts[0][0]), int(counts[0][1])) if counts else (None, None)
+        fig["db_step_rows"], fig["db_distinct_steps"] = node.step_counts(db) or (None, None)
         fig["store_mib"] = None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1)
         fig["restarts"] = restarts(base)
         fig["rss_peak_mib"] = round((node.proc_status_kib(side.pid, "VmHWM") or 0) / 1024, 1)
@@ -261,6 +260,23 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
     grew = (rows[-1]["store_mib"] - rows[0]["store_mib"]) if rows and rows[0]["store_mib"] is not None and rows[-1]["store_mib"] is not None else None
     if grew is not None and len(rows) > 1:
         fig["store_mib_per_engine_hour"] = round(grew / (args.engines * hours * (len(rows) - 1) / len(rows)), 1)
+    cpus = [r["cpu_share"] for r in rows if r.get("cpu_share") is not None]
+    restarted = fig.get("restarts")
+    per_engine_hour = fig.get("store_mib_per_engine_hour")
+    # the figures the benchmark table reads (bench/table.py); None where nothing was measured
+    fig["summary"] = {
+        "hours": round(hours, 2),
+        "rss_first_mib": first_rss,
+        "rss_end_mib": end_rss,
+        "rss_peak_mib": fig.get("rss_peak_mib"),
+        "rss_drift": None if not first_rss or end_rss is None else round(end_rss / first_rss - 1, 4),
+        "cpu_share_mean": round(sum(cpus) / len(cpus), 4) if cpus else None,
+        "faults": fig.get("faults"),
+        "faults_missing": None if fig.get("faults") is None else fig["faults"] - (fig.get("faults_snapshotted") or 0),
+        "restarts_total": sum(restarted.values()) if isinstance(restarted, dict) else restarted,
+        "store_mib_per_engine_hour": per_engine_hour,
+        "store_gb_per_day_8": None if per_engine_hour is None else round(per_engine_hour * 2**20 * 8 * 24 / 1e9, 2),
+    }
     return {
         "every_record_received": written is not None and fig.get("step_records_received") == 2 * written,
         "every_step_stored_once": written is not None and fig.get("db_step_rows") == fig.get("db_distinct_steps") == written,

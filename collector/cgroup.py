@@ -1,4 +1,4 @@
-"""Which Kubernetes pod a process runs in, read from its ``/proc/<pid>/cgroup`` (pure: the text
+"""Internal: which Kubernetes pod a process runs in, read from its ``/proc/<pid>/cgroup`` (pure: the text
 is handed in; standard library only, since the recorder inside vLLM uses it too).
 
 The kubelet puts every container under its pod's cgroup, and names the pod's cgroup after the

@@ -1,4 +1,4 @@
-"""Steps as columns: the form in which a batch of one engine's steps passes from ingest to
+"""Internal: Steps as columns: the form in which a batch of one engine's steps passes from ingest to
 storage (and, inside ingest, the form its step window keeps).
 
 A batch is one engine's merged steps (both halves where both came) in step order, as a numpy

@@ -1,4 +1,4 @@
-"""The application context the HTTP handlers and the sidecar's ``/metrics`` see: the stages the
+"""Internal: The application context the HTTP handlers and the sidecar's ``/metrics`` see: the stages the
 service wired (each given at construction), and read-only queries over them. The queries read
 ingest's view and must run on the event loop (the handlers that use them are ``async``):
 nothing here is read from a worker thread while the loop writes it."""

@@ -1,4 +1,4 @@
-"""One way to put a file on disk for the sidecar's own state (spool files, trigger intents, the
+"""Internal: one way to put a file on disk for the sidecar's own state (spool files, trigger intents, the
 kernel log's resume mark): atomic (a
 temporary name, fsynced, renamed: a crash leaves the whole file or none), durable (the folder is
 fsynced after the rename), owner-only, and never through a link (a leftover or planted

@@ -34,6 +34,8 @@ the libraries beneath us (drivers, NVML, HTTP, the file system) are translated w
 
 from __future__ import annotations
 
+__all__ = ["FlightrecError", "InputError"]
+
 
 class FlightrecError(Exception):
     """Base of every error this project raises."""

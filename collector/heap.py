@@ -1,4 +1,4 @@
-"""The interpreter's cycle collector, set for a long-running sidecar.
+"""Internal: The interpreter's cycle collector, set for a long-running sidecar.
 
 CPython runs a collection of its youngest objects every 700 allocations that outlive their
 first moment, and every so often a full one that walks every object the process holds. Most of

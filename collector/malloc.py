@@ -1,4 +1,4 @@
-"""The C allocator's settings for a long-running sidecar (glibc only; elsewhere nothing).
+"""Internal: The C allocator's settings for a long-running sidecar (glibc only; elsewhere nothing).
 
 Two of glibc's defaults cost the sidecar memory it never gives back. Its threshold for
 serving an allocation by its own mapping rises to the size of any such block freed (up to 32

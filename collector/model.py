@@ -1,4 +1,4 @@
-"""Domain records that flow from the sources to the hub, the rings, storage and the API.
+"""Internal: Domain records that flow from the sources to the hub, the rings, storage and the API.
 
 Plain dataclasses with no I/O: every source turns what it reads into these, and nothing
 downstream knows which source produced a record except through its ``source`` field.

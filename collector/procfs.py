@@ -1,4 +1,4 @@
-"""Pure reads of ``/proc`` that more than one stage needs (the root is a parameter: tests use
+"""Internal: pure reads of ``/proc`` that more than one stage needs (the root is a parameter: tests use
 a fake tree)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets never reach what we store or serve: one place that masks them, for every path.
+"""Internal: secrets never reach what we store or serve: one place that masks them, for every path.
 
 ``redact(value)`` copies a structure (dicts, lists, tuples, strings; anything else as is) with
 secrets replaced by ``***``; ``redact_text(text)`` does it for one string. Every stored or served

@@ -1,4 +1,4 @@
-"""The sidecar process: wires settings -> storage, hub, sources, writer, snapshots, alerts and
+"""Internal: the sidecar process: wires settings -> storage, hub, sources, writer, snapshots, alerts and
 the HTTP app, runs them on one asyncio loop, and stops cleanly on SIGINT/SIGTERM, flushing
 what it holds."""
 
@@ -11,14 +11,16 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from collector.alerting.router import Alerter
+from collector.components import Components
 from collector.context import AppContext, Lateness
 from collector.detectors.runner import DetectorRunner
 from collector.detectors.task import DetectorTask
@@ -74,53 +76,66 @@ class Service:
         self.server: _Server | None = None
         self.stop_event: asyncio.Event | None = None
         self.started = asyncio.Event()
-        self.on_snapshot: list[Any] = []
-        self._migrate_every = 5.0  # callables(doc, trigger), e.g. the demo's printer
+        self.on_snapshot: list[Any] = []  # callables(doc, trigger), e.g. the demo's printer
+        self._migrate_every = 5.0
         self.stores: Stores | None = None
         self.rows: BatchWriter | FleetRows | None = None
         self.lost_snapshots: list[str] = []  # snapshots lost at stop (neither spooled nor committed)
+        self.steps = Components()  # the running service's steps (``_steps``), in start order
+        self._server_task: asyncio.Task[None] | None = None
+        self._source_tasks: list[asyncio.Task[None]] = []
 
     def request_stop(self) -> None:
         if self.stop_event is not None:
             self.stop_event.set()
 
     async def run(self) -> None:
-        settings = self.settings
+        """Wires the stages, starts them as the named steps of ``steps`` and, at a stop request,
+        stops them in the reverse of that order (``steps.stop_order``)."""
         loop = asyncio.get_running_loop()
         # Database work runs in threads, and a hung database holds one per call until its watchdog
         # cuts it (storage/watchdog.py): room for those beside the writer, the spool and the builds.
         loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="flightrec"))
         self.stop_event = asyncio.Event()
-        host = settings.host_name or socket.gethostname()
-        stores = self.stores = open_stores(placement(settings), host=host)  # collector/fleet/placement.py: what goes where
-        migrated = True
+        host = self.settings.host_name or socket.gethostname()
+        migrated = await self._open_stores(host)
+        parts = self._wire(host, migrated)
+        await self._register_engines(parts)
+        self.steps = self._steps(parts, migrated)
+        await self.steps.start()
+        self.started.set()
+        log.info("flightrec serving on http://%s:%d (database %s)", self.settings.host, self.port, _safe_url(self.settings.database))
+        await self.stop_event.wait()
+        log.info("stopping: flushing what is held")
+        await self.steps.stop()
+
+    # -- wiring, once ------------------------------------------------------------------------------
+    async def _open_stores(self, host: str) -> bool:
+        """Opens the stores (collector/fleet/placement.py: what goes where) and migrates each, in a
+        child process (Alembic stays out of this one). False: a database not ready yet."""
+        stores = self.stores = open_stores(placement(self.settings), host=host)
         try:
-            for url in stores.urls:  # each store, in a child process: Alembic stays out of this one
+            for url in stores.urls:
                 await upgrade_in_child(url)
         except StorageError as exc:
-            migrated = False
             log.error("database not ready (%s): the sidecar runs, holds what it records, and keeps retrying", exc)
+            return False
+        return True
 
-        # The stages, wired once, each given what it needs at construction, data flowing one way:
-        # sources -> ingest (intake, routing) -> trigger policy -> commit queue -> store;
-        # ingest -> writer -> store; ingest's view -> detector task -> anomaly events back
-        # through ingest's front door; ingest events, detector transitions, commits -> alerts.
-        # docs/architecture.md draws it.
+    def _wire(self, host: str, migrated: bool) -> _Parts:
+        """The stages, each given what it needs at construction, data flowing one way:
+        sources -> ingest (intake, routing) -> trigger policy -> commit queue -> store;
+        ingest -> writer -> store; ingest's view -> detector task -> anomaly events back
+        through ingest's front door; ingest events, detector transitions, commits -> alerts.
+        docs/architecture.md draws it."""
+        settings, stores = self.settings, self.stores
+        assert stores is not None
         repo = stores.primary
         writer = BatchWriter(stores.series, interval=settings.write_batch_interval)
         # the migration just reached it, or not: /healthz says so, as /metrics does, before any write
         writer.db_up = migrated
         rows = self.rows = row_sink(stores, writer, host=host, interval_s=settings.fleet_series_interval_s)
-
-        sources: list[Source] = []
-        unsupported: list[SourceStatus] = []
-        for entry in SOURCES:
-            try:
-                sources.extend(entry.build(settings))
-            except Exception as exc:  # a source that cannot even be built is reported, not fatal
-                log.warning("source %s not started: %s", entry.name, exc)
-                unsupported.append(SourceStatus(name=entry.name, up=False, supported=False, reason=str(exc)))
-        sources.extend(self.extra_sources)
+        sources, unsupported = self._sources()
         recorders = [s for s in sources if isinstance(s, RecorderSource)]
         # the first step of the degrade order: the stored step series coarser while a ring lags
         writer.coarse = lambda: any(r.coarse for r in recorders)
@@ -135,18 +150,7 @@ class Service:
         ledger = SnapshotLedger()
         # a wedged engine's stacks, read beside its snapshot (collector/snapshot/hang.py)
         stacks = HangStacks.from_settings(view, settings.stacks, recorder_dir=settings.recorder_dir if settings.recorder != "off" else None)
-        alerter = (
-            Alerter(
-                settings,
-                host=intake.host,
-                snapshots_for=ledger.snapshots_for,
-                engine_up=lambda n: info.up if (info := view.engine(n)) is not None else None,
-                port=lambda: self.port,
-                gpus=lambda: list(view.gpus().values()),
-            )
-            if settings.alertmanager
-            else None
-        )
+        alerter = self._alerter(intake.host, ledger, view)
         committer = SnapshotCommitter(
             view,
             repo,
@@ -158,10 +162,10 @@ class Service:
             scrape_interval=settings.scrape_interval,
             on_committed=[self._committed],
             # a retaken trigger pages with its snapshot
-            on_retaken=[lambda ev: alerter.on_event(ev, True)] if alerter is not None else [],
+            on_retaken=[functools.partial(alerter.on_event, is_new=True)] if alerter is not None else [],
             # the explicit step before a capture: file what the recorders published (an event they
             # find, a dead ring, is routed after the one being decided, never inside it)
-            read_now=lambda: [r.poll(intake) for r in recorders],
+            read_now=functools.partial(_poll_all, recorders, intake),
             stacks=stacks,
         )
         hub = Hub(intake, consumers=[committer.on_event, *([alerter.on_event] if alerter is not None else [])])
@@ -170,11 +174,12 @@ class Service:
         )
         # a wedge: requests held, no step for far longer than the engine's pace (an event back into ingest)
         wedges = WedgeWatch(view, hub.emit, settings.detectors.wedge, scrape_interval_s=settings.scrape_interval, behind=lateness.behind)
+        fleet = rows if isinstance(rows, FleetRows) else None
         # engines that leave are forgotten after a grace period (collector/ingest/departures.py)
         departures = Departures(
             intake,
             forget_after_s=settings.engine_forget_after_s,
-            others=[detectors, wedges, *recorders, writer, *([rows] if isinstance(rows, FleetRows) else [])],
+            others=[detectors, wedges, *recorders, writer, *([fleet] if fleet is not None else [])],
             clock=intake.clock,
         )
         ctx = self.ctx = AppContext(
@@ -184,7 +189,7 @@ class Service:
             writer=writer,
             committer=committer,
             detectors=detectors,
-            loop=loop,
+            loop=asyncio.get_running_loop(),
             recorders=recorders,
             supervised=[SupervisedSource(s) for s in sources],
             unsupported=unsupported,
@@ -192,84 +197,147 @@ class Service:
             wedges=wedges,
             port=lambda: self.port,
             lateness=lateness,
-            fleet=rows if isinstance(rows, FleetRows) else None,
+            fleet=fleet,
         )
-        for eng in settings.engines:
+        return _Parts(stores, writer, fleet, kernel_logs, stacks, committer, detectors, wedges, departures, ctx)
+
+    def _sources(self) -> tuple[list[Source], list[SourceStatus]]:
+        """Every source the settings turn on, and the ones that cannot run here (reported, not fatal)."""
+        sources: list[Source] = []
+        unsupported: list[SourceStatus] = []
+        for entry in SOURCES:
+            try:
+                sources.extend(entry.build(self.settings))
+            except Exception as exc:  # a source that cannot even be built is reported, not fatal
+                log.warning("source %s not started: %s", entry.name, exc)
+                unsupported.append(SourceStatus(name=entry.name, up=False, supported=False, reason=str(exc)))
+        sources.extend(self.extra_sources)
+        return sources, unsupported
+
+    def _alerter(self, host: str, ledger: SnapshotLedger, view: LiveView) -> Alerter | None:
+        if not self.settings.alertmanager:
+            return None
+        return Alerter(
+            self.settings,
+            host=host,
+            snapshots_for=ledger.snapshots_for,
+            engine_up=lambda n: info.up if (info := view.engine(n)) is not None else None,
+            port=lambda: self.port,
+            gpus=lambda: list(view.gpus().values()),
+        )
+
+    async def _register_engines(self, parts: _Parts) -> None:
+        for eng in self.settings.engines:
             with contextlib.suppress(StorageError):
-                await asyncio.to_thread(repo.register_engine, eng.name, url=eng.url, pair=eng.pair)
+                await asyncio.to_thread(parts.ctx.repo.register_engine, eng.name, url=eng.url, pair=eng.pair)
 
-        from collector.api.app import create_app
+    # -- the steps, in start order; stopped in reverse ---------------------------------------------
+    def _steps(self, p: _Parts, migrated: bool) -> Components:
+        """Started top to bottom, stopped bottom to top. At a start, the stages and the sources
+        run while the HTTP server binds (``listening`` waits for it last). At a stop: the sources
+        end first (no new input), then what is held is made durable (snapshots drained, spooled
+        or committed, the writer's last flush), then the stages (the kernel log's mark after the
+        last flush), the alerts (what is queued sent), the HTTP server, the stores, the signal
+        handlers."""
+        steps = Components()
+        ctx = p.ctx
+        loop = asyncio.get_running_loop()
+        steps.add("signals", start=functools.partial(self._signals, loop, add=True), stop=functools.partial(self._signals, loop, add=False))
+        steps.add("stores", stop=p.stores.dispose)
+        steps.add("http", start=functools.partial(self._serve, ctx), stop=self._stop_serving)
+        if ctx.alerter is not None:
+            alerter = ctx.alerter
+            task = _Task(ctx, "alerts", alerter.run)
+            steps.add("alerts", start=task.start, stop=functools.partial(task.stop, then=alerter.aclose, within_s=5.0))
+        # the stages run supervised (collector/tasks.py): one that raises is restarted, and says so
+        stages: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("writer", p.writer.run),
+            ("snapshots", p.committer.run),
+            ("detectors", p.detectors.run),
+            ("wedges", p.wedges.run),
+            ("retention", functools.partial(self._retention, p.stores)),
+            ("departures", p.departures.run),
+        ]
+        if p.fleet is not None:
+            stages.append(("fleet", p.fleet.run))
+        stages.append(("heartbeat", functools.partial(self._heartbeat, ctx)))
+        rows = p.fleet if p.fleet is not None else p.writer
+        for i, k in enumerate(p.kernel_logs):  # stopped after the writer's last flush: it saves the last mark
+            stages.append((f"kmsg-mark:{i}", functools.partial(keep_mark, k, rows)))  # the sink events go to
+        for name, run in stages:
+            stage = _Task(ctx, name.partition(":")[0], run)
+            steps.add(name, start=stage.start, stop=stage.stop)
+        if not migrated:
+            migrate = _Task(ctx, "migrate", self._migrate_when_back, once=True)
+            steps.add("migrate", start=migrate.start, stop=migrate.stop)
+        steps.add("durability", stop=functools.partial(self._make_durable, p))
+        steps.add("sources", start=functools.partial(self._start_sources, ctx), stop=self._stop_sources)
+        steps.add("listening", start=self._listening)
+        return steps
 
-        config = uvicorn.Config(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False, lifespan="off")
-        self.server = _Server(config)
+    def _signals(self, loop: asyncio.AbstractEventLoop, *, add: bool) -> None:
+        """The service owns SIGINT/SIGTERM: each asks for a graceful stop."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self.request_stop)
+                if add:
+                    loop.add_signal_handler(sig, self.request_stop)
+                else:
+                    loop.remove_signal_handler(sig)
 
-        tasks = [asyncio.create_task(s.run(hub), name=f"source:{s.name}") for s in ctx.supervised]
-        n_sources = len(tasks)
-        # the stages run supervised (collector/tasks.py): one that raises is restarted, and says so
-        start = ctx.tasks.start
-        tasks.append(start("writer", writer.run))
-        tasks.append(start("snapshots", committer.run))
-        tasks.append(start("detectors", detectors.run))
-        tasks.append(start("wedges", wedges.run))
-        tasks.append(start("retention", lambda: self._retention(stores)))
-        tasks.append(start("departures", departures.run))
-        if isinstance(rows, FleetRows):
-            tasks.append(start("fleet", rows.run))
-        tasks.append(start("heartbeat", lambda: self._heartbeat(ctx)))
-        for k in kernel_logs:  # after the sources: cancelled after the writer's last flush, it saves the last mark
-            tasks.append(start("kmsg-mark", functools.partial(keep_mark, k, rows)))  # the sink events go to
-        if not migrated:
-            tasks.append(start("migrate", self._migrate_when_back, once=True))
-        if ctx.alerter is not None:
-            tasks.append(start("alerts", ctx.alerter.run))
-        server_task = asyncio.create_task(self.server.serve(), name="http")
-        while not self.server.started and not server_task.done():
+    def _serve(self, ctx: AppContext) -> None:
+        """The HTTP server's task; it binds while the later steps start (``_listening``)."""
+        from collector.api.app import create_app
+
+        settings = self.settings
+        config = uvicorn.Config(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False, lifespan="off")
+        self.server = _Server(config)
+        self._server_task = asyncio.create_task(self.server.serve(), name="http")
+
+    async def _listening(self) -> None:
+        """Until the HTTP server listens; a bind that failed stops the service."""
+        server, task = self.server, self._server_task
+        assert server is not None and task is not None
+        while not server.started and not task.done():
             await asyncio.sleep(0.02)
-        if server_task.done():
-            for t in tasks:
-                t.cancel()
-            failure = server_task.exception()
-            raise SystemExit(f"cannot serve on {settings.host}:{settings.port}: {failure or 'bind failed'}")
-        self.started.set()
-        log.info("flightrec serving on http://%s:%d (database %s)", settings.host, self.port, _safe_url(settings.database))
-        await self.stop_event.wait()
+        if task.done():
+            failure = task.exception()
+            raise SystemExit(f"cannot serve on {self.settings.host}:{self.settings.port}: {failure or 'bind failed'}")
 
-        log.info("stopping: flushing what is held")
-        for t in tasks[:n_sources]:
+    async def _stop_serving(self) -> None:
+        if self.server is None or self._server_task is None:
+            return
+        if self._server_task.done():  # it never listened (``_listening`` said why)
+            return
+        self.server.should_exit = True
+        await self._server_task
+
+    def _start_sources(self, ctx: AppContext) -> None:
+        self._source_tasks = [asyncio.create_task(s.run(ctx.hub), name=f"source:{s.name}") for s in ctx.supervised]
+
+    async def _stop_sources(self) -> None:
+        for t in self._source_tasks:
             t.cancel()
-        await asyncio.gather(*tasks[:n_sources], return_exceptions=True)
-        await committer.drain(timeout=10.0)
-        # durability at stop: what is held in memory only is spooled or committed once more;
-        # what neither takes is logged as lost, and the process exits non-zero (collector.cli.serve)
-        self.lost_snapshots = await committer.close(timeout=STOP_RETRY_S)
-        if stacks is not None:
-            stacks.close()
-        await writer.flush(everything=True)
-        if isinstance(rows, FleetRows):
-            await rows.flush(everything=True)  # into the outbox at least; shipped if the shared store answers
-        if writer.pending_rows or committer.backlog:  # the database is down or full: say what it did not take
+        await asyncio.gather(*self._source_tasks, return_exceptions=True)
+
+    async def _make_durable(self, p: _Parts) -> None:
+        """What is held in memory is made durable: the snapshots drained, then spooled or
+        committed once more (what neither takes is logged as lost, and the process exits
+        non-zero: collector.cli.serve), the writer's last flush."""
+        await p.committer.drain(timeout=10.0)
+        self.lost_snapshots = await p.committer.close(timeout=STOP_RETRY_S)
+        if p.stacks is not None:
+            p.stacks.close()
+        await p.writer.flush(everything=True)
+        if p.fleet is not None:
+            await p.fleet.flush(everything=True)  # into the outbox at least; shipped if the shared store answers
+        if p.writer.pending_rows or p.committer.backlog:  # the database is down or full: say what it did not take
             log.error(
                 "stopping with %d rows and %d snapshots not stored (%s); spooled snapshots are committed at the "
                 "next start, and steps still in the rings are read again",
-                writer.pending_rows,
-                committer.backlog,
-                writer.last_error or "database not answering",
+                p.writer.pending_rows,
+                p.committer.backlog,
+                p.writer.last_error or "database not answering",
             )
-        for t in tasks[n_sources:]:
-            t.cancel()
-        if ctx.alerter is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ctx.alerter.aclose(), 5)  # flush what is queued
-        self.server.should_exit = True
-        await server_task
-        await asyncio.gather(*tasks, return_exceptions=True)
-        stores.dispose()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(sig)
 
     async def _heartbeat(self, ctx: AppContext, every: float = 0.25) -> None:
         """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz); and
@@ -305,9 +373,6 @@ class Service:
 
     def _committed(self, doc: SnapshotDoc, trigger: Event) -> None:
         assert self.ctx is not None
-        from collector.api.metrics import observe_commit_latency
-
-        observe_commit_latency(max(time.time() - trigger.ts, 0.0))
         key = (doc.engine, trigger.kind.value)
         self.ctx.snapshot_counts[key] = self.ctx.snapshot_counts.get(key, 0) + 1
         if self.ctx.alerter is not None:
@@ -345,6 +410,48 @@ class Service:
                     log.info("retention: %s", counts)
             except StorageError as exc:
                 log.warning("retention skipped: %s", exc)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """The wired stages the steps start and stop."""
+
+    stores: Stores
+    writer: BatchWriter
+    fleet: FleetRows | None
+    kernel_logs: list[KmsgSource | KlogSource]
+    stacks: HangStacks | None
+    committer: SnapshotCommitter
+    detectors: DetectorTask
+    wedges: WedgeWatch
+    departures: Departures
+    ctx: AppContext
+
+
+class _Task:
+    """One supervised stage (``AppContext.tasks``) as a step: started, then cancelled at stop."""
+
+    def __init__(self, ctx: AppContext, name: str, run: Callable[[], Awaitable[None]], *, once: bool = False) -> None:
+        self.ctx, self.name, self.run, self.once = ctx, name, run, once
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = self.ctx.tasks.start(self.name, self.run, once=self.once)
+
+    async def stop(self, then: Callable[[], Awaitable[None]] | None = None, within_s: float = 5.0) -> None:
+        """Cancelled; ``then`` (a last flush) awaited within ``within_s`` before the task ends."""
+        if self.task is None:
+            return
+        self.task.cancel()
+        if then is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(then(), within_s)
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def _poll_all(recorders: list[RecorderSource], intake: Intake) -> None:
+    for r in recorders:
+        r.poll(intake)
 
 
 def _default_spool(settings: Settings) -> Path:

@@ -32,6 +32,8 @@ from collector.sources.kmsg_settings import KmsgSettings
 from collector.sources.nvml_settings import NvmlSettings
 from collector.stacks.settings import StacksSettings
 
+__all__ = ["EngineConfig", "RetentionConfig", "Settings", "SettingsError", "load_settings"]
+
 
 class SettingsError(FlightrecError):
     """Invalid settings. ``str()`` is one line per problem, each naming the key."""
@@ -57,7 +59,8 @@ class EngineConfig(BaseModel):
 class RetentionConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
-    steps_hours: float = Field(default=24.0, gt=0, description="continuous per-step series")
+    steps_hours: float = Field(default=24.0, gt=0, description="every step (chunks) and every /metrics scrape")
+    step_seconds_hours: float = Field(default=72.0, gt=0, description="the per-second step series (engine_step_seconds)")
     gpu_samples_hours: float = Field(default=24.0, gt=0)
     events_days: float = Field(default=30.0, gt=0)
     coarse_days: float = Field(default=7.0, gt=0, description="the shared store's coarse series (Postgres: whole partitions)")
@@ -75,6 +78,9 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     scrape_interval: float = Field(default=1.0, gt=0, le=3600)
     scrape_timeout: float = Field(default=2.0, gt=0)
     health_fail_threshold: int = Field(default=3, ge=1)
+    engine_start_grace_s: float = Field(
+        default=600.0, ge=0, description="an engine that never answered is starting, not down, this long after the first try"
+    )
     # one store, or a mapping {local, shared}: collector/fleet/placement.py says what goes where
     database: str = "sqlite:///flightrec.db"
     database_local: str | None = Field(default=None, description="set by database's mapping form: the node-local store")
@@ -98,7 +104,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     )
     # All engines' blocks together: a node's memory must not grow with its engine count. 32 MiB
     # leaves up to 4 engines their 8 MiB each; at 8 engines each keeps 4 MiB (~440 steps, 4 s at
-    # 256 running x 100 steps/s): 24 MiB less held at that load (BENCHMARKS.md, Node scale).
+    # 256 running x 100 steps/s).
     ring_request_bytes_total: int = Field(
         default=32 * 1024 * 1024,
         ge=1 << 16,

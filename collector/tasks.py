@@ -1,4 +1,4 @@
-"""The sidecar's own long-running tasks (writer, snapshot committer, detectors, alert router,
+"""Internal: The sidecar's own long-running tasks (writer, snapshot committer, detectors, alert router,
 retention, heartbeat), each run under a supervisor: a task that raises is logged with its
 traceback and restarted after a backoff (0.5 s doubling to 30 s, back to 0.5 s after a minute
 of good running), so one bug costs a restart, never a dead stage behind an ``ok`` /healthz.

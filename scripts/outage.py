@@ -387,9 +387,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fig["tasks"] = {t["name"]: t["restarts"] for t in final_health.get("tasks", [])}
         side.send_signal(signal.SIGINT)  # a graceful stop: what it holds is flushed
         fig["sidecar_exit"] = side.wait(60)
-        rows = cluster.query(
-            "SELECT e.name, count(*), count(DISTINCT s.step) FROM engine_steps s JOIN engines e ON e.id = s.engine_id GROUP BY e.name"
-        )
+        from collector.storage.steps import count_stored_steps  # noqa: PLC0415 - the chunks are decoded to count
+
+        rows = [(name, *count_stored_steps(cluster.url, engine=name)) for name in sent]
         stored = {str(name): int(distinct) for name, _, distinct in rows}
         fig["steps_stored"] = sum(stored.values())
         fig["duplicate_step_rows"] = sum(int(n) - int(d) for _, n, d in rows)

@@ -23,7 +23,7 @@ RANK = {
     "malloc": 0,
     "heap": 0,
     "durable": 0,
-    "columns": 0,  # steps as column arrays: the form ingest's window keeps and storage takes (numpy)
+    "columns": 0,  # steps as numpy columns: the form ingest's window keeps and hands storage (imports only the model)
     "__init__": 0,
     "channel": 1,
     "parsers": 1,
@@ -31,6 +31,7 @@ RANK = {
     "recorder": 2,  # engine side: writes the channel
     "vllm": 3,  # vLLM's adapters over the recorder
     "tasks": 3,  # the supervisor every long-running stage runs under
+    "components": 3,  # named steps started in order, stopped in reverse (the wiring declares its own)
     "sources": 4,
     "stacks": 4,  # reads the node's processes (/proc, py-spy) for a wedge's snapshot, like a source
     "ingest": 5,
@@ -296,3 +297,141 @@ def test_the_records_that_flow_are_frozen_and_slotted() -> None:
         assert hasattr(cls, "__slots__"), f"{name} has no slots"
         if name not in STILL_MUTABLE:
             assert params.frozen, f"{name} is not frozen"
+
+
+# -- the public surface (docs/public-surface.md) ------------------------------------------------------
+DOCS = ROOT.parent / "docs"
+INTERNAL = "Internal:"
+# Modules of other stages that do not say yet whether they are public: each is marked (``__all__``
+# or an ``Internal:`` docstring) by the next change to its stage, which removes it from here.
+NOT_MARKED_YET = {
+    "collector.ingest",
+    "collector.channel.blocks",
+}
+NO_ALL_YET = {"collector.vllm.plugin", "collector.vllm.scheduler"}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _public_modules() -> set[str]:
+    """The modules the public surface's table names."""
+    table = [line for line in (DOCS / "public-surface.md").read_text().splitlines() if line.startswith("|")]
+    import re
+
+    return {m for line in table for m in re.findall(r"`(collector(?:\.\w+)*)`", line)}
+
+
+def _docstring_line(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Top-level names of a module, and those its module ``__getattr__`` answers (lazy imports)."""
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+            if node.name == "__getattr__":
+                out |= {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        elif isinstance(node, ast.Assign):
+            out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return out
+
+
+def _all(tree: ast.Module) -> list[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            return list(value)
+    return None
+
+
+def _path_of(module: str) -> Path:
+    base = ROOT.parent.joinpath(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def test_every_public_module_has_all_and_everything_in_it_exists() -> None:
+    public = _public_modules()
+    assert {"collector.cli", "collector.settings", "collector.recorder", "collector.channel"} <= public
+    against = []
+    for module in sorted(public):
+        path = _path_of(module)
+        assert path.exists(), f"docs/public-surface.md names {module}, which does not exist"
+        tree = ast.parse(path.read_text())
+        names = _all(tree)
+        if names is None:
+            if module not in NO_ALL_YET:
+                against.append(f"{module}: no __all__")
+            continue
+        missing = sorted(set(names) - _defined(tree))
+        if missing:
+            against.append(f"{module}: __all__ names {missing}, which it does not define")
+        if _docstring_line(path).startswith(INTERNAL):
+            against.append(f"{module}: public, but its docstring says {INTERNAL}")
+    assert not against, "\n".join(against)
+
+
+def test_every_other_module_says_it_is_internal() -> None:
+    public = _public_modules()
+    against = []
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_name(path)
+        if module == "collector" or module in public or path.stem.startswith("_") and path.stem != "__init__":
+            continue  # the root package exports only ``__version__``; ``_name``: internal by its name
+        parts = module.split(".")
+        packages = [".".join(parts[:i]) for i in range(2, len(parts) + 1)]  # itself, and each package above it
+        if any(p in NOT_MARKED_YET for p in packages):
+            continue
+        marked = [p for p in packages if _path_of(p).exists() and _docstring_line(_path_of(p)).startswith(INTERNAL)]
+        if not marked:
+            against.append(f"{module}: neither public (docs/public-surface.md) nor marked {INTERNAL!r}")
+    assert not against, "\n".join(against)
+
+
+def test_doc_examples_import_only_the_public_surface() -> None:
+    """What the README and docs/ show a user importing is public, and in its module's ``__all__``."""
+    import re
+
+    public = _public_modules()
+    against = []
+    for doc in [ROOT.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for module, names in re.findall(r"^\s*from (collector(?:\.\w+)*) import ([\w, ]+)", doc.read_text(), re.M):
+            if module not in public:
+                against.append(f"{doc.name}: imports {module}, which is internal")
+                continue
+            exported = _all(ast.parse(_path_of(module).read_text())) or []
+            against += [f"{doc.name}: imports {n} from {module}, not in its __all__" for n in names.replace(" ", "").split(",") if n not in exported]
+    assert not against, "\n".join(against)
+
+
+# -- an open snapshot's life (collector/snapshot/lifecycle.py) ----------------------------------------
+# Fields only an open snapshot has: nothing outside its module assigns them (they change through its
+# transitions; ``OpenSnapshot.__setattr__`` refuses it at run time too).
+OPEN_SNAPSHOT_FIELDS = {"snapshot_id", "amended", "duplicate", "spool_path", "intent_path", "spool_error", "late", "gpus", "retake", "until"}
+
+
+def test_an_open_snapshot_changes_only_through_its_transitions() -> None:
+    against = []
+    for path in sorted((ROOT / "snapshot").rglob("*.py")):
+        if path.name == "lifecycle.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr in OPEN_SNAPSHOT_FIELDS and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    against.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} assigns .{t.attr}")
+    assert not against, "\n".join(against)

@@ -254,3 +254,54 @@ def test_a_stage_that_raises_is_restarted_and_says_so_in_healthz_and_metrics(tmp
     assert metrics[("flightrec_task_up", "writer")] == 1 and metrics[("flightrec_task_restarts_total", "snapshots")] == 0
     rows = Repository(make_engine(db), host=svc.ctx.hub.host).recent_steps("decode-0", since=0)  # type: ignore[union-attr]
     assert sorted(r["step"] for r in rows) == list(range(40))  # nothing lost: the first 20 waited in the queue
+
+
+# The sidecar's steps, in start order (the stages and sources run while HTTP binds: ``listening``
+# waits for it last); a stop runs them bottom to top: the sources end first (no new input), what
+# is held is made durable, then the stages, the alerts, HTTP, the stores.
+SERVICE_STEPS = [
+    "signals",
+    "stores",
+    "http",
+    "writer",
+    "snapshots",
+    "detectors",
+    "wedges",
+    "retention",
+    "departures",
+    "heartbeat",
+    "durability",
+    "sources",
+    "listening",
+]
+
+
+def test_the_service_stops_its_steps_in_the_declared_reverse_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The declared order is what happens at a stop, and a step whose stop fails (the writer's
+    last flush raising) does not keep the later ones (HTTP, the stores) from stopping."""
+    import asyncio
+
+    from collector.service import Service
+    from collector.settings import Settings
+    from collector.storage.writer import BatchWriter
+
+    settings = Settings(engines=[], database=f"sqlite:///{tmp_path / 'f.db'}", nvml="off", kmsg="off", port=0, recorder_dir=tmp_path / "rec")
+    svc = Service(settings, spool_dir=tmp_path / "spool")
+
+    async def flush_failing(self: BatchWriter, *, everything: bool = False) -> None:
+        if everything:
+            raise OSError("injected: the last flush fails")
+
+    monkeypatch.setattr(BatchWriter, "flush", flush_failing)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(svc.run())
+        await asyncio.wait_for(svc.started.wait(), 30)
+        assert svc.steps.names == SERVICE_STEPS
+        svc.request_stop()
+        await task
+
+    asyncio.run(scenario())
+    assert svc.steps.stopped == list(reversed(SERVICE_STEPS))
+    assert svc.steps.stop_failures == ["durability"]
+    assert svc.server is not None and svc.server.should_exit

@@ -1,4 +1,4 @@
-"""Paging: alerts built from events and detector states, sent to Alertmanager's v2 API."""
+"""Internal: paging: alerts built from events and detector states, sent to Alertmanager's v2 API."""
 
 from collector.alerting.alertmanager import AlertmanagerClient, ClientStats, TargetStats
 from collector.alerting.alerts import (

@@ -1,1 +1,1 @@
-"""The sidecar's HTTP interface: REST API under /api/v1, /healthz, /metrics, snapshot pages."""
+"""Internal: the sidecar's HTTP interface: REST API under /api/v1, /healthz, /metrics, snapshot pages."""

@@ -7,8 +7,8 @@ Naming: ``flightrec_engine_*`` per engine, ``flightrec_gpu_*`` per GPU, base uni
 (``_seconds``, ``_bytes``, ``_ratio`` for 0-1 fractions), ``_total`` on counters. Checked
 with ``promtool check metrics`` (tests/api/test_metrics.py).
 
-The snapshot commit latency is a histogram fed through ``observe_commit_latency(seconds)``,
-which the snapshot committer calls once per commit.
+The snapshot commit latency is read from the one place that records it, the commit queue's
+``CommitLatency`` (collector/snapshot/latency.py), and exposed as a histogram.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -29,10 +29,11 @@ from collector.context import AppContext
 from collector.ingest.view import IngestView
 from collector.model import Severity
 from collector.snapshot.freeze import TRIGGER_KIND_VALUES
+from collector.snapshot.latency import BUCKETS, CommitLatency
 from collector.xid.catalog import default_catalog
 from collector.xid.catalog import lookup as xid_lookup
 
-COMMIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+COMMIT_BUCKETS = BUCKETS
 COMMIT_LATENCY_NAME = "flightrec_snapshot_commit_duration_seconds"
 # The Xid codes each known GPU exports at 0 before any Xid: the catalog's critical ones, the
 # faults that must never be missed (a warning code seen for the first time is born at 1 and the
@@ -40,23 +41,30 @@ COMMIT_LATENCY_NAME = "flightrec_snapshot_commit_duration_seconds"
 CRITICAL_XIDS = tuple(c for c in default_catalog().codes() if default_catalog().lookup(c).severity is Severity.CRITICAL)
 
 
-def commit_latency_histogram() -> Histogram:
-    """prometheus_client's histogram (thread-safe: commits run in worker threads), in no
-    registry: ``SidecarCollector`` yields it with the rest."""
-    return Histogram(COMMIT_LATENCY_NAME, "time from a fault's trigger to its snapshot's commit", buckets=COMMIT_BUCKETS, registry=None)
+def commit_latency_histogram() -> CommitLatency:
+    """An empty commit latency record with the histogram's buckets (a test's or a tool's own;
+    the sidecar's is its commit queue's)."""
+    return CommitLatency(COMMIT_BUCKETS)
 
 
-COMMIT_LATENCY = commit_latency_histogram()
+def observe_commit_latency(seconds: float, latency: CommitLatency) -> None:
+    """Record one snapshot commit in ``latency`` (a negative value or NaN is not kept)."""
+    latency.observe(seconds)
 
 
-def observe_commit_latency(seconds: float, histogram: Histogram = COMMIT_LATENCY) -> None:
-    """Record one snapshot commit: from the fault's trigger to the committed row."""
-    if seconds < 0 or seconds != seconds:  # a clock step or NaN says nothing
-        return
-    histogram.observe(seconds)
+def latency_histogram(latency: CommitLatency) -> HistogramMetricFamily:
+    """The commit latency as the Prometheus histogram it always was (no ``_created``)."""
+    hist = HistogramMetricFamily(COMMIT_LATENCY_NAME, "time from a fault's trigger to its snapshot's commit")
+    hist.add_metric([], [(_le(bound), float(n)) for bound, n in latency.buckets()], sum_value=latency.sum)
+    return hist
 
 
-def sidecar_registry(ctx: AppContext, *, commit_latency: Histogram = COMMIT_LATENCY) -> CollectorRegistry:
+def _le(bound: float) -> str:
+    """A bucket's bound as Prometheus writes it (``0.01``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def sidecar_registry(ctx: AppContext, *, commit_latency: CommitLatency | None = None) -> CollectorRegistry:
     """Our collector plus prometheus_client's process, platform (python_info) and GC ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(ctx, commit_latency=commit_latency))
@@ -67,9 +75,14 @@ def sidecar_registry(ctx: AppContext, *, commit_latency: Histogram = COMMIT_LATE
 
 
 class SidecarCollector(Collector):
-    def __init__(self, ctx: AppContext, *, commit_latency: Histogram = COMMIT_LATENCY) -> None:
+    def __init__(self, ctx: AppContext, *, commit_latency: CommitLatency | None = None) -> None:
+        """``commit_latency``: read from there instead of the sidecar's commit queue (tests)."""
         self.ctx = ctx
-        self.commit_latency = commit_latency
+        self._commit_latency = commit_latency
+
+    @property
+    def commit_latency(self) -> CommitLatency:
+        return self._commit_latency if self._commit_latency is not None else self.ctx.committer.latency
 
     def collect(self) -> Iterable[Metric]:
         view = self.ctx.view
@@ -281,10 +294,7 @@ class SidecarCollector(Collector):
         for (engine, trig), n in sorted(counts.items()):
             snaps.add_metric([host, engine, trig], n)
         yield snaps
-        for metric in self.commit_latency.collect():
-            # the series it always had: no ``_created`` (a start time, not a latency)
-            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            yield metric
+        yield latency_histogram(self.commit_latency)
 
         # a source of one engine (``vllm_metrics:decode-0``, ``engine_log:decode-0``) carries that
         # engine, so Alertmanager quiets its FlightrecSourceDown under the engine's own crash page

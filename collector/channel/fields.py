@@ -1,4 +1,4 @@
-"""Typed reads of the fields of a JSON ring record; anything else raises ``FieldError``.
+"""Internal: typed reads of the fields of a JSON ring record; anything else raises ``FieldError``.
 
 A JSON record is written by our recorder, but the ring file is readable by anyone who can
 write into the recorder folder, and a bug on the engine side must not become a value the

@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import NamedTuple
 from urllib.parse import quote, unquote
 
+__all__ = ["ROLES", "SUFFIX", "RingName", "parse_ring_file_name", "ring_file_name"]
+
 SUFFIX = ".ring"
 ROLES = ("stats", "sched")
 

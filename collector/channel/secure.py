@@ -1,4 +1,4 @@
-"""The recorder folder and its ring files belong to us: owner-only, no symlink, regular files.
+"""Internal: the recorder folder and its ring files belong to us: owner-only, no symlink, regular files.
 
 The folder lives in ``/dev/shm`` by default, which every local user can write and which is
 emptied at boot: whoever creates ``/dev/shm/flightrec`` first owns it. Were it another user, they

@@ -35,6 +35,8 @@ from collector.cli.common import (
 from collector.redact import redact_text
 from collector.settings import SettingsError
 
+__all__ = ["COMMANDS", "build_parser", "main"]
+
 
 class _Replay:
     """``flightrec replay`` (collector/cli/replay.py) builds its own parser; this adapts it."""

@@ -1,4 +1,4 @@
-"""What every ``flightrec`` subcommand shares: the failure type, the settings options, the
+"""Internal: what every ``flightrec`` subcommand shares: the failure type, the settings options, the
 SQLite pre-flight checks and ``-`` as stdin/stdout.
 
 Exit codes (one place, so every command agrees):

@@ -1,4 +1,4 @@
-"""``flightrec db upgrade|downgrade|current``: Alembic migrations, SQLite and Postgres."""
+"""Internal: ``flightrec db upgrade|downgrade|current``: Alembic migrations, SQLite and Postgres."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``flightrec health``: exit 0 if the sidecar this configuration describes answers /healthz;
+"""Internal: ``flightrec health``: exit 0 if the sidecar this configuration describes answers /healthz;
 ``flightrec health --engine NAME``: exit 0 if that engine is healthy by the sidecar's verdict.
 
 For container health checks: it reads the same settings as ``serve`` (file, FLIGHTREC_*

@@ -1,4 +1,4 @@
-"""``flightrec inspect-log FILE|- [--json]``: an offline post-mortem of an engine log.
+"""Internal: ``flightrec inspect-log FILE|- [--json]``: an offline post-mortem of an engine log.
 
 FILE may be ``-`` (stdin: ``kubectl logs POD -c vllm | flightrec inspect-log -``) and may be
 gzip-compressed (recognised by its magic bytes, whatever its name). A file that is not text

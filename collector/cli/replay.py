@@ -1,4 +1,4 @@
-"""``flightrec replay``: drive an OpenAI-compatible endpoint with the load recorded before a crash.
+"""Internal: ``flightrec replay``: drive an OpenAI-compatible endpoint with the load recorded before a crash.
 
     flightrec replay SNAPSHOT_ID --target URL [--speed X] [--model NAME] [--db URL | --sidecar URL]
     flightrec replay --plan SNAPSHOT_ID

@@ -1,4 +1,4 @@
-"""``flightrec report ID [-o FILE] [--bundle [FILE]] [--keep-hostnames]``: a stored snapshot as
+"""Internal: ``flightrec report ID [-o FILE] [--bundle [FILE]] [--keep-hostnames]``: a stored snapshot as
 an upstream bug report.
 
 The Markdown goes to stdout or ``-o FILE``; ``--bundle`` also writes the redacted archive to

@@ -1,4 +1,4 @@
-"""``flightrec rules``: the shipped Prometheus rules with absolute runbook links, for Prometheus
+"""Internal: ``flightrec rules``: the shipped Prometheus rules with absolute runbook links, for Prometheus
 or a PrometheusRule. The base comes from ``--runbook-base`` or the settings'
 ``alerting.runbook_base`` (the base the sidecar's own alerts link to)."""
 

@@ -1,4 +1,4 @@
-"""``flightrec serve`` (the sidecar) and ``flightrec demo`` (the sidecar plus a simulated
+"""Internal: ``flightrec serve`` (the sidecar) and ``flightrec demo`` (the sidecar plus a simulated
 prefill/decode pair that crashes like the incident)."""
 
 from __future__ import annotations

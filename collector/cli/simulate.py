@@ -1,4 +1,4 @@
-"""``flightrec simulate``: a node-sized load of simulated vLLM engines, for sizing the sidecar.
+"""Internal: ``flightrec simulate``: a node-sized load of simulated vLLM engines, for sizing the sidecar.
 
     flightrec simulate --engines 8 --running 256 --steps-per-second 100 --duration 120 \\
         --recorder-dir /dev/shm/flightrec --write-config sidecar.yaml --serve-metrics

@@ -1,4 +1,4 @@
-"""``flightrec snapshots list|show|export``: read stored snapshots. Read-only: a missing
+"""Internal: ``flightrec snapshots list|show|export``: read stored snapshots. Read-only: a missing
 database is an error, nothing is created."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Anomaly detectors: pure functions over the live series, and the runner that gates them."""
+"""Internal: anomaly detectors: pure functions over the live series, and the runner that gates them."""
 
 from collector.detectors.base import DetectorState, Hysteresis, Transition
 from collector.detectors.config import DetectorThresholds

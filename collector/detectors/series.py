@@ -102,7 +102,7 @@ def connector_level(steps: Sequence[StepRecord], stat: str) -> list[Point]:
 class ScrapeSeries:
     """One engine's scrape series, kept up to date one scrape at a time: each tick extracts the
     scrapes that arrived since the last one instead of every scrape held (361 s of them per
-    engine; re-reading them all was 40% of the detector task's time at 8 engines).
+    engine).
 
     ``feed`` takes the engine's scrapes oldest first (the hub's deque, the same objects from tick
     to tick): it finds the last scrape it took by identity and extracts what follows; a list

@@ -82,6 +82,7 @@ def prune(stores: Stores, retention: Any, *, partition_hours: float, now: float 
         pg = repo.dialect == "postgresql"
         counts = repo.prune(
             steps_before=now - retention.steps_hours * 3600,
+            step_seconds_before=now - retention.step_seconds_hours * 3600,
             gpu_before=now - retention.gpu_samples_hours * 3600,
             events_before=0.0 if pg else now - keep_events,
             snapshots_before=None if retention.snapshots_days is None or repo is not stores.primary else now - retention.snapshots_days * 86400,

@@ -1,1 +1,1 @@
-"""Pure parsers of the text the sources read: no I/O here."""
+"""Internal: pure parsers of the text the sources read: no I/O here."""

@@ -58,7 +58,7 @@ def _token_regex(quotes: str) -> re.Pattern[str]:
 # runs unterminated to the end of the text is read as a bare character; every later quote of the
 # same kind is unterminated too (its scan runs in step with the first one's from there on), so
 # that kind is dropped from the pattern rather than rescanned to the end at each occurrence,
-# which made a line of backslash-quotes quadratic (40 KB took 12 s on the event loop).
+# which would make a line of backslash-quotes quadratic.
 _TOKENS = {q: _token_regex(q) for q in ("'\"", "'", '"', "")}
 
 _ATOM = "atom"

@@ -1,4 +1,4 @@
-"""What every engine-side recorder writes besides its per-step records: the deployment
+"""Internal: what every engine-side recorder writes besides its per-step records: the deployment
 fingerprint and events. ``StatsRecorder`` and ``RequestRecorder`` build on it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from collector.channel.codec import encode
+from collector.channel.wire import encode
 from collector.recorder.channel import RecorderChannel
 from collector.recorder.env import recorder_dir_from_env
 from collector.recorder.identity import EngineIdentity

@@ -1,4 +1,4 @@
-"""The in-engine end of the channel: one ring file per writing process and engine.
+"""Internal: the in-engine end of the channel: one ring file per writing process and engine.
 
 Every recorder (``collector.recorder.stats``, ``collector.recorder.requests``) writes through a
 ``RecorderChannel``. It names the file (``collector.channel.naming``), writes the ``meta`` record
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from collector.channel.codec import encode
 from collector.channel.naming import ring_file_name
 from collector.channel.ringfile import RingWriter
 from collector.channel.secure import ensure_private_dir
+from collector.channel.wire import encode
 from collector.recorder.identity import EngineIdentity
 
 log = logging.getLogger("collector.recorder")
@@ -76,12 +76,14 @@ class RecorderChannel:
     def active(self) -> bool:
         return self._ring is not None
 
-    def write(self, payload: bytes) -> None:
+    def write(self, payload: bytes, crc: int | None = None, tail: bytes = b"") -> None:
+        """One record, ``payload`` then ``tail``; ``crc``, when given, is the CRC of both (see
+        ``RingWriter.append``)."""
         ring = self._ring
         if ring is None:
             return
         try:
-            ring.append(payload)
+            ring.append(payload, crc, tail)
             wrap = ring.head // self._capacity
             if wrap != self._wrap:
                 self._wrap = wrap

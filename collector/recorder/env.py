@@ -1,4 +1,4 @@
-"""The recorder's few settings, read from the environment of the engine it runs in.
+"""Internal: the recorder's few settings, read from the environment of the engine it runs in.
 
 The recorder runs inside every vLLM process, so it reads its settings here and imports nothing
 of the sidecar's (``collector.settings`` would bring pydantic-settings, YAML, the alerting and the

@@ -1,4 +1,4 @@
-"""Who writes a ring: the facts that let the sidecar join a recorder to the engine it watches.
+"""Internal: who writes a ring: the facts that let the sidecar join a recorder to the engine it watches.
 
 An engine is reached through its API server, so the identity is the API server's: its pid (the
 same in the stat logger and in the engine core, so both halves of a step meet), and where it

@@ -1,4 +1,4 @@
-"""``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
+"""Internal: ``RequestRecorder``: the running requests of one engine step (one binary ``R`` record per
 call), and the workload records a replay is built from (``W`` arrive/end, once per request).
 
 What vLLM's ``RecordingScheduler`` writes through; any other engine or a load simulator writes
@@ -24,7 +24,18 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-from collector.channel.codec import STATUS_CODE, UNKNOWN_STATUS, encode_arrival, encode_end, encode_request_columns
+from collector.channel.crc import SuffixCrc
+from collector.channel.wire import (
+    FLAG_HOST_BLOCKS,
+    FLAG_MIRROR,
+    REQS_HEAD,
+    STATUS_CODE,
+    TAG_REQS,
+    UNKNOWN_STATUS,
+    encode_arrival,
+    encode_end,
+    encode_request_columns,
+)
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import SCHED_RING_BYTES
 
@@ -81,6 +92,37 @@ def _encode_columns(
     )
 
 
+class _StableTail:
+    """The columns at the end of a request record that did not change since the last one, with
+    their CRC (``SuffixCrc``), kept while they stay the same objects."""
+
+    __slots__ = ("_last", "_from", "crc")
+
+    def __init__(self) -> None:
+        self._last: list[bytes] = []
+        self._from = 0  # where the held suffix starts in the last record's parts
+        self.crc: SuffixCrc | None = None
+
+    def cut(self, parts: list[bytes]) -> tuple[int, SuffixCrc] | None:
+        """Where this record's unchanged end starts, and the CRC of ``parts[cut:]``; None when no
+        column at its end is the same object as in the last record."""
+        last, self._last = self._last, parts
+        i = len(parts)
+        if len(last) != i:
+            self.crc = None
+            return None
+        while i and parts[i - 1] is last[i - 1]:
+            i -= 1
+        if self.crc is not None and i <= self._from:
+            return self._from, self.crc
+        if i == len(parts):
+            self.crc = None
+            return None
+        self.crc = crc = SuffixCrc(b"".join(parts[i:]))
+        self._from = i
+        return i, crc
+
+
 class RequestRecorder(RecorderBase):
     """Writes the ``sched`` ring of one engine (the engine-core side in vLLM)."""
 
@@ -88,6 +130,7 @@ class RequestRecorder(RecorderBase):
 
     def __init__(self, *args: Any, capacity: int = SCHED_RING_BYTES, **kwargs: Any) -> None:
         super().__init__(*args, capacity=capacity, **kwargs)
+        self._tail = _StableTail()
 
     def write_requests(
         self,
@@ -122,6 +165,54 @@ class RequestRecorder(RecorderBase):
             mirror_rows,
             host_blocks,
         )
+
+    def write_encoded(
+        self,
+        step: int,
+        ts: float,
+        n: int,
+        ids: bytes,
+        prompt_len: bytes,
+        computed: bytes,
+        output: bytes,
+        preemptions: bytes,
+        status: bytes,
+        mirror_rows: bytes | None = None,
+        host_blocks: bytes | None = None,
+    ) -> None:
+        """``write_requests`` for columns already in their wire form, the engine's hot path:
+        ``ids`` NUL-joined UTF-8, ``status`` one byte each, the other columns the bytes of an
+        ``array("I")`` (``array("i")`` for ``mirror_rows`` and ``host_blocks``). Nothing is
+        converted or checked here; the record is the one ``write_requests`` writes.
+
+        A column passed again as the same ``bytes`` object as in the last call is known not to
+        have changed: the unchanged columns at the record's end (the ids, and mostly the
+        statuses and preemptions) are joined and summed for the ring's CRC once, not per step
+        (``collector.channel.crc``)."""
+        channel = self.channel
+        if not channel.active:
+            return
+        try:
+            parts = [prompt_len, computed, output, preemptions, status]
+            flags = 0
+            if mirror_rows is not None:
+                parts.append(mirror_rows)
+                flags = FLAG_MIRROR
+            if host_blocks is not None:
+                parts.append(host_blocks)
+                flags |= FLAG_HOST_BLOCKS
+            parts.append(ids)
+            head = TAG_REQS + REQS_HEAD.pack(step, ts, n, flags)
+            held = self._tail.cut(parts)
+            if held is None:
+                channel.write(head + b"".join(parts))
+                return
+            cut, tail = held
+            prefix = head + b"".join(parts[:cut])
+        except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
+            channel.fail(f"write_requests raised {exc!r}")
+            return
+        channel.write(prefix, tail.crc(prefix), tail.suffix)
 
     def write_arrival(
         self,

@@ -1,4 +1,4 @@
-"""``StatsRecorder``: one engine step's aggregates, one binary ``S`` record per call.
+"""Internal: ``StatsRecorder``: one engine step's aggregates, one binary ``S`` record per call.
 
 This is what vLLM's stat-logger plugin (``collector.vllm.plugin``) writes through, and what any
 other engine or a load simulator calls to write steps the way vLLM's adapter does::
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.channel.codec import encode_step_fields
+from collector.channel.wire import encode_step_fields
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import STATS_RING_BYTES
 

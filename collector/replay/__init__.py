@@ -1,0 +1,1 @@
+"""Internal: replaying a snapshot's recorded load against an engine (``flightrec replay``)."""

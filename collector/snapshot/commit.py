@@ -26,7 +26,8 @@ from collector.model import Event
 from collector.snapshot import intent, spool
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.freeze import Capture
-from collector.snapshot.ledger import OpenSnapshot
+from collector.snapshot.latency import CommitLatency
+from collector.snapshot.lifecycle import OpenSnapshot, Stored
 from collector.storage.connect import StorageError
 from collector.storage.repo import Repository, SnapshotAmend, SnapshotCommit, pack_parts
 from collector.storage.writer import event_row
@@ -72,7 +73,7 @@ class CommitQueue:
         self.committed = 0
         self.failed = 0  # snapshots the database refused for good (set aside, logged)
         self.spool_error = ""  # why the last spool write failed ("" once one succeeds): /healthz
-        self.commit_latency: list[float] = []  # seconds, trigger seen -> committed
+        self.latency = CommitLatency()  # trigger seen -> first commit: recorded here only
 
     def put(self, job: Job) -> None:
         self._seq += 1
@@ -162,13 +163,12 @@ class CommitQueue:
         try:
             if o.spool_path is not None and o.spool_path.name != name:
                 o.spool_path.unlink(missing_ok=True)
-            o.spool_path = await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs)
+            o.spooled(await asyncio.to_thread(spool.write, self.spool_dir, name, doc.header(), meta, blobs))
             if self.spool_error:
                 log.warning("the spool is writable again")
             self.spool_error = ""
         except OSError as exc:
-            o.spool_path = None
-            o.spool_error = str(exc)
+            o.spool_failed(str(exc))
             if not self.spool_error:  # once per failing spell: a full disk fails every snapshot alike
                 log.error("cannot spool the snapshot of %s (%s): held in memory until committed", o.engine, exc)
             self.spool_error = f"{type(exc).__name__}: {exc}"
@@ -182,21 +182,21 @@ class CommitQueue:
         try:
             results = await asyncio.to_thread(self._store, job, docs)
         except StorageError as exc:
-            for o in job.opens:
-                o.error = str(exc)
             if exc.permanent:
                 if len(job.opens) > 1:  # find the one the database refuses: the others go in
                     for i in range(len(job.opens)):
                         await self.commit(job.single(i))
                     return True
                 o = job.opens[0]
+                o.refuse(str(exc))
                 self.failed += 1
                 log.error("the database refused the snapshot of %s for good (%s); its spool file is kept aside", o.engine, exc)
                 if o.spool_path is not None:
                     spool.set_aside(o.spool_path, str(exc))
                 self._drop_intent(o)  # retaking it would be refused again
-                o.resolve()
                 return True
+            for o in job.opens:
+                o.commit_failed(str(exc))
             where = ", ".join(f"{o.engine} ({o.spool_path.name if o.spool_path else 'memory'})" for o in job.opens)
             log.error("snapshots not committed yet (%s); spooled: %s; retrying", exc, where)
             return False
@@ -226,28 +226,30 @@ class CommitQueue:
         return self.repo.commit_snapshots(items, incident_window_s=self.window_s)
 
     def _done(self, o: OpenSnapshot, sp: spool.Spooled, doc: SnapshotDoc, first: bool, sid: int, stored: bool) -> None:
-        o.snapshot_id = sid
-        if first and not stored and o.retake is None:
+        if first and o.snapshot_id == sid and o.life.stored is Stored.COMMITTED:
+            # another attempt at its first version committed it meanwhile (a retry beside the
+            # amendment's commit): this one is not stored, and the snapshot is already done
+            first = False
+        elif first and not stored and o.retake is None:
             # The same trigger reported again (a restarted sidecar reading a dead engine's ring
             # once more): its snapshot is stored; this capture of it holds less (the logs are
             # followed from their end), so it neither replaces nor amends it.
-            o.amended = o.duplicate = True
+            o.found_stored(sid)
             first = False
             log.info("trigger %s of %s already has snapshot %d; not stored again", o.trigger.kind.value, o.engine, sid)
-            o.resolve()
-        o.error = ""
+        elif first:
+            o.commit_first(sid)
+        else:
+            o.commit_amendment(sid)
         self.waiting = [j for j in self.waiting if o not in j.opens or j.spooled[j.opens.index(o)] is sp]
         if sp.path.exists() and sp.path.parent == self.spool_dir:
             sp.path.unlink(missing_ok=True)
-        if o.spool_path == sp.path:
-            o.spool_path = None
+        o.spool_removed(sp.path)
         self._drop_intent(o)
         if first:
             self.committed += 1
-            self.commit_latency.append(max(time.time() - o.trigger.ts, 0.0))
-            del self.commit_latency[:-1000]
+            self.latency.observe(max(time.time() - o.trigger.ts, 0.0))
             log.info("snapshot %d of %s committed (trigger %s: %s)", sid, o.engine, o.trigger.kind.value, o.trigger.message[:120])
-            o.resolve()
             doc.id = sid
             for cb in self.on_committed:
                 try:
@@ -258,7 +260,7 @@ class CommitQueue:
     def _drop_intent(self, o: OpenSnapshot) -> None:
         if o.intent_path is not None:
             intent.remove(o.intent_path)
-            o.intent_path = None
+            o.intent_removed()
 
     def link_later(self, ev: Event, snapshot_id: int) -> None:
         """Late evidence of a committed snapshot: its stored row points at it."""
@@ -300,13 +302,14 @@ class CommitQueue:
             left = max(deadline - loop.time(), 0.0)
             if o.spool_path is None:
                 try:
-                    o.spool_path = await asyncio.wait_for(
+                    path = await asyncio.wait_for(
                         asyncio.to_thread(spool.write, self.spool_dir, sp.path.name, sp.header, sp.meta, sp.blobs), left / 2
                     )
-                    sp.path = o.spool_path
+                    o.spooled(path)
+                    sp.path = path
                     log.warning("snapshot of %s spooled at stop (%s)", o.engine, sp.path.name)
                 except (OSError, TimeoutError) as exc:
-                    o.spool_error = str(exc) or "timed out"
+                    o.spool_failed(str(exc) or "timed out")
             left = max(deadline - loop.time(), 0.0)
             done = False
             if left > 0:

@@ -21,6 +21,7 @@ from collector.model import Event
 from collector.snapshot.commit import CommitQueue
 from collector.snapshot.document import SnapshotDoc
 from collector.snapshot.hang import HangStacks
+from collector.snapshot.latency import CommitLatency
 from collector.snapshot.ledger import OpenSnapshot, SnapshotLedger
 from collector.snapshot.policy import TriggerPolicy
 from collector.snapshot.recovery import Recovery
@@ -88,8 +89,14 @@ class SnapshotCommitter:
         return self.queue.spool_error
 
     @property
+    def latency(self) -> CommitLatency:
+        """Trigger seen -> first commit, recorded by the commit queue (the /metrics histogram reads it)."""
+        return self.queue.latency
+
+    @property
     def commit_latency(self) -> list[float]:
-        return self.queue.commit_latency
+        """The newest commit latencies in seconds, oldest first (read from ``latency``)."""
+        return self.queue.latency.recent()
 
     # -- the task ----------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -100,7 +107,7 @@ class SnapshotCommitter:
         """At shutdown: process what is queued and the amendments not due yet, within ``timeout``.
 
         The amendments are queued here, not through a timer of delay 0: the queue's ``join`` must
-        see them (a timer fires after it returned, and the amendment was lost at every stop)."""
+        see them, and a timer would fire after it returned."""
         self.policy.amend_now()
         await self.queue.join(timeout)
 

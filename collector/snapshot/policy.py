@@ -146,25 +146,21 @@ class TriggerPolicy:
                 # the open snapshot that holds this GPU's fault, if any: a second GPU's fault
                 # took the engine's current place, and the first GPU's next report joins its own
                 cur = self.ledger.holding_gpu(name, gpu, now) or cur
-            if cur is not None and now < cur.until and ev.kind is not EventKind.MANUAL and not self._distinct(cur, ev, gpu, route):
-                cur.late.append(ev)  # same fault, another witness: no second snapshot
-                if gpu is not None:
-                    cur.gpus.add(gpu)
+            if cur is not None and cur.is_open(now) and ev.kind is not EventKind.MANUAL and not self._distinct(cur, ev, gpu, route):
+                cur.join(ev, gpu=gpu, now=now)  # same fault, another witness: no second snapshot
                 if cur.snapshot_id is not None:
                     self.queue.link_later(ev, cur.snapshot_id)
                 continue
-            o = OpenSnapshot(name, ev, now + self.window_s, amended=replayed, gpus={gpu} if gpu is not None else set(), run=self._run_of(name, ev))
+            o = OpenSnapshot.opened(name, ev, now + self.window_s, gpu=gpu, run=self._run_of(name, ev), replayed=replayed)
             self._write_intent(o)  # first: durable before anything else (and before a POST answers)
-            with contextlib.suppress(RuntimeError):
-                o.committed = asyncio.get_running_loop().create_future()
             # the newest is the one later witnesses join, unless it is a fault's and the open one manual
             self.ledger.open(o, current=cur is None or cur.trigger.kind is not EventKind.MANUAL or ev.kind is EventKind.MANUAL)
             opened.append(o)
         if opened:
             if self.stacks is not None:  # started before the capture: the first dump is the hang's moment
                 for o in opened:
-                    if o.trigger.kind is EventKind.ENGINE_WEDGED:
-                        o.stacks = self.stacks.start(o.engine, o.trigger)
+                    if o.trigger.kind is EventKind.ENGINE_WEDGED and (reading := self.stacks.start(o.engine, o.trigger)) is not None:
+                        o.stacks_reading(reading)
             captures = self.capture_all(opened)
             for o, cap in zip(opened, captures, strict=True):
                 if o.stacks is not None and self.stacks is not None:
@@ -211,9 +207,9 @@ class TriggerPolicy:
         if not o.trigger.uid:
             o.trigger.uid = uuid.uuid4().hex  # a trigger that did not come through ingest (tools)
         try:
-            o.intent_path = intent.write(self.spool_dir, o.engine, o.trigger, time.time())
+            o.intent_written(intent.write(self.spool_dir, o.engine, o.trigger, time.time()))
         except OSError as exc:
-            o.error = f"trigger not durable: {exc}"
+            o.intent_not_written(f"trigger not durable: {exc}")
             log.error(
                 "cannot write the intent of the %s trigger of %s (%s): a kill before its snapshot is spooled loses it",
                 o.trigger.kind.value,
@@ -275,7 +271,7 @@ class TriggerPolicy:
         if not opens:
             return
         for o in opens:
-            o.amended = True  # one amendment; a distinct fault after this opens its own snapshot
+            o.take_amendment()  # one amendment; a distinct fault after this opens its own snapshot
         captures = self.capture_all(opens)
         for o, cap in zip(opens, captures, strict=True):
             if o.stacks is not None:

@@ -93,12 +93,11 @@ class Recovery:
             except (spool.SpoolError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 spool.set_aside(path, str(exc))
                 continue
-            o = OpenSnapshot(
+            sid = sp.meta.get("snapshot_id")
+            o = OpenSnapshot.from_spool(
                 engine,
                 trigger,
-                0.0,
-                snapshot_id=sp.meta.get("snapshot_id"),
-                amended=True,
+                snapshot_id=sid if isinstance(sid, int) else None,
                 spool_path=path,
                 intent_path=kept.path if kept is not None else None,
             )
@@ -123,7 +122,7 @@ class Recovery:
                 intent.remove(it.path)
                 log.warning("trigger %s of %s (intent %s) already has snapshot %d", it.event.kind.value, it.engine, it.path.name, sid)
                 continue
-            o = OpenSnapshot(it.engine, it.event, 0.0, amended=True, intent_path=it.path, retake=it)
+            o = OpenSnapshot.retaken(it)
             cap = self.capture(it.engine, it.event)
             later = cut(cap, it.event.ts + self.settle_s)
             cap.extra["retaken"] = {

@@ -1,1 +1,1 @@
-"""The sidecar's sources: one module each, listed in ``collector.sources.registry``."""
+"""Internal: the sidecar's sources: one module each, listed in ``collector.sources.registry``."""

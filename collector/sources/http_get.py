@@ -1,12 +1,9 @@
 """Blocking HTTP/1.1 GETs of one engine on one kept-alive connection (``http.client``), for a
 scrape thread.
 
-Why not httpx on the event loop: one scrape of a real vLLM page (``GET /metrics`` and ``GET
-/health``) costs the sidecar's process, measured by ``bench/bench_scrape.py`` (CPU time per
-scrape against a real keep-alive server in another process, 2026-12-03, 2 shared vCPUs):
-httpx ``AsyncClient`` 2.6 ms, httpx ``Client`` 1.5 ms, ``http.client`` on a kept connection
-0.47 ms, of which 0.18 ms is our page parser. The standard library's client is the cheap one;
-nothing here is a hand-written HTTP parser.
+Why not httpx on the event loop: per scrape, the standard library's client on a kept connection
+costs the sidecar's process a fraction of what httpx's clients do (``bench/bench_scrape.py``
+measures the three); nothing here is a hand-written HTTP parser.
 
 Failures are ``ScrapeError``s with the reason (refused, timed out, reset, not HTTP). A kept
 connection the server closed while idle (vLLM's uvicorn drops idle ones after 5 s) fails on

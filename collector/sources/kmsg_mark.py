@@ -117,15 +117,20 @@ class Progress(Protocol):
     mark: ResumeMark | None
 
 
-async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.25) -> None:
+async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.25, first_within: float = 5.0) -> None:
     """Save the source's position each time the events read up to it are written (at once when
     none was read since the last save: the first start's position, ordinary kernel lines). At a
-    stop (cancelled after the writer's last flush) the last position is saved if it is written."""
+    stop (cancelled after the writer's last flush) the last position is saved if it is written.
+
+    Until the source has a first position (at most ``first_within`` seconds) it is looked at
+    every 20 ms, so the first start's position is saved as soon as the source has read once,
+    whichever of the two tasks started first: a fault that comes next is read again after a kill."""
     mark = source.mark
     if mark is None:
         return
     saved_events = 0  # the source's event count at the last save
     pending: tuple[Position, int, int] | None = None
+    first_by = time.monotonic() + first_within
     try:
         while True:
             if pending is None:
@@ -140,7 +145,8 @@ async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.25) 
                         saved_events = events
                     pending = None
                 # else the database is down or behind: the mark waits, the log is read again after a kill
-            await asyncio.sleep(every)
+            first = mark.saved is None and source.handled is None and time.monotonic() < first_by
+            await asyncio.sleep(min(every, 0.02) if first else every)
     finally:
         pos = source.handled
         if pos is not None and pos != mark.saved and (source.events == saved_events or barrier.passed(barrier.ticket())):

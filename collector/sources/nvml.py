@@ -5,8 +5,8 @@ never stalls the event loop. Per GPU:
 
 - a reading that raises ``FieldNotSupported`` is skipped from then on (remembered per
   GPU, logged once); other ``NvmlError``s skip that reading this round only;
-- PCIe replay (145-180 us a call on an H200, 20x the others) is read every
-  ``pcie_interval``; total energy and PCIe throughput (4 ms and 21 ms) are never read;
+- PCIe replay (about 20x the cost of the other readings) is read every ``pcie_interval``;
+  total energy and PCIe throughput (milliseconds a call) are never read;
 - ``GpuLost`` yields one ``Event(kind=GPU_LOST, severity=CRITICAL)``; the GPU is then
   only retried every ``lost_retry_interval`` and never crashes the source.
 

@@ -53,6 +53,8 @@ class SourcesConfig(Protocol):
 
     @property
     def health_fail_threshold(self) -> int: ...
+    @property
+    def engine_start_grace_s(self) -> float: ...
 
     @property
     def recorder(self) -> str: ...
@@ -127,6 +129,7 @@ def _metrics(settings: SourcesConfig) -> list[Source]:
             interval=settings.scrape_interval,
             timeout=settings.scrape_timeout,
             health_fail_threshold=settings.health_fail_threshold,
+            start_grace_s=settings.engine_start_grace_s,
         )
     ]
 
@@ -255,6 +258,7 @@ def _discovery(settings: SourcesConfig, join: Any, dcgm: Any = None, pod_resourc
             interval=s.scrape_interval,
             timeout=s.scrape_timeout,
             health_fail_threshold=s.health_fail_threshold,
+            start_grace_s=s.engine_start_grace_s,
         )
 
     def logs(engine: PodEngine, from_start: bool) -> Any:

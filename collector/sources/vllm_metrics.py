@@ -106,6 +106,10 @@ WANTED = Wanted(KEPT_SAMPLES, KEPT_PREFIXES)
 DEFAULT_INTERVAL = 1.0  # seconds between scrapes of one engine
 DEFAULT_TIMEOUT = 2.0  # seconds, for each of /metrics and /health
 DEFAULT_HEALTH_FAIL_THRESHOLD = 3  # failed scrapes in a row before ENGINE_DOWN
+# An engine that has never answered is starting, not down, for this long after the first try:
+# vLLM itself gives an engine core 600 s to come up (VLLM_ENGINE_READY_TIMEOUT_S) while it loads
+# weights and captures graphs. Past it, a start that never answers pages as down.
+DEFAULT_START_GRACE_S = 600.0
 _COUNTER_PARTS = ("_sum", "_count")
 # vLLM's pause state (pause_generation, for RL weight updates: requests held, no step, by design).
 # Served where /pause is, under VLLM_SERVER_DEV_MODE; a 404 elsewhere, after which it is not asked
@@ -237,6 +241,7 @@ class _EngineState:
     skipped_ticks: int = 0  # ticks skipped because the previous scrape was still running
     scrapes: int = 0
     last_ok: float | None = None
+    first_try: float | None = None  # the first scrape that failed before any answered
     last_error: str = ""
     last_duration_s: float | None = None
     engines_seen: set[str] = field(default_factory=set)
@@ -271,6 +276,7 @@ class VllmMetricsSource:
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
         health_fail_threshold: int = DEFAULT_HEALTH_FAIL_THRESHOLD,
+        start_grace_s: float = DEFAULT_START_GRACE_S,
         client_factory: ClientFactory | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -285,6 +291,7 @@ class VllmMetricsSource:
         self._interval = interval
         self._timeout = timeout
         self._threshold = health_fail_threshold
+        self._start_grace_s = start_grace_s
         self._client_factory = client_factory
         self._clock = clock
         self._monotonic = monotonic
@@ -484,8 +491,16 @@ class VllmMetricsSource:
         state.consecutive_failures += 1
         state.last_error = error
         state.up = False
+        never_up = state.last_ok is None
+        if never_up:
+            if state.first_try is None:
+                state.first_try = ts
+            if ts - state.first_try < self._start_grace_s:
+                return  # never answered yet: starting (collector.ingest.state), not down
         if state.consecutive_failures >= self._threshold and not state.down_reported:
             state.down_reported = True
+            if never_up:
+                error = f"never answered in the {ts - (state.first_try or ts):.0f} s since the first try; last: {error}"
             sink.emit(
                 Event(
                     kind=EventKind.ENGINE_DOWN,
@@ -498,6 +513,7 @@ class VllmMetricsSource:
                         "url": state.url,
                         "consecutive_failures": state.consecutive_failures,
                         "last_ok": state.last_ok,
+                        "never_up": never_up,
                         "error": error,
                     },
                 )

@@ -1,4 +1,4 @@
-"""The stacks of a wedged engine: every process of it (API server, engine core, workers) found
+"""Internal: the stacks of a wedged engine: every process of it (API server, engine core, workers) found
 on this node, read twice with py-spy a few seconds apart without stopping them, compared thread
 by thread, with what NVML said of its GPUs and its NCCL/CUDA environment at that moment.
 

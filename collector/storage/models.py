@@ -1,8 +1,10 @@
 """Tables. Times are unix seconds (double precision) everywhere: cheap to write, and a Grafana
 SQL panel turns them into timestamps with ``to_timestamp(ts)``.
 
-Continuous series (``engine_steps``, ``gpu_samples``, ``events``) are written in batches and
-pruned by retention. A snapshot is one ``snapshots`` row (the summary every list shows) and a
+Continuous series (``engine_step_chunks``, ``engine_scrapes``, ``gpu_samples``, ``events``) are
+written in batches and pruned by retention. Steps are stored a chunk of seconds per row
+(``storage/stepchunks.py``); ``engine_steps`` holds steps stored one per row before 0005, read
+beside the chunks until retention has pruned them. A snapshot is one ``snapshots`` row (the summary every list shows) and a
 few ``snapshot_parts`` rows, each a gzip JSON document (steps, per-request rows, GPU samples,
 events, log lines): a 4096-step x 64-request snapshot is 262k request rows, which would take
 seconds to insert row by row on Postgres but is a few compressed blobs in one transaction.
@@ -67,8 +69,10 @@ class GpuRow(Base):
 
 
 class EngineStepRow(Base):
-    """One engine step, both halves merged. A figure no half carried is NULL (unknown), never 0.
-    ``run`` is the engine's API-server pid: step numbers restart when the engine does."""
+    """One engine step, both halves merged, as stored before 0005 (steps are written as chunks
+    now: ``EngineStepChunkRow``); read beside the chunks until retention prunes them. A figure no
+    half carried is NULL (unknown), never 0. ``run`` is the engine's API-server pid: step
+    numbers restart when the engine does."""
 
     __tablename__ = "engine_steps"
     __table_args__ = (
@@ -91,6 +95,56 @@ class EngineStepRow(Base):
     host_blocks: Mapped[int | None] = mapped_column(Integer)
 
 
+class EngineStepChunkRow(Base):
+    """One engine's steps of one run within a few seconds (``stepchunks.CHUNK_S``), their
+    columns packed in ``payload`` (``encoding``: ``stepchunks.ENCODING``). A step is in at most
+    one chunk: the writer leaves out steps already stored, found through ``ix_..._last_step``,
+    and the unique key holds a chunk written twice to one row. Readers find chunks by time
+    (``ix_..._ts``: ``ts_max`` from a reader's ``since``); retention deletes whole chunks."""
+
+    __tablename__ = "engine_step_chunks"
+    __table_args__ = (
+        UniqueConstraint("engine_id", "run", "first_step", name="uq_engine_step_chunks_first_step"),
+        Index("ix_engine_step_chunks_last_step", "engine_id", "run", "last_step"),
+        Index("ix_engine_step_chunks_ts", "engine_id", "ts_max"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
+    run: Mapped[int] = mapped_column(BigInteger)
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    ts_min: Mapped[float] = mapped_column(Double)
+    ts_max: Mapped[float] = mapped_column(Double)
+    steps: Mapped[int] = mapped_column(Integer)
+    encoding: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class EngineStepSecondRow(Base):
+    """An engine's steps per second, in SQL (dashboards, and kept longer than the chunks:
+    ``retention.step_seconds_hours``): ``ts`` the second's start, ``steps`` how many steps,
+    ``running``/``waiting``/``kv_cache_usage``/``mirror_rows``/``host_blocks`` their maxima,
+    ``preemptions``/``prompt_tokens``/``generation_tokens`` their sums (NULL: no step carried
+    the figure). A second whose steps came in two writes is two rows: a reader adds them up."""
+
+    __tablename__ = "engine_step_seconds"
+    __table_args__ = (Index("ix_engine_step_seconds_engine_ts", "engine_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Double)
+    steps: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int | None] = mapped_column(Integer)
+    waiting: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Double)
+    preemptions: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    generation_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    mirror_rows: Mapped[int | None] = mapped_column(Integer)
+    host_blocks: Mapped[int | None] = mapped_column(Integer)
+
+
 class EngineScrapeRow(Base):
     """One /metrics scrape of an engine: the series of engines without a recorder (vLLM's
     official image), and the cross-check of those with one."""
@@ -104,7 +158,10 @@ class EngineScrapeRow(Base):
     running: Mapped[float | None] = mapped_column(Double)
     waiting: Mapped[float | None] = mapped_column(Double)
     kv_cache_usage: Mapped[float | None] = mapped_column(Double)
-    values: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    # Every figure kept from the scrape: packed (``storage/scrapepack.py``, since 0005), or as
+    # JSON in ``values`` (rows stored before 0005). The one set, the other NULL.
+    values: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    packed: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class GpuSampleRow(Base):

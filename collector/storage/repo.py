@@ -97,9 +97,23 @@ class Repository:
     def recent_scrapes(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         return self.series.recent_scrapes(engine, since=since)
 
-    def prune(self, *, steps_before: float, gpu_before: float, events_before: float, snapshots_before: float | None) -> dict[str, int]:
+    def prune(
+        self,
+        *,
+        steps_before: float,
+        gpu_before: float,
+        events_before: float,
+        snapshots_before: float | None,
+        step_seconds_before: float | None = None,
+    ) -> dict[str, int]:
         return retention.prune(
-            self.database, steps_before=steps_before, gpu_before=gpu_before, events_before=events_before, snapshots_before=snapshots_before
+            self.database,
+            self.series.steps,
+            steps_before=steps_before,
+            gpu_before=gpu_before,
+            events_before=events_before,
+            snapshots_before=snapshots_before,
+            step_seconds_before=step_seconds_before,
         )
 
     # -- events -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The deployment fingerprint of one engine, read from vLLM's config: the facts a crash triage
+"""Internal: the deployment fingerprint of one engine, read from vLLM's config: the facts a crash triage
 checklist asks for. Duck-typed over ``VllmConfig`` (every field read with a default), so it is
 tested without vLLM and survives fields that move between vLLM versions.
 

@@ -37,7 +37,7 @@ from collector.recorder.channel import guarded, log
 from collector.vllm._version import gate, vllm_version
 from collector.vllm.extract import RequestColumns
 from collector.vllm.fingerprint import fingerprint_facts
-from collector.vllm.hisparse import HostBlocks, find_hisparse, mirror_rows_column, row_mirrors_of
+from collector.vllm.hisparse import HostBlocks, MirrorRows, find_hisparse, row_mirrors_of
 from collector.vllm.server import server_identity
 
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
@@ -76,6 +76,7 @@ class _SchedRecorder:
         self.columns = RequestColumns()
         self.hisparse = find_hisparse(connector)
         self.host_blocks = HostBlocks(self.hisparse) if self.hisparse is not None else None
+        self.mirror_rows = MirrorRows()
         self.step = 0
         self.current = 0
         self.in_flight: dict[int, int] = {}
@@ -108,20 +109,11 @@ class _SchedRecorder:
         computed, out = cols.read(running, changed=bool(getattr(output, "preempted_req_ids", None)))
         mirror = host = None
         if self.host_blocks is not None:
-            mirror = mirror_rows_column(cols.id_list, row_mirrors_of(getattr(output, "kv_connector_metadata", None)))
-            host = self.host_blocks.column(cols.id_list)
-        self.recorder.write_requests(
-            self.step,
-            ts=time.time(),
-            n=len(running),
-            ids=cols.ids,
-            prompt_len=cols.prompt,
-            computed=computed,
-            output=out,
-            preemptions=cols.preempt,
-            status=cols.status,
-            mirror_rows=mirror,
-            host_blocks=host,
+            ids = cols.id_list
+            mirror = self.mirror_rows.column(ids, row_mirrors_of(getattr(output, "kv_connector_metadata", None)))
+            host = self.host_blocks.column(ids)
+        self.recorder.write_encoded(
+            self.step, time.time(), len(running), cols.ids, cols.prompt, computed, out, cols.preempt, cols.status, mirror, host
         )
 
     def updating(self, output: Any) -> None:

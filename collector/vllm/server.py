@@ -1,4 +1,4 @@
-"""Which vLLM API server an engine belongs to: its pid and where it listens, read in the process
+"""Internal: which vLLM API server an engine belongs to: its pid and where it listens, read in the process
 the recorder runs in. The sidecar joins a recorder's rings to a configured engine by these.
 
 vLLM 0.32's process tree (``vllm/entrypoints/cli/serve.py``):

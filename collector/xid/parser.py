@@ -105,8 +105,8 @@ _XID_LOOSE = re.compile(r"NVRM: Xid.*?: (?P<xid>\d{1,6})(?:,|$)")
 # one raises; such a field is left unread, in ``detail``.
 _PID = re.compile(r"^pid=(?:'?(?P<pid>\d{1,10})'?|'?<unknown>'?)\s*(?:,\s*|$)")
 # name=python3,  name=<unknown>,  name=pt_main_thread,
-# Greedy up to the comma, trailing blanks stripped after: a lazy name followed by \s* was
-# quadratic on a run of blanks without a comma (8 KB took 3.5 s).
+# Greedy up to the comma, trailing blanks stripped after: a lazy name followed by \s* is
+# quadratic on a run of blanks without a comma.
 _NAME = re.compile(r"^name=(?P<name>[^,]*)(?:,\s*|$)")
 # channel 0x0000000a   Ch 00000008   Channel ID 00000009   Channel 00000001
 _CHANNEL = re.compile(r"^(?:channel|Ch|Channel ID|Channel)\s+(?P<ch>(?:0x)?[0-9a-fA-F]+)\b\s*,?\s*")

@@ -103,16 +103,18 @@ class Checks:
 
 
 def stored_steps(db: Path, engine: str) -> dict[str, Any]:
+    from collector.storage.steps import count_stored_steps  # noqa: PLC0415 - the chunks are decoded to count
+
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
         row = con.execute(
-            "SELECT COUNT(DISTINCT s.step), MIN(s.step), MAX(s.step), COUNT(*) FROM engine_steps s "
-            "JOIN engines e ON e.id = s.engine_id WHERE e.name = ?",
+            "SELECT MIN(c.first_step), MAX(c.last_step) FROM engine_step_chunks c JOIN engines e ON e.id = c.engine_id WHERE e.name = ?",
             (engine,),
         ).fetchone()
     finally:
         con.close()
-    return {"distinct": row[0], "min": row[1], "max": row[2], "rows": row[3]}
+    rows, distinct = count_stored_steps(f"sqlite:///{db}", engine=engine)
+    return {"distinct": distinct, "min": row[0], "max": row[1], "rows": rows}
 
 
 def wait_idle(side: Sidecar, engine: str, quiet_s: float = 3.0, limit: float = 60.0) -> None:

@@ -162,7 +162,7 @@ def test_panels_the_product_promises_are_there() -> None:
         "flightrec_source_up",
     ):
         assert needle in exprs, needle
-    for table in ("FROM snapshots", "FROM events", "FROM engine_steps", "FROM incidents"):
+    for table in ("FROM snapshots", "FROM events", "FROM engine_step_seconds", "FROM incidents"):
         assert table in sqls, table
     # names vLLM V1 no longer exports, which silently draw nothing
     assert not re.search(r"vllm:num_preemptions(?!_total)", exprs)
@@ -442,15 +442,17 @@ def _fill(url: str) -> None:
     """A little of everything, inside the dashboard's time range, the way the sidecar writes it."""
     from sqlalchemy import create_engine, insert
 
+    from collector.columns import batch_from_rows
     from collector.storage.models import (
         EngineRow,
-        EngineStepRow,
+        EngineStepSecondRow,
         EventRow,
         GpuRow,
         GpuSampleRow,
         IncidentRow,
         SnapshotRow,
     )
+    from collector.storage.steps import SECOND_FIGURES, second_rows
 
     t0 = T_FROM + 600.0
     engine = create_engine(url)
@@ -460,25 +462,24 @@ def _fill(url: str) -> None:
             ids[name] = conn.execute(
                 insert(EngineRow).values(host="node-a", name=name, first_seen=t0, last_seen=t0).returning(EngineRow.id)
             ).scalar_one()
-        conn.execute(
-            insert(EngineStepRow),
-            [
+        for name in ids:
+            steps = [
                 dict(
-                    engine_id=ids[name],
                     ts=t0 + i * 0.25,
                     step=i,
+                    run=0,
                     running=i % 16,
                     waiting=i % 3,
                     kv_cache_usage=0.03,
-                    preemptions=i % 7 == 0,
+                    preemptions=int(i % 7 == 0),
                     prompt_tokens=64,
                     generation_tokens=16,
                     mirror_rows=400 + i if name == "decode-0" else None,
                 )
-                for name in ids
                 for i in range(400)
-            ],
-        )
+            ]
+            seconds = second_rows(ids[name], batch_from_rows(name, steps).cols)  # what the writer stores beside the chunks
+            conn.execute(insert(EngineStepSecondRow), [dict(zip(("engine_id", "ts", "steps", *SECOND_FIGURES), r, strict=True)) for r in seconds])
         gpu = conn.execute(insert(GpuRow).values(host="node-a", gpu="GPU-a", index=0, first_seen=t0, last_seen=t0).returning(GpuRow.id)).scalar_one()
         conn.execute(insert(GpuSampleRow), [dict(gpu_id=gpu, ts=t0 + i, temperature=40.0 + i % 5, power_w=300.0) for i in range(100)])
         inc = conn.execute(

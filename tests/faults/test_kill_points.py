@@ -21,6 +21,7 @@ import pytest
 from collector.snapshot import intent, spool
 from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
+from collector.storage.steps import count_stored_steps
 from tests.faults.sidecar_node import SETTLE_S, TOKEN, XID_LINE, Node, query, steps_in, wait_for, xid_accepted
 
 TALLY: list[str] = []
@@ -92,7 +93,7 @@ def test_a_kill_at_each_point_of_a_snapshot_loses_nothing_and_stores_nothing_twi
 
     snaps = query(node.db, "SELECT id, trigger_kind, trigger_uid, fault_ts, summary FROM snapshots ORDER BY id")
     events = query(node.db, "SELECT uid, kind, ts, snapshot_id FROM events WHERE kind IN ('xid', 'manual')")
-    steps = query(node.db, "SELECT count(*), count(DISTINCT engine_id * 10000000000 + run * 100000 + step) FROM engine_steps")
+    steps = [count_stored_steps(node.db)]
     by_kind: dict[str, list[Any]] = {}
     for s in snaps:  # (a dead engine's ring also makes recorder_silent snapshots, one per start: not ours)
         if s.trigger_kind in ("xid", "manual"):

@@ -88,16 +88,16 @@ def test_shared_store_down_hung_and_a_restart_lose_and_duplicate_nothing(tmp_pat
         svc.ctx.hub.emit(
             Event(kind=EventKind.ENGINE_DEAD, ts=time.time(), source="log", engine="decode-0", message="EngineDeadError", severity=Severity.CRITICAL)
         )
-        before = scalar(local, "SELECT COUNT(*) FROM engine_steps")
+        before = scalar(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks")
         await load.run(svc, 3.0)
-        figures["local_grew_while_down"] = scalar(local, "SELECT COUNT(*) FROM engine_steps") - before
+        figures["local_grew_while_down"] = scalar(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") - before
         figures["outbox_while_down"] = scalar(local, "SELECT COUNT(*) FROM outbox")
         figures["health_down"] = svc.ctx.health()
         cluster.start()
         await load.run(svc, 2.0)
         stopped = cluster.hang()  # hung: statements wait, connections time out
         await load.run(svc, 4.0)
-        figures["local_grew_while_hung"] = scalar(local, "SELECT COUNT(*) FROM engine_steps") - before
+        figures["local_grew_while_hung"] = scalar(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") - before
         cluster.resume(stopped)
         await load.run(svc, 2.0)
         cluster.stop()  # and down again, then the sidecar stops with the outbox full
@@ -130,7 +130,7 @@ def test_shared_store_down_hung_and_a_restart_lose_and_duplicate_nothing(tmp_pat
         assert down["status"] == "degraded" and down["shared_store"]["shared_up"] is False and down["shared_store"]["outbox_batches"] > 0
         assert down["shared_store"]["shared_error"]
         assert scalar(local, "SELECT COUNT(*) FROM outbox") == 0  # then all shipped
-        assert scalar(local, "SELECT COUNT(*) FROM engine_steps") == load.sent  # no step lost on the node
+        assert scalar(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") == load.sent  # no step lost on the node
         # every step counted once in the shared store's coarse series: none lost, none twice
         assert scalar(shared, "SELECT SUM(steps) FROM engine_series") == load.sent
         assert scalar(shared, "SELECT SUM(generation_tokens) FROM engine_series") == load.sent
@@ -141,7 +141,7 @@ def test_shared_store_down_hung_and_a_restart_lose_and_duplicate_nothing(tmp_pat
         assert scalar(shared, "SELECT COUNT(*) - COUNT(DISTINCT (host, engine, trigger_uid)) FROM snapshots") == 0
         assert scalar(shared, "SELECT COUNT(*) FROM events WHERE kind = 'engine_dead'") == 1
         assert scalar(shared, "SELECT COUNT(*) - COUNT(DISTINCT (host, uid)) FROM events") == 0
-        assert scalar(shared, "SELECT COUNT(*) FROM engine_steps") == 0
+        assert scalar(shared, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") == 0
     finally:
         cluster.destroy()
         shutil.rmtree(pg_dir, ignore_errors=True)

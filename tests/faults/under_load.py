@@ -30,6 +30,7 @@ import yaml
 from collector.snapshot import intent, spool
 from collector.storage.connect import make_engine
 from collector.storage.repo import Repository
+from collector.storage.steps import count_stored_steps
 from tests.faults import sidecar_node as sn
 
 FIRST_PID = 41_000  # collector.sim.load.api_pid(i)
@@ -189,7 +190,7 @@ def run_case(load: NodeLoad, work: Path, point: str, faults: int) -> str:
         "SELECT id, engine, trigger_uid, fault_ts, summary FROM snapshots WHERE trigger_kind = 'xid' ORDER BY id",
     )
     events = sn.query(node.db, "SELECT uid, ts, snapshot_id, message FROM events WHERE kind = 'xid'")
-    steps = sn.query(node.db, "SELECT count(*), count(DISTINCT engine_id * 10000000000 + run * 100000 + step) FROM engine_steps")
+    steps = [count_stored_steps(node.db)]
     repo = Repository(make_engine(node.db), host="node-k")
     by_engine: dict[str, list[Any]] = {}
     for s in snaps:

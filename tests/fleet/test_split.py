@@ -59,7 +59,7 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
             if (
                 svc.ctx.committer.committed
                 and count(database_url, "SELECT COUNT(*) FROM engine_series")
-                and count(local, "SELECT COUNT(*) FROM engine_steps") == 300
+                and count(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") == 300
             ):
                 break
             await asyncio.sleep(0.1)
@@ -67,8 +67,8 @@ def test_steps_stay_local_and_the_fleet_share_reaches_the_shared_store(tmp_path:
         await task
 
     asyncio.run(scenario())
-    assert count(local, "SELECT COUNT(*) FROM engine_steps") == 300
-    assert count(database_url, "SELECT COUNT(*) FROM engine_steps") == 0  # per-step rows never reach the shared store
+    assert count(local, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") == 300
+    assert count(database_url, "SELECT COALESCE(SUM(steps), 0) FROM engine_step_chunks") == 0  # per-step series never reach the shared store
     assert count(database_url, "SELECT COUNT(*) FROM snapshots WHERE host = 'node-a'") == 1
     assert count(database_url, "SELECT COUNT(*) FROM events WHERE kind = 'engine_dead'") == 1
     assert count(local, "SELECT COUNT(*) FROM events") == 0

@@ -208,3 +208,27 @@ def test_an_event_read_twice_has_one_id_and_a_live_one_keeps_arrival_time() -> N
     assert a.uid == b.uid != c.uid and len(a.uid) == 32
     assert a.ts == 5000.0 and b.ts == pytest.approx(BOOT + 28.939261) and b.kind is EventKind.XID
     assert FIXTURE.exists()
+
+
+def test_the_first_position_is_saved_once_read_even_when_the_mark_keeper_started_first(tmp_path: Path) -> None:
+    """The service starts the mark's keeper before the sources: the first start's position is
+    still saved as soon as the source has read once, not a whole ``every`` later (a fault that
+    comes next must be read again after a kill)."""
+    log, spool = tmp_path / "kern.log", tmp_path / "spool"
+    log.write_text("\n".join(LINES[:6]) + "\n")
+    mark = ResumeMark(spool / MARK_FILE, source=str(log))
+    src = _source(log, mark)
+
+    async def main() -> None:
+        keeper = asyncio.create_task(keep_mark(src, Barrier(), every=3600.0))  # before the source, and an hour apart
+        await asyncio.sleep(0.05)
+        reader = asyncio.create_task(src.run(ListSink()))
+        try:
+            await until(lambda: mark.saved is not None)
+        finally:
+            for t in (keeper, reader):
+                t.cancel()
+            await asyncio.gather(keeper, reader, return_exceptions=True)
+
+    asyncio.run(main())
+    assert mark.saved is not None and mark.saved.offset == len("\n".join(LINES[:6])) + 1

@@ -390,7 +390,7 @@ def test_default_client_reports_a_refused_engine_down() -> None:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     sink = ListSink()
-    source = VllmMetricsSource(engines=[Engine("gone", url)], interval=0.02, health_fail_threshold=3)
+    source = VllmMetricsSource(engines=[Engine("gone", url)], interval=0.02, health_fail_threshold=3, start_grace_s=0.0)
 
     async def go() -> None:
         task = asyncio.create_task(source.run(sink))
@@ -452,3 +452,55 @@ def test_no_pause_endpoint_is_asked_once_and_moving_counters_never() -> None:
     source = VllmMetricsSource(engines=[Engine("decode-0", "http://d")], monotonic=mono)
     asyncio.run(scrape_sequence(source, serve(_pausable(True, asked, moving=True)), sink, mono, 4))
     assert asked == []  # it steps: nothing to ask
+
+
+def test_an_engine_that_never_answered_is_starting_until_the_grace_ends() -> None:
+    """A configured engine still loading when the sidecar starts is not down: no ENGINE_DOWN (and
+    so no snapshot, no page) until ``start_grace_s`` after its first failed scrape; then one,
+    saying it never answered. An engine that answered once is down after K failures at once."""
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused")
+
+    mode = {"handler": refused}
+    sink, mono, wall = ListSink(), FakeClock(), FakeClock()
+    source = VllmMetricsSource(engines=[Engine("loading", "http://l")], health_fail_threshold=3, start_grace_s=600.0, monotonic=mono, clock=wall)
+
+    async def go() -> None:
+        client = serve(lambda request: mode["handler"](request))
+        for _ in range(10):
+            await source.scrape_once(client, sink)
+            wall.now += 59.0
+        assert sink.events() == []  # 531 s of failures: still starting
+        assert source.status()[0].details["consecutive_failures"] == 10
+        for _ in range(3):
+            await source.scrape_once(client, sink)
+            wall.now += 59.0
+        [down] = sink.events()
+        assert down.kind is EventKind.ENGINE_DOWN and down.severity is Severity.CRITICAL
+        assert down.data["never_up"] is True and "never answered" in down.message
+
+    asyncio.run(go())
+
+
+def test_an_engine_that_answered_once_is_down_after_k_failures_even_within_the_grace() -> None:
+    mode = {"ok": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not mode["ok"]:
+            raise httpx.ConnectError("Connection refused")
+        return static(IDLE)(request)
+
+    sink, mono = ListSink(), FakeClock()
+    source = VllmMetricsSource(engines=[Engine("p", "http://p")], health_fail_threshold=2, start_grace_s=600.0, monotonic=mono)
+
+    async def go() -> None:
+        client = serve(handler)
+        for ok in [False, False, False, True, False, False]:
+            mode["ok"] = ok
+            await source.scrape_once(client, sink)
+
+    asyncio.run(go())
+    [down] = sink.events()[-1:]
+    assert [e.kind for e in sink.events()] == [EventKind.ENGINE_DOWN]
+    assert down.data["never_up"] is False

@@ -7,6 +7,7 @@ import pytest
 from collector.snapshot.document import SnapshotDoc
 from collector.storage.connect import StorageError, make_engine
 from collector.storage.repo import Repository, SnapshotFilter
+from collector.storage.stepchunks import CHUNK_S
 
 
 def repo(url: str, host: str = "node-a") -> Repository:
@@ -115,8 +116,11 @@ def test_batch_write_and_engine_registry(migrated_url: str) -> None:
     eng = r.list_engines()[0]
     assert (eng["name"], eng["pair"], eng["last_seen"]) == ("decode-0", "pd-0", pytest.approx(now))
     pruned = r.prune(steps_before=now + 500, gpu_before=0, events_before=0, snapshots_before=None)
-    assert pruned["engine_steps"] == 500
-    assert len(r.recent_steps("decode-0", since=0)) == 500
+    # whole chunks go: every step before the horizon but those sharing a chunk with a later one
+    assert 500 - CHUNK_S < pruned["engine_steps"] <= 500
+    kept = r.recent_steps("decode-0", since=0)
+    assert len(kept) == 1000 - pruned["engine_steps"]
+    assert min(s["ts"] for s in kept) > now + 500 - CHUNK_S
 
 
 def test_database_down_is_a_storage_error_not_a_crash() -> None:

@@ -92,3 +92,11 @@ def test_recorder_imports_nothing_of_the_sidecar_in_vllm() -> None:
     added = _added(vllm_python(), REAL)
     assert "collector.vllm.plugin" in added and "collector.vllm.scheduler" in added
     assert _sidecar_modules(added) == []
+
+
+def test_recorder_writes_the_format_without_loading_the_readers() -> None:
+    # the decoders and the sidecar's domain model they build were half of the recorder's import
+    # time (bench/bench_recorder_import.py); the writing side is collector.channel.wire
+    added = _added(sys.executable, STUBS)
+    assert "collector.channel.wire" in added
+    assert not {"collector.model", "collector.channel.codec", "collector.channel.blocks"} & set(added)
