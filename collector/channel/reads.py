@@ -1,4 +1,4 @@
-"""A ring read decoded as columns (sidecar only: numpy).
+"""Internal: a ring read decoded as columns (sidecar only: numpy).
 
 The ``S`` records without extras (most steps) of one read become ``STATS_DTYPE`` rows with one
 structured ``frombuffer`` over their joined bytes; an ``S`` record with JSON extras is decoded
