@@ -1,4 +1,4 @@
-"""Per-request rows as the recorder wrote them: one ``RequestBlock`` per step, never one Python
+"""Internal: Per-request rows as the recorder wrote them: one ``RequestBlock`` per step, never one Python
 object per row.
 
 At one 8-GPU node's load (8 engines x 100 steps/s x 256 running requests) decoding every ``R``

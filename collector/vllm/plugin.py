@@ -28,6 +28,8 @@ from collector.vllm.extract import step_extras
 from collector.vllm.fingerprint import fingerprint_facts
 from collector.vllm.server import server_identity
 
+__all__ = ["FlightRecorderStatLogger"]
+
 
 class FlightRecorderStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:

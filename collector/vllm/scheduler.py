@@ -40,6 +40,8 @@ from collector.vllm.fingerprint import fingerprint_facts
 from collector.vllm.hisparse import HostBlocks, MirrorRows, find_hisparse, row_mirrors_of
 from collector.vllm.server import server_identity
 
+__all__ = ["RecordingAsyncScheduler", "RecordingScheduler", "finish_name", "recording_class", "scheduler_vllm_would_choose"]
+
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting update_from_output; vLLM keeps a few at most
 _MAX_CACHED = 65536  # requests scheduled and not ended yet whose prefix-cache hits are held
 # vLLM's finished statuses, as the workload record's ``finish`` names them.
