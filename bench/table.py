@@ -319,8 +319,8 @@ def run(key: str, extra: list[str]) -> Path:
         load_before = os.getloadavg()
         t0 = time.time()
         env = dict(os.environ)
-        if s.python:  # another environment: it must import this checkout
-            env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # this checkout first: another environment (vLLM's) must import it, and some benches use tests.support
+        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.run(argv, cwd=ROOT, env=env)
         if proc.returncode != 0 or not out.exists():
             raise SystemExit(f"{shown} failed (exit {proc.returncode}); nothing kept")
