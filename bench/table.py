@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -344,7 +345,7 @@ def keep(key: str, figures: Any, *, command: str, date: str, mach: dict[str, Any
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{key}.json"
     doc = {"key": key, "command": command, "commit": at, "date": date, "machine": mach, "figures": figures}
-    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    path.write_text(scrub(json.dumps(doc, indent=1, sort_keys=False)) + "\n")
     print(f"kept {path.relative_to(ROOT)}")
     return path
 
@@ -355,6 +356,13 @@ def goal(m: Metric) -> str:
         if m.goal and m.goal[0] in "<>=" and m.unit not in ("", "%")
         else m.goal + ("%" if m.unit == "%" and m.goal else "")
     )
+
+
+def scrub(text: str) -> str:
+    """A kept run names no folder of the machine it ran on: the checkout is ".", and the
+    runner's own ``--json`` file (a temporary one) is left out of a command a bench recorded."""
+    text = text.replace(str(ROOT), ".")
+    return re.sub(r" --json [^\s\"]+", "", text)
 
 
 def fmt(value: Any, m: Metric) -> str:
