@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,7 @@ class Section:
     args: tuple[str, ...]
     read: str  # how to read it
     metrics: tuple[Metric, ...]
-    json_flag: str = "--json"
     python: str = ""  # another interpreter (the vLLM environment's), named by an environment variable
-    extra: tuple[str, ...] = field(default_factory=tuple)
 
 
 def le(x: float) -> Callable[[float], bool]:
@@ -317,7 +315,7 @@ def run(key: str, extra: list[str]) -> Path:
         raise SystemExit(f"{s.bench} needs the vLLM environment's python in ${s.python}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        argv = [python, s.bench, *s.args, *extra, s.json_flag, str(out)]
+        argv = [python, s.bench, *s.args, *extra, "--json", str(out)]
         shown = " ".join(["python", s.bench, *s.args, *extra])
         load_before = os.getloadavg()
         t0 = time.time()
