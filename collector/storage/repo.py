@@ -83,10 +83,9 @@ class Repository:
         seen: dict[str, float] | None = None,
         *,
         scrapes: Sequence[dict[str, Any]] = (),
-        step_tuples: Sequence[tuple[Any, ...]] = (),
         step_batches: Sequence[StepBatch] = (),
     ) -> None:
-        self.series.write_batch(steps, gpu_samples, events, seen, scrapes=scrapes, step_tuples=step_tuples, step_batches=step_batches)
+        self.series.write_batch(steps, gpu_samples, events, seen, scrapes=scrapes, step_batches=step_batches)
 
     def recent_steps(self, engine: str, *, since: float) -> list[dict[str, Any]]:
         return self.series.recent_steps(engine, since=since)

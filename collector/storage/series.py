@@ -50,23 +50,19 @@ class SeriesStore:
         seen: dict[str, float] | None = None,
         *,
         scrapes: Sequence[dict[str, Any]] = (),
-        step_tuples: Sequence[tuple[Any, ...]] = (),
         step_batches: Sequence[StepBatch] = (),
     ) -> None:
         """One transaction for a batch of the continuous series (the writer's flush). A step
         already stored (a ring read again after a restart) is skipped, not duplicated.
 
         Steps come as column batches (``step_batches``: ``collector.columns.StepBatch``, the
-        writer's form), as ``STEP_TUPLE`` tuples (``step_tuples``: the engine's name first) or as
-        dicts (``steps``); each engine's are stored as chunks (``steps.StepStore``)."""
+        writer's form) or as dicts (``steps``: ``STEP_TUPLE``'s keys); each engine's are stored as chunks (``steps.StepStore``)."""
         engine_id = self.engines.engine_id
         by_engine: dict[str, list[Cols]] = {}
         for batch in step_batches:
             if len(batch):
                 by_engine.setdefault(batch.engine, []).append(batch.cols)
         rows: dict[str, list[Sequence[Any]]] = {}
-        for t in step_tuples:
-            rows.setdefault(t[0], []).append(t[1:])
         for d in steps:
             rows.setdefault(d["engine"], []).append([d.get(c) for c in STEP_COLUMNS])
         for name, listed in rows.items():
