@@ -96,7 +96,8 @@ def test_a_real_engine_started_again_on_its_port_is_followed_and_its_fault_holds
         assert old_run > 10**12 and before["previous_run"] is None  # the server's start time, in ms
         os.killpg(first.pid, signal.SIGKILL)  # the whole server: API server, engine core
         first.wait()
-        dead = wait_until("the first run's death", lambda: snapshots("recorder_silent"), 60, [side_log])
+        # seen by the rings gone silent or by three failed scrapes, whichever came first: one snapshot
+        dead = wait_until("the first run's death", lambda: snapshots("recorder_silent") + snapshots("engine_down"), 60, [side_log])
         last_old = max(s["summary"]["last_step"] for s in dead)
 
         second = start_server(python, model, vport, log, env={**env, "FLIGHTREC_FAULT_AFTER_STEPS": str(FAULT_AFTER)}, extra_args=args)
