@@ -451,7 +451,7 @@ class _Task:
 
 def _poll_all(recorders: list[RecorderSource], intake: Intake) -> None:
     for r in recorders:
-        r.poll(intake)
+        r.poll(intake, everything=True)
 
 
 def _default_spool(settings: Settings) -> Path:

@@ -113,6 +113,13 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     workload_requests: int = Field(default=10_000, ge=0, description="requests kept per engine for replay")
     workload_seconds: float = Field(default=3600.0, gt=0, description="how far back the workload log reaches")
     recorder_join_wait: float = Field(default=120.0, ge=0, description="hold an unmatched ring this long for its engine's port")
+    recorder_read_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=5.0,
+        description="a ring's records are read this often (sooner once many wait; at once for a snapshot): "
+        "longer reads more steps at once for less CPU, and the live series lag by up to this much",
+    )
     spool_dir: Path | None = Field(default=None, description="where snapshots wait for the database; default beside SQLite")
     api_token: SecretStr | None = None
     host: str = "127.0.0.1"

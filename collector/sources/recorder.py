@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import struct
 import time
@@ -112,6 +113,7 @@ class _Tail:
     run: int = 0
     generation: int = 0  # rings this path held before this one (a writer started again under the same name)
     replace_checked: float = 0.0  # when the path was last checked for a replaced ring
+    last_read: float = -math.inf  # (monotonic) when its records were last read
 
 
 class RecorderSource:
@@ -129,6 +131,7 @@ class RecorderSource:
         directory: Path,
         *,
         poll_interval: float = 0.1,
+        read_every: float = 0.0,
         silent_after: float = 1.0,
         join: EngineJoin | None = None,
         join_wait: float = 120.0,
@@ -149,6 +152,8 @@ class RecorderSource:
             raise ValueError("need 0 < coarse_at < skip_at <= 1 (shares of a ring unread)")
         self.directory = Path(directory)
         self.poll_interval = poll_interval
+        self.read_every = read_every
+        self._everything = False  # this poll reads every ring now (a capture's read)
         self.silent_after = silent_after
         self.join = join or EngineJoin([])
         self.join_wait = join_wait
@@ -218,8 +223,13 @@ class RecorderSource:
             self.poll(sink)
             await asyncio.sleep(self.poll_interval)
 
-    def poll(self, sink: Sink) -> int:
+    def poll(self, sink: Sink, *, everything: bool = False) -> int:
         """One pass over the folder; returns the number of records emitted.
+
+        Every ring's header is looked at (a writer gone is seen within a poll), but a ring's
+        records are read only once it has ``read_every`` seconds' worth or
+        ``poll_bytes`` unread, or when ``everything`` is set (a snapshot's capture reads what
+        the engines wrote up to now): a read of a few steps costs as much as one of dozens.
 
         The records of every ring are gathered first and then handed on in one pass: each
         ring read's steps as one ``StepHalves`` (columns; ingest's window merges the two halves
@@ -237,6 +247,7 @@ class RecorderSource:
         emitted = 0
         self._worst = 0.0
         self._deadline = self.monotonic() + self.poll_budget_s
+        self._everything = everything
         # the rings in turn start the poll: under a budget that runs out, none is always last
         self._polls += 1
         k = self._polls % len(paths) if paths else 0
@@ -422,11 +433,30 @@ class RecorderSource:
             info = tail.reader.info()
             unread = info.head - max(tail.reader.pos, info.tail)
             first = not tail.caught_up_once  # a first catch-up is read whole, as one poll
-            if not first and self.monotonic() > self._deadline:  # this poll's time is spent: next poll
+            mono = self.monotonic()
+            if (
+                unread > 0
+                and not first
+                and not self._everything
+                and not tail.skipping
+                and unread < self.poll_bytes
+                and mono - tail.last_read < self.read_every
+                and (info.head != tail.last_head or self.alive(info.pid))
+            ):
+                # not yet: too few records to be worth a read. The writer is alive (its head
+                # moved, or its pid is there): a writer gone has its last records read now.
+                if info.capacity:
+                    self._worst = max(self._worst, unread / info.capacity)
+                if info.head != tail.last_head:
+                    tail.last_data, tail.last_head = now, info.head
+                tail.pid = info.pid
+                return 0
+            if not first and mono > self._deadline:  # this poll's time is spent: next poll
                 tail.short_last = unread > 0
                 if info.capacity:
                     self._worst = max(self._worst, unread / info.capacity)
                 return 0
+            tail.last_read = mono
             if tail.caught_up_once and tail.short_last and unread > self.skip_at * info.capacity:
                 tail.skipping = True
             # (the first catch-up whole: the engines' fingerprints, which map a fault's pid to its

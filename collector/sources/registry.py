@@ -64,6 +64,8 @@ class SourcesConfig(Protocol):
 
     @property
     def recorder_join_wait(self) -> float: ...
+    @property
+    def recorder_read_s(self) -> float: ...
 
     # the sources' own settings classes, mounted in the settings
     @property
@@ -221,7 +223,7 @@ def _recorder(settings: SourcesConfig) -> list[Source]:
     join = EngineJoin(settings.engines)
     out: list[Source] = []
     if settings.recorder != "off":
-        out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait))
+        out.append(RecorderSource(settings.recorder_dir, join=join, join_wait=settings.recorder_join_wait, read_every=settings.recorder_read_s))
     if settings.discovery.mode == "kubernetes":
         # which GPUs each discovered engine holds: the kubelet's PodResources API, else
         # dcgm-exporter's GPU -> pod map

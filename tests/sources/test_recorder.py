@@ -506,3 +506,51 @@ def test_rings_named_by_their_run_keep_the_runs_apart_whatever_order_they_are_re
     assert (runs.run, runs.previous) == (second, first)
     assert [s.step for s in hub.view.steps("vllm-1")] == [1, 2, 3, 4, 5]
     assert [s.step for s in hub.view.previous_steps("vllm-1")] == list(range(1, 31))
+
+
+def test_a_ring_is_read_every_read_every_seconds_or_at_once_for_a_capture_or_a_writer_gone(tmp_path: Path) -> None:
+    clock, mono, alive = Clock(), Clock(0.0), [True]
+    w = writer(tmp_path, "decode-0", "stats", 41)
+    w.append(step(1, clock.now))
+    src = RecorderSource(tmp_path, clock=clock, monotonic=mono, alive=lambda pid: alive[0], read_every=0.5)
+    sink = ListSink()
+    assert src.poll(sink) == 1  # the first catch-up (step 1), at once
+
+    def steps() -> list[int]:
+        return [o.step for o in sink.items if isinstance(o, StepRecord)]
+
+    w.append(step(2, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) == 0 and steps() == [1]  # too soon after the last read: the header alone
+    mono.now += 0.2
+    w.append(step(3, clock.now))
+    assert src.poll(sink) == 0
+    mono.now += 0.25  # read_every since the last read: both waiting steps at once
+    assert src.poll(sink) == 2 and steps() == [1, 2, 3]
+
+    w.append(step(4, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink, everything=True) == 1 and steps() == [1, 2, 3, 4]  # a snapshot's capture reads now
+
+    w.append(step(5, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) == 0  # the head moved: the writer is alive
+    alive[0] = False
+    mono.now += 0.1
+    assert src.poll(sink) == 1 and steps()[-1] == 5  # head still, writer gone: its last records now
+
+
+def test_a_ring_with_a_full_poll_of_records_waiting_is_read_before_read_every(tmp_path: Path) -> None:
+    clock, mono = Clock(), Clock(0.0)
+    w = writer(tmp_path, "decode-0", "stats", 42)
+    w.append(step(1, clock.now))
+    src = RecorderSource(tmp_path, clock=clock, monotonic=mono, alive=lambda pid: True, read_every=10.0, poll_bytes=4096)
+    sink = ListSink()
+    src.poll(sink)
+    w.append(step(2, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) == 0  # one step waiting: not yet
+    for n in range(3, 200):
+        w.append(step(n, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) > 0  # past poll_bytes unread: read now, not 10 s after the last read
