@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, ne
+from operator import attrgetter, is_not, itemgetter
 from typing import Any
 
 HISPARSE = "HiSparseConnector"
@@ -29,6 +29,9 @@ _NUM_ROWS = attrgetter("num_rows")
 _IS_NULL = attrgetter("is_null")
 _NONE: tuple[Any, ...] = ()
 _MINUS_ONE = array("i", [-1]).tobytes()
+_LAST = itemgetter(-1)
+_UNFOLLOWED_LAST = object()
+_UNFOLLOWED: tuple[Any, ...] = (_UNFOLLOWED_LAST,)  # the probe of a list followed by its length
 
 
 def _class_names(obj: Any) -> set[str]:
@@ -66,7 +69,7 @@ def row_mirrors_of(metadata: Any) -> Mapping[str, Sequence[Any]] | None:
     return None
 
 
-def _rows_uniform(spans: Sequence[Sequence[Any]], width: int) -> list[int]:
+def _rows_uniform(spans: Iterable[Sequence[Any]], width: int) -> list[int]:
     """Each request's rows when every request has ``width`` (1 or 2) mirrors: one comprehension
     whose tuple unpacking checks the width (a request with another count raises ValueError)."""
     if width == 1:
@@ -74,7 +77,7 @@ def _rows_uniform(spans: Sequence[Sequence[Any]], width: int) -> list[int]:
     return [a.num_rows + b.num_rows for a, b in spans]
 
 
-def _rows_any(spans: Sequence[Sequence[Any]]) -> list[int]:
+def _rows_any(spans: Iterable[Sequence[Any]]) -> list[int]:
     """Each request's rows, whatever the count of its mirrors (none: 0)."""
     return [s[0].num_rows if len(s) == 1 else sum(map(_NUM_ROWS, s)) for s in spans]
 
@@ -113,21 +116,57 @@ class MirrorRows:
     a page): that width, remembered from the last step, is read by one comprehension; another
     shape falls back to a per-request sum. A mirror's ``num_rows`` is read as an attribute, the
     one read per mirror that cannot be avoided.
+
+    What is kept is the last column: a decode step mirrors as many rows per request as the one
+    before (the tokens it schedules), so when the rows read are the same numbers (small ints,
+    compared by identity) the last column's bytes are returned, the same object, which the
+    record's writer takes as a column that did not change (``RequestRecorder.write_encoded``).
     """
 
     def __init__(self) -> None:
         self._width = 1
+        self._rows: list[int] = []
+        self._column = b""
+        self._meta_type: Any = None  # where row_mirrors was found last: the metadata's type
+        self._sub = -1  # and the index of the HiSparse metadata in it (-1: the metadata itself)
+
+    def rows_of(self, metadata: Any) -> Mapping[str, Sequence[Any]] | None:
+        """``row_mirrors_of(metadata)``, first where it was found in the last step's metadata:
+        ``getattr`` with a default on a connector's metadata without the field (the
+        MultiConnector's, then each sub-connector's before HiSparse's) raises and catches an
+        AttributeError inside, a microsecond a step for the search."""
+        if type(metadata) is self._meta_type:
+            try:
+                rows = (metadata if self._sub < 0 else metadata.metadata[self._sub]).row_mirrors
+            except (AttributeError, IndexError, TypeError):
+                pass
+            else:
+                if type(rows) is dict:
+                    return rows
+        rows = row_mirrors_of(metadata)
+        self._meta_type = None
+        if rows is not None:
+            if getattr(metadata, "row_mirrors", None) is rows:
+                self._meta_type, self._sub = type(metadata), -1
+            else:
+                for i, sub in enumerate(getattr(metadata, "metadata", None) or ()):
+                    if getattr(sub, "row_mirrors", None) is rows:
+                        self._meta_type, self._sub = type(metadata), i
+                        break
+        return rows
 
     def column(self, ids: Sequence[str], row_mirrors: Mapping[str, Sequence[Any]] | None) -> bytes:
         if row_mirrors is None:
             return _unknown(len(ids))
+        spans: Iterable[Sequence[Any]]
         if len(row_mirrors) == len(ids) and list(row_mirrors) == ids:
-            spans: Sequence[Sequence[Any]] = list(row_mirrors.values())
+            spans = row_mirrors.values()
         else:
             spans = list(map(row_mirrors.get, ids, repeat(_NONE)))
         try:
             rows = _rows_uniform(spans, self._width)
         except ValueError:  # not every request has that many spans this step
+            spans = list(spans)
             lens = set(map(len, spans))
             width = lens.pop() if len(lens) == 1 else 0
             if width in (1, 2):
@@ -135,7 +174,11 @@ class MirrorRows:
                 rows = _rows_uniform(spans, width)
             else:
                 rows = _rows_any(spans)
-        return i32_column(rows)
+        if rows == self._rows and self._column:
+            return self._column
+        self._rows = rows
+        self._column = column = i32_column(rows)
+        return column
 
 
 def mirror_rows_column(ids: Sequence[str], row_mirrors: Mapping[str, Sequence[Any]] | None) -> bytes:
@@ -149,7 +192,7 @@ class HostBlocks:
 
     Where they live: ``host_manager.req_to_blocks``, a defaultdict of one list per request
     (vllm/v1/core/single_type_kv_cache_manager.py:125 in vLLM 0.32). How that list changes, and
-    why reading its length is enough:
+    why following its last block is enough:
 
     - it is created on a request's first allocation and removed whole, by ``pop``, when the
       request is freed (:576, the only removal); a freed request leaves ``running`` (finished or
@@ -161,12 +204,22 @@ class HostBlocks:
       no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
       whose ``get_num_skipped_tokens`` is 0 (:712-723).
 
-    So the count is kept per request and a step reads only the lists' lengths (``map(len, ...)``
-    over the lists held since the running set last changed). When no length moved, which is most
-    decode steps (a block holds 64 tokens), the last column is written as it is; a list that grew
-    has only its new tail counted (``len - nulls``). A running request without a list yet (a
-    ``.get``: never inserts into the defaultdict) is looked up again each step until it has one.
-    The lists are fetched anew when the running set changes.
+    A list that grows gets a new last block: one from the pool's free queue, never a block the
+    list already holds (a block in use is not in the free queue). So a step reads each list's
+    last block (``map(itemgetter(-1), ...)``: the block objects themselves, where ``map(len,
+    ...)`` made a new int per list past 256 blocks) and compares them with the last step's;
+    when none moved, which is most decode steps (a block holds 64 tokens), the last column is
+    written as it is. ``KVCacheBlock`` compares equal only to a block of the same ``block_id``
+    (a dataclass: its fields, ``block_id`` first), so an equal last block is the same block. A
+    list whose last block changed has only its new tail counted (``len - nulls``); one that got
+    shorter is counted whole. The lists that cannot be followed by their last block (empty, or
+    ending in the null block, which may be appended again) are followed by their length, and a
+    running request without a list yet (a ``.get``: never inserts into the defaultdict) is
+    looked up again each step until it has one.
+
+    The lists are fetched anew when the running set changes; a list held before keeps its
+    count, so a request joining or leaving costs a look-up per running request, not a count of
+    every block again.
     """
 
     def __init__(self, hisparse: Any) -> None:
@@ -176,7 +229,11 @@ class HostBlocks:
         self._lists: list[Sequence[Any]] = []
         self._lens: list[int] = []
         self._counts: list[int] = []
+        self._probes: list[Sequence[Any]] = []  # each list, or _UNFOLLOWED when followed by length
+        self._lasts: list[Any] = []  # each probe's last item at the last count
+        self._by_len: list[int] = []  # indexes of the lists followed by their length
         self._missing: list[int] = []  # indexes of running requests without a list yet
+        self._pending: list[int] = []  # indexes to count at the next step whatever they show
         self._column = b""
 
     def _req_to_blocks(self) -> Mapping[str, Sequence[Any]] | None:
@@ -188,10 +245,30 @@ class HostBlocks:
 
     def _fetch(self, ids: Sequence[str], source: Mapping[str, Sequence[Any]]) -> None:
         got: list[Sequence[Any] | None] = list(map(source.get, ids))  # .get: never inserts
-        self._missing = [i for i, lst in enumerate(got) if lst is None]
-        self._lists = [_NONE if lst is None else lst for lst in got]
-        self._lens = [0] * len(ids)
-        self._counts = [0] * len(ids)
+        held = {}
+        if source is self._source:  # the lists held so far, with their counts
+            held = {id(lst): (lst, n, c) for lst, n, c in zip(self._lists, self._lens, self._counts, strict=True) if lst is not _NONE}
+        lists: list[Sequence[Any]] = []
+        lens: list[int] = []
+        counts: list[int] = []
+        missing = []
+        for i, lst in enumerate(got):
+            if lst is None:
+                missing.append(i)
+                lst = _NONE
+            kept = held.get(id(lst))
+            if kept is not None and kept[0] is lst:
+                lens.append(kept[1])
+                counts.append(kept[2])
+            else:
+                lens.append(0)
+                counts.append(0)
+            lists.append(lst)
+        self._lists, self._lens, self._counts, self._missing = lists, lens, counts, missing
+        self._probes = [_UNFOLLOWED] * len(ids)
+        self._lasts = [_UNFOLLOWED_LAST] * len(ids)
+        self._by_len = []
+        self._pending = list(range(len(ids)))  # every list counted (from its held length) once
         self._ids, self._source = ids, source
 
     def column(self, ids: Sequence[str]) -> bytes:
@@ -204,7 +281,8 @@ class HostBlocks:
         if ids is not self._ids or source is not self._source:
             self._fetch(ids, source)
             self._column = b""
-        lists = self._lists
+        lists, lens = self._lists, self._lens
+        moved, self._pending = self._pending, []
         if self._missing:
             still = []
             for i in self._missing:
@@ -213,17 +291,41 @@ class HostBlocks:
                     still.append(i)
                 else:
                     lists[i] = lst
+                    moved.append(i)
             self._missing = still
-        lens = list(map(len, lists))
-        old = self._lens
-        if lens == old and self._column:
+        try:
+            lasts = list(map(_LAST, self._probes))
+        except IndexError:  # a followed list emptied: not a list we know how to follow
+            self._fetch(ids, source)
+            self._lens = [0] * len(ids)
+            self._counts = [0] * len(ids)
+            return self.column(ids)
+        old = self._lasts
+        if lasts != old:
+            moved.extend(compress(range(len(lasts)), map(is_not, lasts, old)))
+        for i in self._by_len:
+            if len(lists[i]) != lens[i]:
+                moved.append(i)
+        if not moved and self._column:
             return self._column
-        counts = self._counts
-        for i in compress(range(len(lens)), map(ne, lens, old)):
-            lst, start, end = lists[i], old[i], lens[i]
+        counts, probes = self._counts, self._probes
+        by_len = set(self._by_len)
+        for i in set(moved):
+            lst, start = lists[i], lens[i]
+            end = len(lst)
             if end < start:  # not a list we know how to follow: count it whole
                 start, counts[i] = 0, 0
             counts[i] += end - start - sum(map(_IS_NULL, lst[start:end]))
-        self._lens = lens
+            lens[i] = end
+            if end and not lst[end - 1].is_null:
+                probes[i] = lst
+                lasts[i] = lst[end - 1]
+                by_len.discard(i)
+            else:
+                probes[i] = _UNFOLLOWED
+                lasts[i] = _UNFOLLOWED_LAST
+                by_len.add(i)
+        self._lasts = lasts
+        self._by_len = sorted(by_len)
         self._column = i32_column(counts)
         return self._column
