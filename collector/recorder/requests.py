@@ -198,7 +198,9 @@ class RequestRecorder(RecorderBase):
         """``write_requests`` for columns already in their wire form, the engine's hot path:
         ``ids`` NUL-joined UTF-8, ``status`` one byte each, the other columns the bytes of an
         ``array("I")`` (``array("i")`` for ``mirror_rows`` and ``host_blocks``). Nothing is
-        converted or checked here; the record is the one ``write_requests`` writes.
+        converted or checked here; the record is the one ``write_requests`` writes. The
+        computed and output columns lie side by side in the record: a caller holding both in one
+        buffer passes it as ``computed`` and ``b""`` as ``output``.
 
         A column passed again as the same ``bytes`` object as in the last call is known not to
         have changed: the unchanged columns at the record's end (the ids, and mostly the
