@@ -124,11 +124,12 @@ class _StableTail:
         else:
             while i and parts[i - 1] is last[i - 1]:
                 i -= 1
-        if held:
+        if i == self._seen:  # ends where the last one did: the suffixes it kept are still good
+            self._streak += 1
+        else:
+            self._seen, self._streak = i, 1
             for k in [k for k in held if k < i]:  # a column of that suffix changed
                 del held[k]
-        self._streak = self._streak + 1 if i == self._seen else 1
-        self._seen = i
         if i == len(parts):
             return None
         best = min(held) if held else None
