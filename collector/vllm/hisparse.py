@@ -21,7 +21,7 @@ import struct
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, ne
 from typing import Any
 
 HISPARSE = "HiSparseConnector"
@@ -29,9 +29,6 @@ _NUM_ROWS = attrgetter("num_rows")
 _IS_NULL = attrgetter("is_null")
 _NONE: tuple[Any, ...] = ()
 _MINUS_ONE = array("i", [-1]).tobytes()
-_LAST = itemgetter(-1)
-_UNFOLLOWED_LAST = object()
-_UNFOLLOWED: tuple[Any, ...] = (_UNFOLLOWED_LAST,)  # the probe of a list followed by its length
 
 
 def _class_names(obj: Any) -> set[str]:
@@ -192,7 +189,7 @@ class HostBlocks:
 
     Where they live: ``host_manager.req_to_blocks``, a defaultdict of one list per request
     (vllm/v1/core/single_type_kv_cache_manager.py:125 in vLLM 0.32). How that list changes, and
-    why following its last block is enough:
+    why the sum of the lengths is enough to see that none moved:
 
     - it is created on a request's first allocation and removed whole, by ``pop``, when the
       request is freed (:576, the only removal); a freed request leaves ``running`` (finished or
@@ -204,18 +201,15 @@ class HostBlocks:
       no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
       whose ``get_num_skipped_tokens`` is 0 (:712-723).
 
-    A list that grows gets a new last block: one from the pool's free queue, never a block the
-    list already holds (a block in use is not in the free queue). So a step reads each list's
-    last block (``map(itemgetter(-1), ...)``: the block objects themselves, where ``map(len,
-    ...)`` made a new int per list past 256 blocks) and compares them with the last step's;
-    when none moved, which is most decode steps (a block holds 64 tokens), the last column is
-    written as it is. ``KVCacheBlock`` compares equal only to a block of the same ``block_id``
-    (a dataclass: its fields, ``block_id`` first), so an equal last block is the same block. A
-    list whose last block changed has only its new tail counted (``len - nulls``); one that got
-    shorter is counted whole. The lists that cannot be followed by their last block (empty, or
-    ending in the null block, which may be appended again) are followed by their length, and a
-    running request without a list yet (a ``.get``: never inserts into the defaultdict) is
-    looked up again each step until it has one.
+    No list held gets shorter, so the lists' total length is the last step's only when no list
+    moved, which is most decode steps (a block holds 64 tokens): then the last column is written
+    as it is. One ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is
+    freed before the next is made; a list of the lengths, compared with the last one, cost a
+    third more, and following each list's last block more again (it reads the block too). When
+    the total moved, the lengths are compared and a list that grew has only its new tail counted
+    (``len - nulls``); one that got shorter (a vLLM that truncates) is counted whole. A running
+    request without a list yet (a ``.get``: never inserts into the defaultdict) is looked up again
+    each step until it has one.
 
     The lists are fetched anew when the running set changes; a list held before keeps its
     count, so a request joining or leaving costs a look-up per running request, not a count of
@@ -229,11 +223,8 @@ class HostBlocks:
         self._lists: list[Sequence[Any]] = []
         self._lens: list[int] = []
         self._counts: list[int] = []
-        self._probes: list[Sequence[Any]] = []  # each list, or _UNFOLLOWED when followed by length
-        self._lasts: list[Any] = []  # each probe's last item at the last count
-        self._by_len: list[int] = []  # indexes of the lists followed by their length
+        self._total = -1  # the lists' total length at the last count
         self._missing: list[int] = []  # indexes of running requests without a list yet
-        self._pending: list[int] = []  # indexes to count at the next step whatever they show
         self._column = b""
 
     def _req_to_blocks(self) -> Mapping[str, Sequence[Any]] | None:
@@ -265,10 +256,7 @@ class HostBlocks:
                 counts.append(0)
             lists.append(lst)
         self._lists, self._lens, self._counts, self._missing = lists, lens, counts, missing
-        self._probes = [_UNFOLLOWED] * len(ids)
-        self._lasts = [_UNFOLLOWED_LAST] * len(ids)
-        self._by_len = []
-        self._pending = list(range(len(ids)))  # every list counted (from its held length) once
+        self._total = -1
         self._ids, self._source = ids, source
 
     def column(self, ids: Sequence[str]) -> bytes:
@@ -281,8 +269,7 @@ class HostBlocks:
         if ids is not self._ids or source is not self._source:
             self._fetch(ids, source)
             self._column = b""
-        lists, lens = self._lists, self._lens
-        moved, self._pending = self._pending, []
+        lists = self._lists
         if self._missing:
             still = []
             for i in self._missing:
@@ -291,41 +278,18 @@ class HostBlocks:
                     still.append(i)
                 else:
                     lists[i] = lst
-                    moved.append(i)
+                    self._total = -1
             self._missing = still
-        try:
-            lasts = list(map(_LAST, self._probes))
-        except IndexError:  # a followed list emptied: not a list we know how to follow
-            self._fetch(ids, source)
-            self._lens = [0] * len(ids)
-            self._counts = [0] * len(ids)
-            return self.column(ids)
-        old = self._lasts
-        if lasts != old:
-            moved.extend(compress(range(len(lasts)), map(is_not, lasts, old)))
-        for i in self._by_len:
-            if len(lists[i]) != lens[i]:
-                moved.append(i)
-        if not moved and self._column:
+        total = sum(map(len, lists))
+        if total == self._total and self._column:
             return self._column
-        counts, probes = self._counts, self._probes
-        by_len = set(self._by_len)
-        for i in set(moved):
-            lst, start = lists[i], lens[i]
-            end = len(lst)
+        lens = list(map(len, lists))
+        old, counts = self._lens, self._counts
+        for i in compress(range(len(lens)), map(ne, lens, old)):
+            lst, start, end = lists[i], old[i], lens[i]
             if end < start:  # not a list we know how to follow: count it whole
                 start, counts[i] = 0, 0
             counts[i] += end - start - sum(map(_IS_NULL, lst[start:end]))
-            lens[i] = end
-            if end and not lst[end - 1].is_null:
-                probes[i] = lst
-                lasts[i] = lst[end - 1]
-                by_len.discard(i)
-            else:
-                probes[i] = _UNFOLLOWED
-                lasts[i] = _UNFOLLOWED_LAST
-                by_len.add(i)
-        self._lasts = lasts
-        self._by_len = sorted(by_len)
+        self._lens, self._total = lens, total
         self._column = i32_column(counts)
         return self._column
