@@ -219,16 +219,14 @@ class RequestColumns:
 
     def counts(self, running: Sequence[Any], *, changed: bool = False) -> bytes:
         """``read`` as one buffer: this step's computed column then its output column, the two
-        columns the ``R`` record has side by side, built as one ``array`` (one conversion and
-        one ``bytes`` a step, not two)."""
+        columns the ``R`` record has side by side, built as one ``array`` (one ``bytes`` a step,
+        not two)."""
         if changed or running != self._prev:
             self._refresh(running)
-        column = array("I")  # filled by fromlist: a list a quarter faster than the constructor
+        column = array("I")  # fromlist reads a list a quarter faster than the constructor
+        column.fromlist([r.num_computed_tokens for r in running])
         if self._output_len:
-            values = [r.num_computed_tokens for r in running]
-            values += map(len, self._outputs)
+            column.fromlist(list(map(len, self._outputs)))
         else:
-            values = [r.num_computed_tokens for r in running]
-            values += [r.num_output_tokens for r in running]
-        column.fromlist(values)
+            column.fromlist([r.num_output_tokens for r in running])
         return column.tobytes()
