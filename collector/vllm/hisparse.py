@@ -201,13 +201,15 @@ class HostBlocks:
       no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
       whose ``get_num_skipped_tokens`` is 0 (:712-723).
 
-    No list held gets shorter, so the lists' total length is the last step's only when no list
-    moved, which is most decode steps (a block holds 64 tokens): then the last column is written
-    as it is. One ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is
-    freed before the next is made; a list of the lengths, compared with the last one, cost a
-    third more, and following each list's last block more again (it reads the block too). When
-    the total moved, the lengths are compared and a list that grew has only its new tail counted
-    (``len - nulls``); one that got shorter (a vLLM that truncates) is counted whole. A running
+    No list held gets shorter, so after a step in which no list moved, the lists' total length
+    is the same only when none moved since: then the last column is written as it is. One
+    ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is freed before
+    the next is made; a list of the lengths, compared with the last one, cost a third more, and
+    following each list's last block more again (it reads the block too). Otherwise the lengths
+    are compared and a list that grew has only its new tail counted (``len - nulls``); one that
+    got shorter (a vLLM that truncates) is counted whole. A block holds 64 tokens, so a decode
+    step grows about one list in 64: at a few dozen running requests most steps move none and
+    take the sum; at 256 most move a few, and the sum is skipped while the last step moved. A running
     request without a list yet (a ``.get``: never inserts into the defaultdict) is looked up again
     each step until it has one.
 
@@ -223,7 +225,8 @@ class HostBlocks:
         self._lists: list[Sequence[Any]] = []
         self._lens: list[int] = []
         self._counts: list[int] = []
-        self._total = -1  # the lists' total length at the last count
+        self._total = 0  # the lists' total length when they were last seen not moving
+        self._quiet = False  # whether they were, at the last step
         self._missing: list[int] = []  # indexes of running requests without a list yet
         self._column = b""
 
@@ -256,7 +259,7 @@ class HostBlocks:
                 counts.append(0)
             lists.append(lst)
         self._lists, self._lens, self._counts, self._missing = lists, lens, counts, missing
-        self._total = -1
+        self._quiet = False
         self._ids, self._source = ids, source
 
     def column(self, ids: Sequence[str]) -> bytes:
@@ -278,18 +281,21 @@ class HostBlocks:
                     still.append(i)
                 else:
                     lists[i] = lst
-                    self._total = -1
+                    self._quiet = False
             self._missing = still
-        total = sum(map(len, lists))
-        if total == self._total and self._column:
-            return self._column
+        if self._quiet and self._column:  # no list moved in the last step: one sum says if any did now
+            if sum(map(len, lists)) == self._total:
+                return self._column
         lens = list(map(len, lists))
         old, counts = self._lens, self._counts
+        if lens == old and self._column:
+            self._quiet, self._total = True, sum(lens)
+            return self._column
         for i in compress(range(len(lens)), map(ne, lens, old)):
             lst, start, end = lists[i], old[i], lens[i]
             if end < start:  # not a list we know how to follow: count it whole
                 start, counts[i] = 0, 0
             counts[i] += end - start - sum(map(_IS_NULL, lst[start:end]))
-        self._lens, self._total = lens, total
+        self._lens, self._quiet = lens, False
         self._column = i32_column(counts)
         return self._column
