@@ -128,10 +128,10 @@ class MirrorRows:
         self._sub = -1  # and the index of the HiSparse metadata in it (-1: the metadata itself)
 
     def rows_of(self, metadata: Any) -> Mapping[str, Sequence[Any]] | None:
-        """``row_mirrors_of(metadata)``, first where it was found in the last step's metadata:
-        ``getattr`` with a default on a connector's metadata without the field (the
-        MultiConnector's, then each sub-connector's before HiSparse's) raises and catches an
-        AttributeError inside, a microsecond a step for the search."""
+        """``row_mirrors_of(metadata)``, tried first where it was found in the last step's
+        metadata: the search (a ``getattr`` on the MultiConnector's metadata, then on each
+        sub-connector's before HiSparse's, and a Mapping check) cost 0.9 us a step, the place
+        remembered 0.2."""
         if type(metadata) is self._meta_type:
             try:
                 rows = (metadata if self._sub < 0 else metadata.metadata[self._sub]).row_mirrors
