@@ -5,9 +5,9 @@ columns stay the same while the running set does (three quarters of the record a
 CRC-32 is linear over GF(2): for a record ``P + S``,
 ``crc(P + S) = shift_|S|(raw(P)) ^ raw(S)`` on the raw register (zlib's pre- and post-inversion
 aside), where ``shift_L`` is the register's advance over ``L`` zero bytes, a linear map of 32
-bits. ``SuffixCrc`` holds ``raw(S)`` and ``shift_|S|`` (eight 16-entry tables, built from one
-``zlib.crc32`` over ``|S|`` zeros and kept per length), so a record costs ``zlib.crc32(P)`` and
-eight table lookups instead of ``zlib.crc32(P + S)``. The result is the same number: the ring's
+bits. ``SuffixCrc`` holds ``raw(S)`` and ``shift_|S|`` (four 256-entry tables, one per byte of the
+register, built from one ``zlib.crc32`` over ``|S|`` zeros and kept per length), so a record
+costs ``zlib.crc32(P)`` and four table lookups instead of ``zlib.crc32(P + S)``. The result is the same number: the ring's
 format does not change.
 """
 
@@ -20,11 +20,11 @@ __all__ = ["SuffixCrc"]
 _M = 0xFFFFFFFF
 _POLY = 0xEDB88320  # zlib's polynomial, bit-reflected
 _SHIFTS: dict[int, tuple[tuple[int, ...], ...]] = {}
-_MAX_SHIFTS = 64
+_MAX_SHIFTS = 16  # lengths kept (40 kB of tables each)
 
 
 def _shift_tables(length: int) -> tuple[tuple[int, ...], ...]:
-    """The raw register's advance over ``length`` zero bytes, as 8 tables of 16 (one per nibble)."""
+    """The raw register's advance over ``length`` zero bytes, as 4 tables of 256 (one per byte)."""
     tables = _SHIFTS.get(length)
     if tables is not None:
         return tables
@@ -37,11 +37,11 @@ def _shift_tables(length: int) -> tuple[tuple[int, ...], ...]:
         basis[j] = v
         v = (v >> 1) ^ (_POLY if v & 1 else 0)
     out = []
-    for k in range(8):
-        t = [0] * 16
-        for x in range(1, 16):
+    for k in range(4):
+        t = [0] * 256
+        for x in range(1, 256):
             low = x & -x
-            t[x] = t[x ^ low] ^ basis[4 * k + low.bit_length() - 1]
+            t[x] = t[x ^ low] ^ basis[8 * k + low.bit_length() - 1]
         out.append(tuple(t))
     if len(_SHIFTS) >= _MAX_SHIFTS:
         _SHIFTS.clear()
@@ -61,21 +61,10 @@ class SuffixCrc:
 
     def __init__(self, suffix: bytes) -> None:
         self.suffix = suffix
-        self._raw = zlib.crc32(suffix, _M) ^ _M  # the raw register over the suffix from 0
+        self._raw = zlib.crc32(suffix, _M)  # the raw register over the suffix from 0, post-inverted
         self._t = _shift_tables(len(suffix))
 
     def crc(self, prefix: bytes) -> int:
         r = zlib.crc32(prefix) ^ _M  # the raw register after the prefix
-        t0, t1, t2, t3, t4, t5, t6, t7 = self._t
-        return (
-            t0[r & 15]
-            ^ t1[r >> 4 & 15]
-            ^ t2[r >> 8 & 15]
-            ^ t3[r >> 12 & 15]
-            ^ t4[r >> 16 & 15]
-            ^ t5[r >> 20 & 15]
-            ^ t6[r >> 24 & 15]
-            ^ t7[r >> 28]
-            ^ self._raw
-            ^ _M
-        )
+        t0, t1, t2, t3 = self._t
+        return t0[r & 255] ^ t1[r >> 8 & 255] ^ t2[r >> 16 & 255] ^ t3[r >> 24] ^ self._raw

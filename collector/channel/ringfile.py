@@ -65,6 +65,10 @@ DEFAULT_CAPACITY = 16 * 1024 * 1024  # ~thousands of steps with per-request rows
 _HEAD_AT = 24
 _TAIL_AT = 32
 _U64 = struct.Struct("<Q")
+_U64_PACK = _U64.pack_into
+_REC_PACK = REC.pack_into
+_REC_SIZE = REC.size
+_ALIGN_MASK = ALIGN - 1
 _CHUNK = 1 << 20  # most bytes one pread copies; a longer stretch takes several
 # The writer's pages are mapped when the ring is made (a few ms for 16 MiB), not at the first
 # store into each: unpopulated, the ring's first lap took a page fault every 4 kB, 10-25 us more
@@ -138,39 +142,41 @@ class RingWriter:
         """Logical offset one past the last published record; ``head // capacity`` counts wraps."""
         return self._head
 
-    def append(self, payload: bytes, crc: int | None = None, tail: bytes = b"") -> None:
+    def append(self, payload: bytes, crc: int | None = None, tail: bytes = b"") -> int:
         """Publish one record, ``payload`` followed by ``tail`` (two parts copied into the ring
         as they are, no joined copy made first). ``crc``: ``zlib.crc32(payload + tail)`` when
-        the caller has it already (``collector.channel.crc``), else it is computed here."""
+        the caller has it already (``collector.channel.crc``), else it is computed here.
+        Returns the new ``head``."""
         first = len(payload)
         n = first + len(tail)
         if n == 0:
             raise ValueError("empty record")  # length 0 marks a corrupt header to readers
-        size = _aligned(REC.size + n)
-        if size > self.capacity // 2:
-            raise ValueError(f"record of {n} bytes is too large for a ring of {self.capacity}")
+        size = (_REC_SIZE + n + _ALIGN_MASK) & ~_ALIGN_MASK
         cap = self.capacity
+        if size > cap // 2:
+            raise ValueError(f"record of {n} bytes is too large for a ring of {cap}")
         pos = self._head
         phys = pos % cap
         if phys + size > cap:
             # Not enough room before the wrap: pad to the end and start at 0.
             self._make_room(pos + (cap - phys) + size)
-            if cap - phys >= REC.size:
+            if cap - phys >= _REC_SIZE:
                 REC.pack_into(self._mm, HEADER_SIZE + phys, PAD, 0)
             pos += cap - phys
             phys = 0
         elif pos + size - cap > self._tail:  # (most appends overwrite nothing not yet dropped)
             self._make_room(pos + size)
-        start = HEADER_SIZE + phys + REC.size
+        start = HEADER_SIZE + _REC_SIZE + phys
         mm = self._mm
         mm[start : start + first] = payload
         if tail:
             mm[start + first : start + n] = tail
         if crc is None:
             crc = zlib.crc32(tail, zlib.crc32(payload)) if tail else zlib.crc32(payload)
-        REC.pack_into(mm, start - REC.size, n, crc)
-        self._head = pos + size
-        _U64.pack_into(mm, _HEAD_AT, self._head)
+        _REC_PACK(mm, start - _REC_SIZE, n, crc)
+        self._head = head = pos + size
+        _U64_PACK(mm, _HEAD_AT, head)
+        return head
 
     def _make_room(self, new_head: int) -> None:
         """Advance tail past every record that the bytes up to ``new_head`` will overwrite."""

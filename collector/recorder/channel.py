@@ -64,7 +64,7 @@ class RecorderChannel:
         )
         self._ring: RingWriter | None = None
         self._capacity = capacity
-        self._wrap = 0
+        self._wrap_at = capacity  # the head past which the ring wrapped again: the meta record follows
         try:
             ensure_private_dir(directory)  # 0700, refused when another user made it
             self._ring = RingWriter(self.path, capacity=capacity)
@@ -83,10 +83,8 @@ class RecorderChannel:
         if ring is None:
             return
         try:
-            ring.append(payload, crc, tail)
-            wrap = ring.head // self._capacity
-            if wrap != self._wrap:
-                self._wrap = wrap
+            if ring.append(payload, crc, tail) >= self._wrap_at:
+                self._wrap_at = (ring.head // self._capacity + 1) * self._capacity
                 ring.append(self._meta)
         except Exception as exc:  # noqa: BLE001
             self.fail(f"write failed: {exc!r}")

@@ -20,6 +20,7 @@ None leaves the column out (the engine has no such connector), -1 marks one unkn
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterable
 from typing import Any, TypeAlias
@@ -41,6 +42,8 @@ from collector.recorder.channel import SCHED_RING_BYTES
 
 __all__ = ["SCHED_RING_BYTES", "Column", "RequestRecorder", "status_code"]
 
+_EXTEND_AFTER = 8  # records ending the same way before their longer unchanged end is summed
+_HEAD = struct.Struct("<c" + REQS_HEAD.format.lstrip("<"))  # the tag and the head in one pack
 Column: TypeAlias = "bytes | array[int] | Iterable[int]"  # array[int] is not subscriptable at runtime
 FINISHES = ("stopped", "length", "aborted", "error", "ignored", "repetition")
 
@@ -94,33 +97,46 @@ def _encode_columns(
 
 class _StableTail:
     """The columns at the end of a request record that did not change since the last one, with
-    their CRC (``SuffixCrc``), kept while they stay the same objects."""
+    their CRC (``SuffixCrc``), kept while they stay the same objects.
 
-    __slots__ = ("_last", "_from", "crc")
+    Where the unchanged end starts moves: the mirror rows in the middle are new in some steps
+    and the same column in others. A suffix held from a later column stays good while that end
+    does not change; a longer one is summed (one ``zlib.crc32`` over it) only once the record
+    has ended the same way ``_EXTEND_AFTER`` times in a row, so a column that changes every few
+    steps does not make every few steps pay for a new sum."""
+
+    __slots__ = ("_last", "_held", "_seen", "_streak")
 
     def __init__(self) -> None:
         self._last: list[bytes] = []
-        self._from = 0  # where the held suffix starts in the last record's parts
-        self.crc: SuffixCrc | None = None
+        self._held: dict[int, SuffixCrc] = {}  # where a held suffix starts -> its CRC
+        self._seen = -1  # where the last record's unchanged end started
+        self._streak = 0
 
     def cut(self, parts: list[bytes]) -> tuple[int, SuffixCrc] | None:
         """Where this record's unchanged end starts, and the CRC of ``parts[cut:]``; None when no
         column at its end is the same object as in the last record."""
         last, self._last = self._last, parts
         i = len(parts)
+        held = self._held
         if len(last) != i:
-            self.crc = None
-            return None
-        while i and parts[i - 1] is last[i - 1]:
-            i -= 1
-        if self.crc is not None and i <= self._from:
-            return self._from, self.crc
+            held.clear()
+        else:
+            while i and parts[i - 1] is last[i - 1]:
+                i -= 1
+        if i == self._seen:  # ends where the last one did: the suffixes it kept are still good
+            self._streak += 1
+        else:
+            self._seen, self._streak = i, 1
+            for k in [k for k in held if k < i]:  # a column of that suffix changed
+                del held[k]
         if i == len(parts):
-            self.crc = None
             return None
-        self.crc = crc = SuffixCrc(b"".join(parts[i:]))
-        self._from = i
-        return i, crc
+        best = min(held) if held else None
+        if best is None or (best > i and self._streak >= _EXTEND_AFTER):
+            held[i] = SuffixCrc(b"".join(parts[i:]))
+            best = i
+        return best, held[best]
 
 
 class RequestRecorder(RecorderBase):
@@ -183,7 +199,9 @@ class RequestRecorder(RecorderBase):
         """``write_requests`` for columns already in their wire form, the engine's hot path:
         ``ids`` NUL-joined UTF-8, ``status`` one byte each, the other columns the bytes of an
         ``array("I")`` (``array("i")`` for ``mirror_rows`` and ``host_blocks``). Nothing is
-        converted or checked here; the record is the one ``write_requests`` writes.
+        converted or checked here; the record is the one ``write_requests`` writes. The
+        computed and output columns lie side by side in the record: a caller holding both in one
+        buffer passes it as ``computed`` and ``b""`` as ``output``.
 
         A column passed again as the same ``bytes`` object as in the last call is known not to
         have changed: the unchanged columns at the record's end (the ids, and mostly the
@@ -193,22 +211,20 @@ class RequestRecorder(RecorderBase):
         if not channel.active:
             return
         try:
-            parts = [prompt_len, computed, output, preemptions, status]
-            flags = 0
+            flags = (0 if mirror_rows is None else FLAG_MIRROR) | (0 if host_blocks is None else FLAG_HOST_BLOCKS)
+            head = _HEAD.pack(TAG_REQS, step, ts, n, flags)
+            parts = [head, prompt_len, computed, output, preemptions, status]
             if mirror_rows is not None:
                 parts.append(mirror_rows)
-                flags = FLAG_MIRROR
             if host_blocks is not None:
                 parts.append(host_blocks)
-                flags |= FLAG_HOST_BLOCKS
             parts.append(ids)
-            head = TAG_REQS + REQS_HEAD.pack(step, ts, n, flags)
             held = self._tail.cut(parts)
             if held is None:
-                channel.write(head + b"".join(parts))
+                channel.write(b"".join(parts))
                 return
             cut, tail = held
-            prefix = head + b"".join(parts[:cut])
+            prefix = b"".join(parts[:cut])
         except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
             channel.fail(f"write_requests raised {exc!r}")
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, repeat
 from operator import attrgetter, ne
 from typing import Any
@@ -66,7 +66,7 @@ def row_mirrors_of(metadata: Any) -> Mapping[str, Sequence[Any]] | None:
     return None
 
 
-def _rows_uniform(spans: Sequence[Sequence[Any]], width: int) -> list[int]:
+def _rows_uniform(spans: Iterable[Sequence[Any]], width: int) -> list[int]:
     """Each request's rows when every request has ``width`` (1 or 2) mirrors: one comprehension
     whose tuple unpacking checks the width (a request with another count raises ValueError)."""
     if width == 1:
@@ -74,7 +74,7 @@ def _rows_uniform(spans: Sequence[Sequence[Any]], width: int) -> list[int]:
     return [a.num_rows + b.num_rows for a, b in spans]
 
 
-def _rows_any(spans: Sequence[Sequence[Any]]) -> list[int]:
+def _rows_any(spans: Iterable[Sequence[Any]]) -> list[int]:
     """Each request's rows, whatever the count of its mirrors (none: 0)."""
     return [s[0].num_rows if len(s) == 1 else sum(map(_NUM_ROWS, s)) for s in spans]
 
@@ -113,21 +113,57 @@ class MirrorRows:
     a page): that width, remembered from the last step, is read by one comprehension; another
     shape falls back to a per-request sum. A mirror's ``num_rows`` is read as an attribute, the
     one read per mirror that cannot be avoided.
+
+    What is kept is the last column: a decode step mirrors as many rows per request as the one
+    before (the tokens it schedules), so when the rows read are the same numbers (small ints,
+    compared by identity) the last column's bytes are returned, the same object, which the
+    record's writer takes as a column that did not change (``RequestRecorder.write_encoded``).
     """
 
     def __init__(self) -> None:
         self._width = 1
+        self._rows: list[int] = []
+        self._column = b""
+        self._meta_type: Any = None  # where row_mirrors was found last: the metadata's type
+        self._sub = -1  # and the index of the HiSparse metadata in it (-1: the metadata itself)
+
+    def rows_of(self, metadata: Any) -> Mapping[str, Sequence[Any]] | None:
+        """``row_mirrors_of(metadata)``, tried first where it was found in the last step's
+        metadata: the search (a ``getattr`` on the MultiConnector's metadata, then on each
+        sub-connector's before HiSparse's, and a Mapping check) cost 0.9 us a step, the place
+        remembered 0.2."""
+        if type(metadata) is self._meta_type:
+            try:
+                rows = (metadata if self._sub < 0 else metadata.metadata[self._sub]).row_mirrors
+            except (AttributeError, IndexError, TypeError):
+                pass
+            else:
+                if type(rows) is dict:
+                    return rows
+        rows = row_mirrors_of(metadata)
+        self._meta_type = None
+        if rows is not None:
+            if getattr(metadata, "row_mirrors", None) is rows:
+                self._meta_type, self._sub = type(metadata), -1
+            else:
+                for i, sub in enumerate(getattr(metadata, "metadata", None) or ()):
+                    if getattr(sub, "row_mirrors", None) is rows:
+                        self._meta_type, self._sub = type(metadata), i
+                        break
+        return rows
 
     def column(self, ids: Sequence[str], row_mirrors: Mapping[str, Sequence[Any]] | None) -> bytes:
         if row_mirrors is None:
             return _unknown(len(ids))
+        spans: Iterable[Sequence[Any]]
         if len(row_mirrors) == len(ids) and list(row_mirrors) == ids:
-            spans: Sequence[Sequence[Any]] = list(row_mirrors.values())
+            spans = row_mirrors.values()
         else:
             spans = list(map(row_mirrors.get, ids, repeat(_NONE)))
         try:
             rows = _rows_uniform(spans, self._width)
         except ValueError:  # not every request has that many spans this step
+            spans = list(spans)
             lens = set(map(len, spans))
             width = lens.pop() if len(lens) == 1 else 0
             if width in (1, 2):
@@ -135,7 +171,11 @@ class MirrorRows:
                 rows = _rows_uniform(spans, width)
             else:
                 rows = _rows_any(spans)
-        return i32_column(rows)
+        if rows == self._rows and self._column:
+            return self._column
+        self._rows = rows
+        self._column = column = i32_column(rows)
+        return column
 
 
 def mirror_rows_column(ids: Sequence[str], row_mirrors: Mapping[str, Sequence[Any]] | None) -> bytes:
@@ -149,7 +189,7 @@ class HostBlocks:
 
     Where they live: ``host_manager.req_to_blocks``, a defaultdict of one list per request
     (vllm/v1/core/single_type_kv_cache_manager.py:125 in vLLM 0.32). How that list changes, and
-    why reading its length is enough:
+    why the sum of the lengths is enough to see that none moved:
 
     - it is created on a request's first allocation and removed whole, by ``pop``, when the
       request is freed (:576, the only removal); a freed request leaves ``running`` (finished or
@@ -161,12 +201,21 @@ class HostBlocks:
       no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
       whose ``get_num_skipped_tokens`` is 0 (:712-723).
 
-    So the count is kept per request and a step reads only the lists' lengths (``map(len, ...)``
-    over the lists held since the running set last changed). When no length moved, which is most
-    decode steps (a block holds 64 tokens), the last column is written as it is; a list that grew
-    has only its new tail counted (``len - nulls``). A running request without a list yet (a
-    ``.get``: never inserts into the defaultdict) is looked up again each step until it has one.
-    The lists are fetched anew when the running set changes.
+    No list held gets shorter, so after a step in which no list moved, the lists' total length
+    is the same only when none moved since: then the last column is written as it is. One
+    ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is freed before
+    the next is made; a list of the lengths, compared with the last one, cost a third more, and
+    following each list's last block more again (it reads the block too). Otherwise the lengths
+    are compared and a list that grew has only its new tail counted (``len - nulls``); one that
+    got shorter (a vLLM that truncates) is counted whole. A block holds 64 tokens, so a decode
+    step grows about one list in 64: at a few dozen running requests most steps move none and
+    take the sum; at 256 most move a few, and the sum is skipped while the last step moved. A running
+    request without a list yet (a ``.get``: never inserts into the defaultdict) is looked up again
+    each step until it has one.
+
+    The lists are fetched anew when the running set changes; a list held before keeps its
+    count, so a request joining or leaving costs a look-up per running request, not a count of
+    every block again.
     """
 
     def __init__(self, hisparse: Any) -> None:
@@ -176,6 +225,8 @@ class HostBlocks:
         self._lists: list[Sequence[Any]] = []
         self._lens: list[int] = []
         self._counts: list[int] = []
+        self._total = 0  # the lists' total length when they were last seen not moving
+        self._quiet = False  # whether they were, at the last step
         self._missing: list[int] = []  # indexes of running requests without a list yet
         self._column = b""
 
@@ -188,10 +239,27 @@ class HostBlocks:
 
     def _fetch(self, ids: Sequence[str], source: Mapping[str, Sequence[Any]]) -> None:
         got: list[Sequence[Any] | None] = list(map(source.get, ids))  # .get: never inserts
-        self._missing = [i for i, lst in enumerate(got) if lst is None]
-        self._lists = [_NONE if lst is None else lst for lst in got]
-        self._lens = [0] * len(ids)
-        self._counts = [0] * len(ids)
+        held = {}
+        if source is self._source:  # the lists held so far, with their counts
+            held = {id(lst): (lst, n, c) for lst, n, c in zip(self._lists, self._lens, self._counts, strict=True) if lst is not _NONE}
+        lists: list[Sequence[Any]] = []
+        lens: list[int] = []
+        counts: list[int] = []
+        missing = []
+        for i, lst in enumerate(got):
+            if lst is None:
+                missing.append(i)
+                lst = _NONE
+            kept = held.get(id(lst))
+            if kept is not None and kept[0] is lst:
+                lens.append(kept[1])
+                counts.append(kept[2])
+            else:
+                lens.append(0)
+                counts.append(0)
+            lists.append(lst)
+        self._lists, self._lens, self._counts, self._missing = lists, lens, counts, missing
+        self._quiet = False
         self._ids, self._source = ids, source
 
     def column(self, ids: Sequence[str]) -> bytes:
@@ -213,17 +281,21 @@ class HostBlocks:
                     still.append(i)
                 else:
                     lists[i] = lst
+                    self._quiet = False
             self._missing = still
+        if self._quiet and self._column:  # no list moved in the last step: one sum says if any did now
+            if sum(map(len, lists)) == self._total:
+                return self._column
         lens = list(map(len, lists))
-        old = self._lens
+        old, counts = self._lens, self._counts
         if lens == old and self._column:
+            self._quiet, self._total = True, sum(lens)
             return self._column
-        counts = self._counts
         for i in compress(range(len(lens)), map(ne, lens, old)):
             lst, start, end = lists[i], old[i], lens[i]
             if end < start:  # not a list we know how to follow: count it whole
                 start, counts[i] = 0, 0
             counts[i] += end - start - sum(map(_IS_NULL, lst[start:end]))
-        self._lens = lens
+        self._lens, self._quiet = lens, False
         self._column = i32_column(counts)
         return self._column

@@ -37,7 +37,7 @@ from collector.recorder.channel import guarded, log
 from collector.vllm._version import gate, vllm_version
 from collector.vllm.extract import RequestColumns
 from collector.vllm.fingerprint import fingerprint_facts
-from collector.vllm.hisparse import HostBlocks, MirrorRows, find_hisparse, row_mirrors_of
+from collector.vllm.hisparse import HostBlocks, MirrorRows, find_hisparse
 from collector.vllm.server import server_identity
 
 __all__ = ["RecordingAsyncScheduler", "RecordingScheduler", "finish_name", "recording_class", "scheduler_vllm_would_choose"]
@@ -108,15 +108,14 @@ class _SchedRecorder:
             while len(cached) > _MAX_CACHED:
                 del cached[next(iter(cached))]
         cols = self.columns
-        computed, out = cols.read(running, changed=bool(getattr(output, "preempted_req_ids", None)))
+        counts = cols.counts(running, changed=bool(getattr(output, "preempted_req_ids", None)))
         mirror = host = None
         if self.host_blocks is not None:
             ids = cols.id_list
-            mirror = self.mirror_rows.column(ids, row_mirrors_of(getattr(output, "kv_connector_metadata", None)))
+            mirror_rows = self.mirror_rows
+            mirror = mirror_rows.column(ids, mirror_rows.rows_of(getattr(output, "kv_connector_metadata", None)))
             host = self.host_blocks.column(ids)
-        self.recorder.write_encoded(
-            self.step, time.time(), len(running), cols.ids, cols.prompt, computed, out, cols.preempt, cols.status, mirror, host
-        )
+        self.recorder.write_encoded(self.step, time.time(), len(running), cols.ids, cols.prompt, counts, b"", cols.preempt, cols.status, mirror, host)
 
     def updating(self, output: Any) -> None:
         self.current = self.in_flight.pop(id(output), self.current)

@@ -166,3 +166,22 @@ def test_the_pod_uid_comes_from_the_downward_api_else_the_own_cgroup(tmp_path: P
     rec = StatsRecorder(from_cgroup, directory=tmp_path / "rings", pid=7)
     (meta, _), *_ = records(rec.channel.path)
     assert meta is not None and meta["pod_uid"] == uid
+
+
+def test_the_meta_record_follows_every_wrap_of_the_ring(tmp_path: Path) -> None:
+    rec = RequestRecorder(EngineIdentity(server_pid=7), directory=tmp_path, capacity=4096)
+    reader = RingReader(rec.channel.path)
+    metas, laps = 0, 0
+    steps: list[int] = []
+    for step in range(1, 600):
+        rec.write_requests(step, ts=1.0, n=1, ids=["a"], prompt_len=[1], computed=[step], output=[0], preemptions=[0], status=[0])
+        for payload in reader.read():  # a reader that keeps up sees every record
+            meta, _ = decode(payload)
+            if meta is not None and meta.get("t") == "meta":
+                metas += 1
+                assert not steps or steps[-1] == step  # first, then right after the record that crossed a lap
+            else:
+                steps.append(step)
+        laps = rec.channel._ring.head // 4096  # type: ignore[union-attr]
+    assert laps >= 5 and reader.lost_bytes == 0
+    assert metas == 1 + laps  # the first, and one each time the head passed a multiple of the capacity

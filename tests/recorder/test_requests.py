@@ -30,11 +30,14 @@ def raw_records(path: Path) -> list[tuple[int, int, bytes]]:
 def random_steps(seed: int, steps: int) -> list[tuple[object, ...]]:
     """Columns for ``steps`` steps as a scheduler hands them: a running set that holds for a few
     steps (its ids, prompts, preemptions and statuses the same objects meanwhile), computed and
-    output new every step, mirror rows new, host blocks reused until they change."""
+    output new every step, host blocks reused until they change, mirror rows reused for runs of
+    steps (as a decode step mirrors what the one before did) and new in others, so the columns
+    the record ends with unchanged start at one place, then another."""
     rng = random.Random(seed)
     out: list[tuple[object, ...]] = []
     n = 0
     ids = prompt = preempt = status = host = b""
+    mirror: bytes | None = None
     hisparse = seed % 2 == 1
     for step in range(1, steps + 1):
         if step == 1 or rng.random() < 0.25:  # the running set changes
@@ -48,7 +51,8 @@ def random_steps(seed: int, steps: int) -> list[tuple[object, ...]]:
             host = array("i", [rng.randrange(-1, 500) for _ in range(n)]).tobytes()
         computed = array("I", [rng.randrange(0, 9000) for _ in range(n)]).tobytes()
         output = array("I", [rng.randrange(0, 2000) for _ in range(n)]).tobytes()
-        mirror = array("i", [rng.randrange(-1, 9) for _ in range(n)]).tobytes() if hisparse else None
+        if hisparse and (mirror is None or len(mirror) != 4 * n or rng.random() < 0.1):
+            mirror = array("i", [rng.randrange(-1, 9) for _ in range(n)]).tobytes()
         out.append((step, 1000.0 + step / 100, n, ids, prompt, computed, output, preempt, status, mirror, host if hisparse else None))
     return out
 
@@ -58,7 +62,7 @@ def test_write_encoded_writes_the_records_write_requests_writes(tmp_path: Path) 
     for seed in range(6):
         fast = RequestRecorder(ident, directory=tmp_path / f"fast{seed}", pid=1, clock=lambda: 5.0)
         plain = RequestRecorder(ident, directory=tmp_path / f"plain{seed}", pid=1, clock=lambda: 5.0)
-        steps = random_steps(seed, 120)
+        steps = random_steps(seed, 240)
         for step, ts, n, ids, prompt, computed, output, preempt, status, mirror, host in steps:
             fast.write_encoded(step, ts, n, ids, prompt, computed, output, preempt, status, mirror, host)  # type: ignore[arg-type]
             plain.write_requests(

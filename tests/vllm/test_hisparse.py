@@ -18,7 +18,7 @@ from typing import Any
 from reference_readers import host_blocks_column, mirror_rows_column, request_columns  # tests/vllm is on sys.path
 
 from collector.vllm.extract import RequestColumns
-from collector.vllm.hisparse import HostBlocks, MirrorRows, i32_column
+from collector.vllm.hisparse import HostBlocks, MirrorRows, i32_column, row_mirrors_of
 
 
 class Status(enum.IntEnum):
@@ -183,3 +183,16 @@ def test_mirror_rows_of_every_shape() -> None:
     for rows in (one, two, one, mixed, partial, None, two, {}):
         assert m.column(ids, rows) == mirror_rows_column(ids, rows)
     assert m.column(ids, two) == i32_column([5, 5, 5]) and m.column(ids, None) == i32_column([-1, -1, -1])
+
+
+def test_rows_of_finds_what_row_mirrors_of_finds_as_the_metadata_changes_shape() -> None:
+    rows_a = {"a": (Mirror((0,), 0, 1),)}
+    rows_b = {"b": (Mirror((0,), 0, 2),)}
+    direct = SimpleNamespace(row_mirrors=rows_a)
+    other = SimpleNamespace(kv_lease=1)  # another connector's metadata: no row_mirrors
+    multi = SimpleNamespace(metadata=(other, SimpleNamespace(row_mirrors=rows_b)))
+    moved = SimpleNamespace(metadata=(SimpleNamespace(row_mirrors=rows_a), other))  # same type, another place
+    shorter = SimpleNamespace(metadata=(other,))
+    m = MirrorRows()
+    for meta in (multi, multi, moved, direct, None, multi, shorter, multi, SimpleNamespace(metadata=None), direct, direct):
+        assert m.rows_of(meta) is row_mirrors_of(meta)
