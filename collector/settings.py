@@ -127,7 +127,12 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     public_url: str | None = Field(default=None, description="base URL used in alert links")
     recorder_dir: Path = Field(default_factory=recorder_dir_from_env)
     recorder: Literal["auto", "off"] = "auto"
-    write_batch_interval: float = Field(default=0.5, gt=0)
+    write_batch_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="the continuous series are written this often, one transaction (a step is held 1 s for its "
+        "second half anyway; the rings still hold what a killed sidecar had not written)",
+    )
     snapshot_gpu_seconds: float = Field(default=300.0, gt=0)
     snapshot_settle_s: float = Field(default=1.0, ge=0, description="wait for late evidence")
     incident_window_s: float = Field(default=30.0, gt=0)
