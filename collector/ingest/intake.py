@@ -25,7 +25,7 @@ import numpy as np
 from collector.columns import INT_NULL, STATS_DTYPE, StepBatch, stats_of_records
 from collector.ingest.config import IngestConfig
 from collector.ingest.engines import EngineRegistry
-from collector.ingest.store import EngineRings, RingStore
+from collector.ingest.store import EngineWindows, WindowStore
 from collector.ingest.window import StepWindow
 from collector.model import (
     HALF_REQUESTS,
@@ -83,7 +83,7 @@ class Intake:
         self.host = config.host_name or socket.gethostname()
         self.rows: RowSink = rows or _NoRows()
         self.engines = EngineRegistry(proc_root=proc_root)
-        self.store = RingStore(config, scrape_seconds=scrape_seconds)
+        self.store = WindowStore(config, scrape_seconds=scrape_seconds)
         self.xid = XidMerger(window_s=2.0, clock=clock)
         # GPU id (UUID, or an index as a string) -> who holds it, as the kubelet's PodResources
         # API says (discovery hands it in): a GPU fault's event names them
@@ -341,7 +341,7 @@ class Intake:
                 n += rings.previous.window.unsent()
         return n
 
-    def _release_engine(self, rings: EngineRings, cutoff: float, *, everything: bool) -> None:
+    def _release_engine(self, rings: EngineWindows, cutoff: float, *, everything: bool) -> None:
         windows = [rings.window] if rings.previous is None else [rings.previous.window, rings.window]
         for w in windows:
             try:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from collector.ingest.engines import EngineRegistry
 from collector.ingest.intake import Intake
-from collector.ingest.store import RingStore
+from collector.ingest.store import WindowStore
 from collector.ingest.view import Route
 from collector.model import CRASH_KINDS, Event, EventKind
 
@@ -30,7 +30,7 @@ EventConsumer = Callable[[Event, bool], None]  # (event, is_new)
 GPU_FAULTS = (EventKind.XID, EventKind.GPU_LOST)
 
 
-def route(ev: Event, engines: EngineRegistry, store: RingStore) -> Route:
+def route(ev: Event, engines: EngineRegistry, store: WindowStore) -> Route:
     """The engines an event belongs to, and how that was decided."""
     if ev.engine is not None:
         return Route((ev.engine,), "engine")

@@ -1,4 +1,5 @@
-"""The rings: what the node held in memory over the last minutes, per engine and per GPU.
+"""The windows: what the node held in memory over the last minutes, per engine and per GPU (the
+recorder's memory-mapped rings are ``collector.channel``'s).
 
 Per engine: its steps (``StepWindow``), log lines, events, scrapes and workload log; per GPU:
 its samples and its last one; and the GPU-level events no engine claimed. Bounded by the
@@ -12,9 +13,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from collector.ingest.config import IngestConfig
-from collector.ingest.rings import LineRing, TimeRing
 from collector.ingest.runs import PreviousRun, window_for
 from collector.ingest.window import StepWindow
+from collector.ingest.windows import LineWindow, TimeWindow
 from collector.ingest.workload import WorkloadLog
 from collector.model import Event, GpuSample, MetricsScrape, StepRequests
 
@@ -23,9 +24,9 @@ SCRAPES_KEPT = 900
 
 
 @dataclass
-class EngineRings:
+class EngineWindows:
     window: StepWindow
-    lines: LineRing
+    lines: LineWindow
     workload: WorkloadLog
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     scrapes: deque[MetricsScrape] = field(default_factory=lambda: deque(maxlen=SCRAPES_KEPT))
@@ -34,25 +35,25 @@ class EngineRings:
     previous: PreviousRun | None = None  # the run before, set aside whole
 
 
-class RingStore:
+class WindowStore:
     def __init__(self, config: IngestConfig, *, scrape_seconds: float | None = None) -> None:
         self.config = config
         # scrapes are kept this long per engine (and at most 900): what their readers need (the
         # snapshot's five minutes, the detectors' longest window), told by whoever wires them.
         # At 8 engines each scrape held is ~3.5 kB: 15 minutes of them was 25 MB.
         self.scrape_seconds = scrape_seconds
-        self.engines: dict[str, EngineRings] = {}
-        self.gpus: dict[str, TimeRing] = {}
+        self.engines: dict[str, EngineWindows] = {}
+        self.gpus: dict[str, TimeWindow] = {}
         self.gpu_last: dict[str, GpuSample] = {}
         self.host_events: deque[Event] = deque(maxlen=EVENTS_KEPT)  # GPU-level events (Xid, lost)
 
-    def of(self, engine: str) -> EngineRings:
+    def of(self, engine: str) -> EngineWindows:
         rings = self.engines.get(engine)
         if rings is None:
             cfg = self.config
-            rings = self.engines[engine] = EngineRings(
+            rings = self.engines[engine] = EngineWindows(
                 window=StepWindow(engine, cfg.ring_steps, max_request_bytes=self._request_bytes(len(self.engines) + 1)),
-                lines=LineRing(cfg.log_ring_lines),
+                lines=LineWindow(cfg.log_ring_lines),
                 workload=WorkloadLog(max_requests=cfg.workload_requests, max_age_s=cfg.workload_seconds),
             )
             share = rings.window.max_request_bytes
@@ -71,7 +72,7 @@ class RingStore:
             if other.window.max_request_bytes < share:
                 other.window.max_request_bytes = share
 
-    def window_of_run(self, engine: str, rings: EngineRings, run: int, now: float) -> StepWindow | None:
+    def window_of_run(self, engine: str, rings: EngineWindows, run: int, now: float) -> StepWindow | None:
         """The window that holds steps of ``run`` (``collector.ingest.runs``); None: not held. A
         newer run sets the current window aside as the previous run and starts a fresh one."""
         where = window_for(rings.run, rings.previous, run)
@@ -108,7 +109,7 @@ class RingStore:
     def add_gpu(self, s: GpuSample) -> None:
         ring = self.gpus.get(s.gpu)
         if ring is None:
-            ring = self.gpus[s.gpu] = TimeRing(self.config.gpu_ring_seconds)
+            ring = self.gpus[s.gpu] = TimeWindow(self.config.gpu_ring_seconds)
         ring.add(s)
         self.gpu_last[s.gpu] = s
 

@@ -1,4 +1,4 @@
-"""The flight recorder's memory: bounded rings of the last GPU samples and log lines (an
+"""The flight recorder's memory: bounded windows of the last GPU samples and log lines (an
 engine's steps: ``collector.ingest.window``).
 
 """
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from collector.model import GpuSample, LogLine
 
 
-class TimeRing:
+class TimeWindow:
     """Samples of the last ``seconds`` (by their own timestamps), at most ``max_items``."""
 
     def __init__(self, seconds: float, max_items: int = 100_000) -> None:
@@ -34,7 +34,7 @@ class TimeRing:
         return len(self._items)
 
 
-class LineRing:
+class LineWindow:
     def __init__(self, max_lines: int) -> None:
         self._lines: deque[LogLine] = deque(maxlen=max_lines)
 
