@@ -446,14 +446,22 @@ def _bools_in(values: Sequence[bool | None]) -> Any:
 
 
 def _ints(values: npt.NDArray[np.int64], where: npt.NDArray[np.bool_] | None = None) -> list[int | None]:
-    """An integer column as a list, None where unknown (or not ``where``)."""
+    """An integer column as a list, None where unknown (or not ``where``). A column of one
+    value (``n``, often ``max_tokens`` or ``cached_tokens``) shares one int object."""
     unknown = values == _NONE
     if where is not None:
         unknown |= ~where
-    if not unknown.any():
+    some_unknown = bool(unknown.any())
+    known = values[~unknown] if some_unknown else values
+    if len(known) and known.min() == known.max():
+        if not some_unknown:
+            return [int(known[0])] * len(values)
+        objects = np.full(len(values), int(known[0]), dtype=object)
+    elif not some_unknown:
         out: list[int | None] = values.tolist()
         return out
-    objects = values.astype(object)
+    else:
+        objects = values.astype(object)
     objects[unknown] = None
     out = objects.tolist()
     return out
