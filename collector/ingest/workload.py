@@ -89,14 +89,15 @@ class _Names:
     """Codes for a column of strings (engine names, finish reasons): code 0 is None, then the
     ``fixed`` names, then each new string the next code. ``objects`` maps codes to the strings
     as an object array, so that an export's list of them is made in C; ``outcomes`` maps a
-    finish reason's code to its outcome's."""
+    finish reason's code to its outcome's. Both are made when a name comes (an export reads
+    them and writes nothing)."""
 
     def __init__(self, *fixed: str) -> None:
         self.names: list[str | None] = [None, *fixed]
         self.codes: dict[str, int] = {name: i for i, name in enumerate(fixed, 1)}
         self.fixed = len(self.names)
         self.outcomes = np.full(self.fixed, _OUTCOME_CODE["finished"], dtype=np.intp)
-        self._objects: npt.NDArray[np.object_] | None = None
+        self.objects = np.array(self.names, dtype=object)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -109,13 +110,8 @@ class _Names:
             code = self.codes[name] = len(self.names)
             self.names.append(name)
             self.outcomes = np.append(self.outcomes, _OUTCOME_CODE[_outcome(name)])
-            self._objects = None
+            self.objects = np.array(self.names, dtype=object)
         return code
-
-    def objects(self) -> npt.NDArray[np.object_]:
-        if self._objects is None:
-            self._objects = np.array(self.names, dtype=object)
-        return self._objects
 
     def keep_only(self, used: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         """Forget the names no row holds (``used``: the rows' codes); returns the map of old
@@ -129,7 +125,7 @@ class _Names:
             remap[old] = codes[name] = len(names)
             names.append(name)
         self.outcomes = self.outcomes[np.r_[np.arange(self.fixed), np.array(kept, dtype=np.intp)]]
-        self.names, self.codes, self._objects = names, codes, None
+        self.names, self.codes, self.objects = names, codes, np.array(names, dtype=object)
         return remap
 
 
@@ -383,7 +379,7 @@ class WorkloadLog:
             "has_stop": _BOOL_OF[self._has_stop[rows] + 1].tolist(),
             "end_offset": _spread(end_floats, done),
             "output_len": _ints(self._output_len[rows], done),
-            "finish": self._finishes.objects()[np.where(done, finish_k, 0)].tolist(),
+            "finish": self._finishes.objects[np.where(done, finish_k, 0)].tolist(),
             "outcome": _OUTCOME_OF[outcome].tolist(),
             "cached_tokens": _ints(self._cached[rows], done),
         }
