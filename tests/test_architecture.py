@@ -154,6 +154,9 @@ def _state(obj: object, seen: set[int] | None = None) -> object:
     seen.add(id(obj))
     if isinstance(obj, array.array):
         return (obj.typecode, [_state(v, seen) for v in obj])
+    if type(obj).__module__ == "numpy" and hasattr(obj, "tolist"):  # an array (the workload log's columns)
+        items = obj.tolist()  # (a list of its own: not through ``seen``, whose ids a freed list's may reuse)
+        return (str(getattr(obj, "dtype", "")), [_state(v, seen) for v in items] if isinstance(items, list) else _state(items, seen))
     if isinstance(obj, dict):
         return [(_state(k, seen), _state(v, seen)) for k, v in obj.items()]
     if isinstance(obj, (list, tuple, collections.deque, set, frozenset)):
