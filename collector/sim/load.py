@@ -90,6 +90,7 @@ def fingerprint_facts(cfg: LoadConfig, index: int, port: int | None) -> dict[str
 @dataclass
 class Counters:
     steps: int = 0
+    step_records: int = 0  # the halves written: a stats and a requests record a step, the stats alone for the shutdown's aborts
     request_rows: int = 0
     arrived: int = 0
     finished: int = 0
@@ -219,6 +220,7 @@ class EngineLoad:
             self.step_no, now, running=0, kv_cache_usage=0.0, prompt_tokens=0, generation_tokens=0, finished=self.cfg.running, extras=None
         )
         self.counters.steps += 1  # aborted, not finished: vLLM's success counter does not count them
+        self.counters.step_records += 1  # nothing scheduled: no requests half, as a scheduler with nothing to run writes none
         self.running_now = 0
         self.last_kv_usage = 0.0
 
@@ -271,6 +273,7 @@ class EngineLoad:
         )
         c = self.counters
         c.steps += 1
+        c.step_records += 2
         c.request_rows += n
         c.prompt_tokens += prompt_tokens
         c.generation_tokens += generation_tokens
@@ -290,6 +293,7 @@ class RunReport:
     max_lag_s: float
     late_steps: int
     per_engine: dict[str, int] = field(default_factory=dict)
+    step_records: int | None = None  # the halves written (a stats and a requests record a step, less the aborts' requests half)
 
     @property
     def steps_per_s(self) -> float:
@@ -309,6 +313,7 @@ class RunReport:
             "cpu_s": round(self.cpu_s, 3),
             "cpu_share": round(self.cpu_share, 4),
             "steps": self.steps,
+            "step_records": self.step_records,
             "request_rows": self.request_rows,
             "finished": self.finished,
             "steps_per_s": round(self.steps_per_s, 1),
@@ -387,6 +392,7 @@ def run(
             max_lag_s=pacer.max_lag,
             late_steps=pacer.late,
             per_engine={e.name: e.counters.steps for e in engines},
+            step_records=sum(e.counters.step_records for e in engines),
         )
 
     while not stop.is_set():

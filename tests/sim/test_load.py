@@ -211,5 +211,9 @@ def test_when_the_load_ends_its_last_step_holds_nothing_an_idle_engine_not_a_wed
     wl = [rec for o in by_role["sched"][1] if isinstance(o, WorkloadBatch) for rec in o.records]
     aborted = [w for w in wl if isinstance(w, WorkloadEnd) and w.finish == "abort"]
     assert len(aborted) == 8  # every request it held ended
+    # the step records it says it wrote are those its rings hold: the last step, nothing
+    # scheduled, has its stats half alone
+    blocks = [o for o in by_role["sched"][1] if isinstance(o, StepRecord)]
+    assert engine.counters.steps == 11 and engine.counters.step_records == len(steps) + len(blocks) == 21
     running = [f for f in text_string_to_metric_families(page.page().decode()) if f.name == "vllm:num_requests_running"]
     assert [s.value for s in running[0].samples] == [0.0]
