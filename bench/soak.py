@@ -16,8 +16,9 @@ the middle of each interval one Xid line naming the next engine's API-server pid
 snapshot row is in the database.
 
 At the end, the checks the issue sets (each printed PASS/FAIL, and in ``--json``): every step
-record received (a stats and a requests half each) and stored once (steps in ``engine_step_chunks``, no
-duplicate); every fault snapshotted once; no task restarted; peak RSS <= ``--rss-goal-mib``;
+record received (as many as the simulator says it wrote: a stats and a requests half a step, the
+stats half alone for its shutdown's step) and stored once (steps in ``engine_step_chunks``, no
+duplicate) or counted as thinned while the sidecar was behind; every fault snapshotted once; no task restarted; peak RSS <= ``--rss-goal-mib``;
 the RSS at the end within ``--rss-drift`` of the RSS after the first interval; the store's
 growth per engine-hour. Exits 1 when a check fails.
 """
@@ -282,7 +283,11 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
     }
     return {
         "every_record_received": fig.get("step_records_written") is not None and fig.get("step_records_received") == fig["step_records_written"],
-        "every_step_stored_once": written is not None and fig.get("db_step_rows") == fig.get("db_distinct_steps") == written,
+        # stored once, or counted as thinned (the designed degradation while the sidecar is behind:
+        # the rings and the snapshots keep every step; collector/sources/recorder.py)
+        "every_step_stored_once": written is not None
+        and fig.get("db_step_rows") == fig.get("db_distinct_steps")
+        and (fig.get("db_distinct_steps") or 0) + (fig.get("steps_thinned") or 0) == written,
         "every_fault_snapshotted_once": fig.get("faults_snapshotted") == fig.get("faults") == fig.get("xid_snapshots"),
         "no_task_restart": fig.get("restarts") == 0,
         "peak_rss_within_goal": fig.get("rss_peak_mib") is not None and fig["rss_peak_mib"] <= args.rss_goal_mib,
