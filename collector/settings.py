@@ -116,7 +116,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     recorder_read_s: float = Field(
         default=0.5,
         gt=0,
-        le=5.0,
+        le=1.0,  # a ring unread past 2 s reads as the sidecar behind (collector.context.RING_LATE_S)
         description="a ring's records are read this often (sooner once many wait; at once for a snapshot): "
         "longer reads more steps at once for less CPU, and the live series lag by up to this much",
     )

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.channel.codec import STATUS_CODE
-from collector.sim.load_rings import EngineWindows, open_rings
+from collector.sim.load_rings import EngineRings, open_rings
 
 VLLM_VERSION = "0.11.1rc2.dev147+g3b5d6a1.sim"
 MODEL = "deepseek-ai/DeepSeek-V3.2-Exp"
@@ -129,7 +129,7 @@ class EngineLoad:
         self.cfg, self.index, self.clock = cfg, index, clock
         self.name = cfg.engine_name(index)
         self.rng = random.Random(cfg.seed * 7919 + index)
-        self.rings: EngineWindows = open_rings(
+        self.rings: EngineRings = open_rings(
             cfg.recorder_dir,
             server_pid=api_pid(index),
             port=port,

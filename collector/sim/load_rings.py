@@ -24,7 +24,7 @@ STATS_RING_BYTES = 4 * 1024 * 1024  # the recorder's sizes
 SCHED_RING_BYTES = 16 * 1024 * 1024
 
 
-class EngineWindows(Protocol):
+class EngineRings(Protocol):
     engine: str
 
     def fingerprint(self, facts: dict[str, Any], ts: float) -> None: ...
@@ -250,7 +250,7 @@ def _module(name: str) -> Any:
 
 def open_rings(
     directory: Path, *, server_pid: int, port: int | None, name: str | None, default_name: str, version: str, workload_records: bool = True
-) -> EngineWindows:
+) -> EngineRings:
     """The engine's rings through the newest recorder interface this version has. The engine
     core's pid is the API server's + 1 (its child)."""
     api = _module("collector.recorder")

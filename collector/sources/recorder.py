@@ -439,7 +439,8 @@ class RecorderSource:
                 and not first
                 and not self._everything
                 and not tail.skipping
-                and unread < self.poll_bytes
+                # (a small ring is read before its writer can lap it, or its backlog turn coarse)
+                and unread < min(self.poll_bytes, self.coarse_at * info.capacity / 2)
                 and mono - tail.last_read < self.read_every
                 and (info.head != tail.last_head or self.alive(info.pid))
             ):
@@ -449,9 +450,10 @@ class RecorderSource:
                     self._worst = max(self._worst, unread / info.capacity)
                 if info.head != tail.last_head:
                     tail.last_data, tail.last_head = now, info.head
-                tail.pid = info.pid
                 return 0
-            if not first and mono > self._deadline:  # this poll's time is spent: next poll
+            # this poll's time is spent: next poll (a capture's read reads on: its snapshot
+            # must hold every ring up to its writer's head)
+            if not first and not self._everything and mono > self._deadline:
                 tail.short_last = unread > 0
                 if info.capacity:
                     self._worst = max(self._worst, unread / info.capacity)

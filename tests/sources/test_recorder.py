@@ -554,3 +554,39 @@ def test_a_ring_with_a_full_poll_of_records_waiting_is_read_before_read_every(tm
         w.append(step(n, clock.now))
     mono.now += 0.1
     assert src.poll(sink) > 0  # past poll_bytes unread: read now, not 10 s after the last read
+
+
+def test_a_capture_reads_every_ring_up_to_its_head_whatever_the_poll_budget(tmp_path: Path) -> None:
+    ticks = [0.0]
+
+    def mono() -> float:  # each look at the clock is 15 ms later: the budget (20 ms) covers one ring
+        ticks[0] += 0.015
+        return ticks[0]
+
+    a = writer(tmp_path, "a", "stats", 11)
+    b = writer(tmp_path, "b", "stats", 12)
+    a.append(step(1, 1000.0))
+    b.append(step(1, 1000.0))
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True, monotonic=mono, read_every=0.5)
+    src.poll(ListSink())  # the first catch-ups
+    a.append(step(2, 1001.0))
+    b.append(step(2, 1001.0))
+    sink = ListSink()
+    src.poll(sink, everything=True)  # a trigger's read before its capture: both rings, budget spent or not
+    assert sorted(o.engine for o in sink.items if isinstance(o, StepRecord)) == ["a", "b"]
+
+
+def test_a_small_ring_is_read_before_its_writer_can_lap_it(tmp_path: Path) -> None:
+    clock, mono = Clock(), Clock(0.0)
+    w = writer(tmp_path, "decode-0", "stats", 43, capacity=1 << 14)  # 16 KiB: read once 1 KiB waits
+    w.append(step(1, clock.now))
+    src = RecorderSource(tmp_path, clock=clock, monotonic=mono, alive=lambda pid: True, read_every=10.0)
+    sink = ListSink()
+    src.poll(sink)
+    w.append(step(2, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) == 0  # a step waiting: not yet
+    for n in range(3, 40):
+        w.append(step(n, clock.now))
+    mono.now += 0.1
+    assert src.poll(sink) > 0 and src.lost_bytes == 0  # an eighth of its size half full: read now

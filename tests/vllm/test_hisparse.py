@@ -159,6 +159,26 @@ def test_host_blocks_follow_a_growing_list_and_a_first_block() -> None:
     assert host.column(ids) == host_blocks_column(eng.req_to_blocks, ids) == i32_column([4, 1])
 
 
+def test_a_list_that_shrinks_while_another_grows_is_not_hidden_by_the_total() -> None:
+    # vLLM 0.32's lists only grow; a vLLM that truncates one while another grows by as much
+    # keeps the total: once a list is seen shorter, every length is compared
+    eng = Engine(0)
+    a, b = eng.new_request(), eng.new_request()
+    eng.running[:] = [a, b]
+    eng.req_to_blocks[a.request_id].extend([Block(1), Block(2), Block(3)])
+    eng.req_to_blocks[b.request_id].extend([Block(4), Block(5), Block(6)])
+    cols, host = RequestColumns(), HostBlocks(eng.connector)
+    cols.read(eng.running)
+    ids = cols.id_list
+    assert host.column(ids) == host.column(ids) == i32_column([3, 3])  # quiet: the sum's shortcut
+    eng.req_to_blocks[b.request_id].pop()  # shorter: seen, as the total moved
+    assert host.column(ids) == host_blocks_column(eng.req_to_blocks, ids) == i32_column([3, 2])
+    assert host.column(ids) == i32_column([3, 2])
+    eng.req_to_blocks[a.request_id].append(Block(7))  # one grows while the other shrinks: the same total
+    eng.req_to_blocks[b.request_id].pop()
+    assert host.column(ids) == host_blocks_column(eng.req_to_blocks, ids) == i32_column([4, 1])
+
+
 def test_no_coordinator_yet_is_unknown_then_counted_once_bound() -> None:
     eng = Engine(1)
     r = eng.new_request()
