@@ -4,7 +4,7 @@ recorder writes them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -374,13 +374,19 @@ def test_a_reader_late_after_a_pause_reads_the_backlog_whole_when_its_budget_all
     assert src.gaps == 0 and not [o for o in sink.items if not isinstance(o, StepRecord)]
 
 
-def test_a_poll_reads_no_further_ring_once_its_time_is_spent_and_the_rings_take_turns(tmp_path: Path) -> None:
+def ticking_clock() -> Callable[[], float]:
+    """A monotonic clock each look at which is 15 ms later: a poll's budget (20 ms) covers one ring."""
     ticks = [0.0]
 
-    def mono() -> float:  # each look at the clock is 15 ms later: the budget (20 ms) covers one ring
+    def mono() -> float:
         ticks[0] += 0.015
         return ticks[0]
 
+    return mono
+
+
+def test_a_poll_reads_no_further_ring_once_its_time_is_spent_and_the_rings_take_turns(tmp_path: Path) -> None:
+    mono = ticking_clock()
     a = writer(tmp_path, "a", "stats", 11)
     b = writer(tmp_path, "b", "stats", 12)
     a.append(step(1, 1000.0))
@@ -557,12 +563,7 @@ def test_a_ring_with_a_full_poll_of_records_waiting_is_read_before_read_every(tm
 
 
 def test_a_capture_reads_every_ring_up_to_its_head_whatever_the_poll_budget(tmp_path: Path) -> None:
-    ticks = [0.0]
-
-    def mono() -> float:  # each look at the clock is 15 ms later: the budget (20 ms) covers one ring
-        ticks[0] += 0.015
-        return ticks[0]
-
+    mono = ticking_clock()
     a = writer(tmp_path, "a", "stats", 11)
     b = writer(tmp_path, "b", "stats", 12)
     a.append(step(1, 1000.0))
