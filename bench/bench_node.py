@@ -295,6 +295,10 @@ def scrape_sidecar(base: str) -> dict[str, Any]:
     out["lost_bytes"] = sums.get("flightrec_recorder_lost_bytes_total", sums.get("flightrec_recorder_lost_bytes"))
     out["lost"] = out["lost_bytes"]
     out["lag_s"] = sums.get("flightrec_recorder_lag_seconds")
+    # records dropped unread while a ring was far behind (counted stretches), and set aside
+    out["gaps"] = sums.get("flightrec_recorder_gaps_total", sums.get("flightrec_recorder_gaps"))
+    out["gap_bytes"] = sums.get("flightrec_recorder_gap_bytes_total", sums.get("flightrec_recorder_gap_bytes"))
+    out["bad_records"] = sums.get("flightrec_recorder_bad_records_total", sums.get("flightrec_recorder_bad_records"))
     out["loop_lag_s"] = sums.get("flightrec_loop_lag_seconds")
     return out
 

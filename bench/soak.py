@@ -176,6 +176,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "rss_peak_mib": round((node.proc_status_kib(side.pid, "VmHWM") or 0) / 1024, 1),
                 "steps_received": scraped.get("steps_received"),
                 "lag_s": scraped.get("lag_s"),
+                "gaps": scraped.get("gaps"),
+                "lost_bytes": scraped.get("lost_bytes"),
                 "store_mib": None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1),
                 "restarts": restarts(base),
                 "load": node.loadavg(),
@@ -212,7 +214,12 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         fig["steps_thinned"] = metric_total(base, "steps_thinned")  # not stored while the sidecar was behind
         fig["load_end"] = node.loadavg()
         fig["written_steps"] = written
-        fig["step_records_received"] = node.scrape_sidecar(base).get("steps_received")
+        end = node.scrape_sidecar(base)
+        fig["step_records_received"] = end.get("steps_received")
+        # why a record was not received, where the sidecar knows: a gap (read-skipped while far
+        # behind), bytes overwritten before they were read, a record set aside
+        for key in ("gaps", "gap_bytes", "lost_bytes", "bad_records"):
+            fig[key] = end.get(key)
         fig["db_step_rows"], fig["db_distinct_steps"] = node.step_counts(db) or (None, None)
         fig["store_mib"] = None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1)
         fig["restarts"] = restarts(base)
@@ -280,6 +287,11 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
         "restarts_total": sum(restarted.values()) if isinstance(restarted, dict) else restarted,
         "store_mib_per_engine_hour": per_engine_hour,
         "store_gb_per_day_8": None if per_engine_hour is None else round(per_engine_hour * 2**20 * 8 * 24 / 1e9, 2),
+        "records_short": None
+        if fig.get("step_records_written") is None or fig.get("step_records_received") is None
+        else fig["step_records_written"] - fig["step_records_received"],
+        "gaps": fig.get("gaps"),
+        "lost_bytes": fig.get("lost_bytes"),
     }
     return {
         "every_record_received": fig.get("step_records_written") is not None and fig.get("step_records_received") == fig["step_records_written"],
