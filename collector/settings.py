@@ -116,7 +116,11 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     recorder_read_s: float = Field(
         default=0.5,
         gt=0,
-        le=1.0,  # a ring unread past 2 s reads as the sidecar behind (collector.context.RING_LATE_S)
+        # A step's two halves come from two rings, read apart: its second half must be in within
+        # the writer's 1 s hold (collector.storage.writer), read_s + a 0.1 s poll + a margin, or
+        # the stored row lacks it (the request half's mirror_rows and host_blocks). (A ring
+        # unread past 2 s also reads as the sidecar behind: collector.context.RING_LATE_S.)
+        le=0.75,
         description="a ring's records are read this often (sooner once many wait; at once for a snapshot): "
         "longer reads more steps at once for less CPU, and the live series lag by up to this much",
     )
