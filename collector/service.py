@@ -145,7 +145,7 @@ class Service:
             k.mark = ResumeMark(self.spool_dir / MARK_FILE, source=k.path)
         lateness = Lateness(recorders)
 
-        intake = Intake(settings, rows=rows, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).history_s()) + 30.0)
+        intake = Intake(settings, rows=rows, scrape_seconds=max(SCRAPE_SECONDS, DetectorRunner(settings.detectors).engine_history_s()) + 30.0)
         view = LiveView(intake)
         ledger = SnapshotLedger()
         # a wedged engine's stacks, read beside its snapshot (collector/snapshot/hang.py)

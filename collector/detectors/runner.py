@@ -167,7 +167,12 @@ class DetectorRunner:
                 del table[key]
 
     def history_s(self) -> float:
-        """How far back the detectors read the series (the longest window and baseline)."""
+        """How far back the detectors read any series (the longest window and baseline)."""
+        return max(self.engine_history_s(), self.thr.ecc.window_s + 1.0)
+
+    def engine_history_s(self) -> float:
+        """How far back the engine detectors read an engine's steps and scrapes (the GPU's ECC
+        window, ten minutes, is not theirs: it reads GPU samples only)."""
         t = self.thr
         return (
             max(
@@ -177,7 +182,6 @@ class DetectorRunner:
                 t.host_backlog.window_s,
                 t.throughput.window_s + t.throughput.baseline_s,
                 t.latency.window_s + t.latency.baseline_s,
-                t.ecc.window_s,
             )
             + 1.0
         )
@@ -191,7 +195,7 @@ class DetectorRunner:
         now: float | None = None,
     ) -> list[Transition]:
         now = self._clock() if now is None else now
-        start = now - self.history_s()
+        start = now - self.engine_history_s()
         raw: list[DetectorState] = []
         by_engine = _group(scrapes, lambda s: s.engine)
         for engine, items in by_engine.items():
@@ -206,8 +210,9 @@ class DetectorRunner:
             series.feed(by_engine.get(engine, ()))
             series.trim(start)
             raw += self._engine_states(engine, steps, series, now)
+        gpu_start = now - self.history_s()
         for gpu, samples in _group(gpu_samples, lambda s: s.gpu).items():
-            raw += self._gpu_states(gpu, since(samples, start, lambda s: s.ts), now)
+            raw += self._gpu_states(gpu, since(samples, gpu_start, lambda s: s.ts), now)
         return self._publish(raw)
 
     def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: S.ScrapeSeries, now: float) -> list[DetectorState]:

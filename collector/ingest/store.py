@@ -39,8 +39,10 @@ class WindowStore:
     def __init__(self, config: IngestConfig, *, scrape_seconds: float | None = None) -> None:
         self.config = config
         # scrapes are kept this long per engine (and at most 900): what their readers need (the
-        # snapshot's five minutes, the detectors' longest window), told by whoever wires them.
-        # At 8 engines each scrape held is ~3.5 kB: 15 minutes of them was 25 MB.
+        # snapshot's five minutes, the engine detectors' longest window: 361 s by default),
+        # told by whoever wires them. A scrape held is ~2 kB (its keys are shared:
+        # collector.sources.vllm_metrics); 631 s of them at 8 engines, when the GPUs' ten-minute
+        # ECC window set how long, was ~10 MB.
         self.scrape_seconds = scrape_seconds
         self.engines: dict[str, EngineWindows] = {}
         self.gpus: dict[str, TimeWindow] = {}

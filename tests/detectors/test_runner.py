@@ -171,3 +171,23 @@ def test_every_detector_with_thresholds_is_in_the_table() -> None:
     listed = [name for name, _ in ENGINE_DETECTORS + GPU_DETECTORS]
     # the wedge is judged by a watch of its own (detectors/wedge_watch.py): it emits events, not states
     assert sorted(listed) == sorted(configured - {"wedge"})  # each once, none without its thresholds
+
+
+def test_the_gpus_ecc_window_reaches_back_further_than_the_engine_series() -> None:
+    """The engine detectors read their own history (the longest engine window and baseline);
+    the GPU's ECC window, longer, reads GPU samples only: an ECC increase 8 minutes ago is still
+    raised, and the engine's scrape series hold no point older than the engine history."""
+    runner = DetectorRunner()
+    assert runner.engine_history_s() < DetectorThresholds().ecc.window_s < runner.history_s()
+    now = T0 + 900.0
+    samples = [gpu(T0 + t, ecc_volatile_uncorrected=0 if t < 400 else 1) for t in range(0, 901, 5)]
+    scraped = [
+        MetricsScrape(engine="decode-0", ts=T0 + t, values={"num_requests_running": 1.0, "num_requests_waiting": 0.0}) for t in range(0, 901, 5)
+    ]
+    for tick in range(5):  # past the hysteresis
+        runner.evaluate({}, samples, scraped, now=now + tick)
+    ecc = next(s for s in runner.states() if s.name == "gpu_memory_errors")
+    assert ecc.state is Severity.CRITICAL  # the increase at 400 s, ~500 s before now
+    series = runner._scrape_series["decode-0"]
+    assert series.times[0] >= now - runner.engine_history_s()
+    assert len(series.times) < len(scraped) / 2
