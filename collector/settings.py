@@ -102,9 +102,11 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
         ge=1 << 16,
         description="per engine: per-request blocks kept (the oldest steps keep only their aggregates past it)",
     )
-    # All engines' blocks together: a node's memory must not grow with its engine count. 32 MiB
-    # leaves up to 4 engines their 8 MiB each; at 8 engines each keeps 4 MiB (~440 steps, 4 s at
-    # 256 running x 100 steps/s).
+    # All engines' blocks together. 32 MiB leaves up to 4 engines their 8 MiB each; at 8 engines
+    # each keeps 4 MiB (300-440 steps at 256 running, by the ids' length: 3-4 s at 100 steps/s). The blocks read from a
+    # ring stay there (collector.channel.blocks: their place, not their bytes), so this bounds
+    # the per-request evidence and what a snapshot copies out (4-8 MiB an engine), and the
+    # sidecar's memory only for blocks from elsewhere.
     ring_request_bytes_total: int = Field(
         default=32 * 1024 * 1024,
         ge=1 << 16,

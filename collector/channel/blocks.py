@@ -28,6 +28,7 @@ from collector.channel.codec import (
     TAG_REQS,
     CodecError,
 )
+from collector.channel.ringfile import RingRecords
 from collector.model import StepRequests
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ _LAST_STATUS = len(STATUSES) - 1
 _STATUS_OF_BYTE = [STATUSES[min(c, _LAST_STATUS)] for c in range(256)]  # any wire byte -> a name
 
 
-def _known_sum(col: bytes) -> int | None:
+def _known_sum(col: bytes | memoryview) -> int | None:
     """Sum of an i32 column whose -1 means unknown; None when every value is unknown."""
     a = array("i")
     a.frombytes(col)
@@ -53,28 +54,42 @@ def _known_sum(col: bytes) -> int | None:
 
 class RequestBlock:
     """One step's running requests: the ``R`` record's bytes plus its aggregates (the
-    ``collector.model.StepRequests`` every stage reads)."""
+    ``collector.model.StepRequests`` every stage reads).
 
-    __slots__ = ("step", "ts", "n", "flags", "cols", "ids", "running", "mirror_rows", "host_blocks", "nbytes")
+    A block read from a ring (``in_ring``) keeps the record's place there, not its bytes: the
+    ring holds each record several times longer than the sidecar's window of them, and reading
+    again the few a snapshot or a reader wants is cheaper than holding them all (the window's
+    32 MiB of copies were the sidecar's largest memory). ``parts`` reads them (None once the
+    writer overwrote the record); ``resident`` is a copy that holds its bytes (a snapshot's
+    capture takes one, so what it froze no longer depends on the ring)."""
+
+    __slots__ = ("_cols", "_ids", "_len", "_place", "_ring", "flags", "host_blocks", "mirror_rows", "n", "nbytes", "running", "step", "ts")
 
     def __init__(self, step: int, ts: float, n: int, flags: int, cols: bytes, ids: bytes) -> None:
         self.step = step
         self.ts = ts
         self.n = n
         self.flags = flags
-        self.cols = cols  # the u32/u8/i32 columns, in wire order
-        self.ids = ids  # the ids, UTF-8, NUL-joined (their count is checked when decoded)
-        self.running = cols.count(RUNNING, 16 * n, 17 * n)
+        self._cols: bytes | None = cols  # the u32/u8/i32 columns, in wire order
+        self._ids: bytes | None = ids  # the ids, UTF-8, NUL-joined (their count is checked when decoded)
+        self._ring: RingRecords | None = None
+        self._place = 0
+        self._len = 0
+        self._aggregates(cols)
         # what holding it costs, for the rings' byte bound (read three times a step there); the
-        # same when ingest points the ids at an equal earlier copy
+        # same when ingest points the ids at an equal earlier copy, or it is held in its ring
         self.nbytes = len(cols) + len(ids) + 96
+
+    def _aggregates(self, cols: bytes | memoryview) -> None:
+        n = self.n
+        self.running = bytes(cols[16 * n : 17 * n]).count(RUNNING)
         pos = 17 * n
         self.mirror_rows: int | None = None
         self.host_blocks: int | None = None
-        if flags & FLAG_MIRROR:
+        if self.flags & FLAG_MIRROR:
             self.mirror_rows = _known_sum(cols[pos : pos + 4 * n]) if n else None
             pos += 4 * n
-        if flags & FLAG_HOST_BLOCKS:
+        if self.flags & FLAG_HOST_BLOCKS:
             self.host_blocks = _known_sum(cols[pos : pos + 4 * n]) if n else None
 
     @classmethod
@@ -86,20 +101,73 @@ class RequestBlock:
         The ids are not counted here: that scan of ~10 kB cost more than the record's CRC, at
         every step, for rows decoded only when a snapshot is read. ``decode_columns`` checks
         them, and a block whose ids do not match its rows gets unknown ids there."""
-        if len(payload) < _HEAD or payload[0] != _TAG:
-            raise CodecError("short or untagged request record")
-        step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
-        width = 17 + (4 if flags & FLAG_MIRROR else 0) + (4 if flags & FLAG_HOST_BLOCKS else 0)
-        end = _HEAD + width * n
-        size = len(payload)
-        if size < end:
-            raise CodecError(f"request record of {n} rows is truncated")
-        if not n and size > end:
-            raise CodecError("request record with no rows carries ids")
+        step, ts, n, flags, end = _head(payload)
         ids = bytes(payload[end:])
         if prev is not None and prev.ids == ids:
             ids = prev.ids
         return cls(step, ts, n, flags, bytes(payload[_HEAD:end]), ids)
+
+    @classmethod
+    def in_ring(cls, payload: bytes | memoryview, ring: RingRecords, place: int) -> RequestBlock:
+        """From an ``R`` payload read at logical offset ``place`` of ``ring``: its aggregates
+        computed now, its bytes left where they lie (``parts`` reads them again)."""
+        step, ts, n, flags, end = _head(payload)
+        block = cls.__new__(cls)
+        block.step, block.ts, block.n, block.flags = step, ts, n, flags
+        block._cols = block._ids = None
+        block._ring, block._place, block._len = ring, place, len(payload)
+        block._aggregates(payload[_HEAD:end])
+        block.nbytes = len(payload) - _HEAD + 96
+        return block
+
+    def parts(self) -> tuple[bytes, bytes] | None:
+        """The columns and the ids, read from the ring where the block was left there; None
+        when the ring no longer holds it (overwritten by its writer, or the file is gone)."""
+        if self._cols is not None and self._ids is not None:
+            return self._cols, self._ids
+        assert self._ring is not None
+        payload = self._ring.payload(self._place, self._len)
+        if payload is None or payload[:1] != TAG_REQS or REQS_HEAD.unpack_from(payload, 1) != (self.step, self.ts, self.n, self.flags):
+            return None
+        end = _HEAD + _width(self.flags) * self.n
+        return payload[_HEAD:end], payload[end:]
+
+    def resident(self) -> RequestBlock | None:
+        """This block holding its own bytes (itself where it does); None when they are gone."""
+        if self._ring is None:
+            return self
+        parts = self.parts()
+        if parts is None:
+            return None
+        block = RequestBlock(self.step, self.ts, self.n, self.flags, *parts)
+        return block
+
+    @property
+    def held(self) -> bool:
+        """Whether the bytes are in memory (not left in a ring)."""
+        return self._ring is None
+
+    @property
+    def cols(self) -> bytes:
+        """The columns (b"" when the ring no longer holds a block left there)."""
+        if self._cols is not None:
+            return self._cols
+        parts = self.parts()
+        return b"" if parts is None else parts[0]
+
+    @property
+    def ids(self) -> bytes:
+        """The NUL-joined ids (b"" when the ring no longer holds a block left there)."""
+        if self._ids is not None:
+            return self._ids
+        parts = self.parts()
+        return b"" if parts is None else parts[1]
+
+    @ids.setter
+    def ids(self, value: bytes) -> None:
+        """Point a held block's ids at an equal copy (ingest: one copy for a stable set)."""
+        if self._ring is None:
+            self._ids = value
 
     def payload(self) -> bytes:
         return b"".join((TAG_REQS, REQS_HEAD.pack(self.step, self.ts, self.n, self.flags), self.cols, self.ids))
@@ -107,6 +175,25 @@ class RequestBlock:
     def column(self, name: str) -> list[Any]:
         """One column of this block, decoded."""
         return decode_columns([self])[name]
+
+
+def _width(flags: int) -> int:
+    return 17 + (4 if flags & FLAG_MIRROR else 0) + (4 if flags & FLAG_HOST_BLOCKS else 0)
+
+
+def _head(payload: bytes | memoryview) -> tuple[int, float, int, int, int]:
+    """An ``R`` payload's step, time, rows, flags and where its ids start; a ``CodecError``
+    for one that does not add up."""
+    if len(payload) < _HEAD or payload[0] != _TAG:
+        raise CodecError("short or untagged request record")
+    step, ts, n, flags = REQS_HEAD.unpack_from(payload, 1)
+    end = _HEAD + _width(flags) * n
+    size = len(payload)
+    if size < end:
+        raise CodecError(f"request record of {n} rows is truncated")
+    if not n and size > end:
+        raise CodecError("request record with no rows carries ids")
+    return step, ts, n, flags, end
 
 
 def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
@@ -117,15 +204,20 @@ def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
     bytes, not for what they say) gets null ids, and a warning names its steps."""
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     bad: list[int] = []
+    gone: list[int] = []
     has_mirror = any(b.flags & FLAG_MIRROR for b in blocks)
     has_host = any(b.flags & FLAG_HOST_BLOCKS for b in blocks)
     for b in blocks:
         n = b.n
         if not n:
             continue
-        raw = b.cols
+        parts = _parts(b)
+        if parts is None:  # left in its ring, which no longer holds it
+            gone.append(b.step)
+            continue
+        raw, id_bytes = parts
         cols["step"].extend([b.step] * n)
-        ids: list[str] | list[None] = b.ids.decode("utf-8", "replace").split("\0")
+        ids: list[str] | list[None] = id_bytes.decode("utf-8", "replace").split("\0")
         if len(ids) != n:
             bad.append(b.step)
             ids = [None] * n
@@ -150,7 +242,14 @@ def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:
         cols["host_blocks"] = [None] * len(cols["step"])
     if bad:
         log.warning("%d request blocks' ids do not match their rows (steps %s): their request ids are null", len(bad), bad[:5])
+    if gone:
+        log.warning("%d request blocks were overwritten in their ring before they were read (steps %s)", len(gone), gone[:5])
     return cols
+
+
+def _parts(block: StepRequests) -> tuple[bytes, bytes] | None:
+    parts = getattr(block, "parts", None)
+    return parts() if parts is not None else (block.cols, block.ids)
 
 
 # -- the snapshot part: the blocks as the recorder wrote them -----------------------------------
@@ -169,8 +268,12 @@ def pack_blocks(blocks: Sequence[StepRequests], level: int = 0) -> bytes:
     as they are; 1-9: zlib). Decoded to columns when read (``unpack_blocks`` + ``decode_columns``)."""
     pieces: list[bytes] = []
     for b in blocks:  # the payload's parts, not a copy of each (one join: one copy of it all)
+        parts = _parts(b)
+        if parts is None:  # left in its ring, which no longer holds it
+            continue
+        cols, ids = parts
         head = TAG_REQS + REQS_HEAD.pack(b.step, b.ts, b.n, b.flags)
-        pieces += (_U32.pack(len(head) + len(b.cols) + len(b.ids)), head, b.cols, b.ids)
+        pieces += (_U32.pack(len(head) + len(cols) + len(ids)), head, cols, ids)
     raw = b"".join(pieces)
     if level <= 0:
         return RAW_MAGIC + raw

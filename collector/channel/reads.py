@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from collector.channel.blocks import RequestBlock
 from collector.channel.codec import STEP_HEAD, TAG_REQS, TAG_STEP, CodecError, Decoded, decode_many
+from collector.channel.ringfile import RingRecords
 from collector.columns import STATS_DTYPE, stats_of_records
 from collector.model import StepExtra, StepRecord, StepRequests
 
@@ -70,13 +71,22 @@ class Read:
     bad_steps: int = 0  # S records whose step number is out of range (set aside, counted)
 
 
-def decode_read(payloads: Sequence[bytes | memoryview], *, engine: str | None = None) -> Read:
+def decode_read(
+    payloads: Sequence[bytes | memoryview],
+    *,
+    engine: str | None = None,
+    ring: RingRecords | None = None,
+    places: Sequence[int] | None = None,
+) -> Read:
+    """``ring`` and ``places`` (each payload's logical offset in it): the ``R`` records are kept
+    as their place in the ring, not copied (``RequestBlock.in_ring``)."""
     out = Read()
+    left = ring is not None and places is not None and len(places) == len(payloads)
     plain: list[bytes | memoryview] = []
     rich: list[StepRecord] = []  # S records with extras, decoded alone
     rest: list[bytes | memoryview] = []
     prev: StepRequests | None = None
-    for p in payloads:
+    for i, p in enumerate(payloads):
         tag = p[0] if len(p) else -1
         if tag == _STEP:
             if len(p) == _PLAIN:
@@ -92,7 +102,7 @@ def decode_read(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
             continue
         if tag == _REQS:
             try:
-                block = RequestBlock.from_payload(p, prev)
+                block = RequestBlock.in_ring(p, ring, places[i]) if left else RequestBlock.from_payload(p, prev)  # type: ignore[arg-type,index]
             except CodecError as exc:
                 out.other.append((None, None, exc))
                 continue

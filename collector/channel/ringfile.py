@@ -44,6 +44,7 @@ import mmap
 import os
 import struct
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ from typing import cast
 from collector.channel.secure import FILE_MODE, open_private_file
 from collector.errors import FlightrecError
 
-__all__ = ["DEFAULT_CAPACITY", "HEADER_SIZE", "MAGIC", "VERSION", "RingCorrupt", "RingInfo", "RingReader", "RingWriter"]
+__all__ = ["DEFAULT_CAPACITY", "HEADER_SIZE", "MAGIC", "VERSION", "RingCorrupt", "RingInfo", "RingReader", "RingRecords", "RingWriter"]
 
 MAGIC = b"FLRING01"
 VERSION = 1
@@ -215,6 +216,44 @@ class RingInfo:
     created: float
 
 
+class RingRecords:
+    """A ring file's records read again where they lie: its reader's file, held open (a copy of
+    the descriptor) while anything keeps a record's place in it, closed with the last holder.
+
+    The sidecar keeps the large per-request records (``R``, 15 kB a step at 256 running) as
+    their place in the ring rather than their bytes: the ring already holds them, several times
+    longer than the sidecar's window of them (``collector.channel.blocks``). ``payload`` reads
+    one again, checked as the reader checks it: the header at its place must say the same
+    length, the CRC must match, and the writer must not have moved its tail past it while it
+    was copied (else it is gone: None)."""
+
+    __slots__ = ("__weakref__", "_closer", "_fd", "capacity", "path")
+
+    def __init__(self, fd: int, path: Path, capacity: int) -> None:
+        self._fd = os.dup(fd)
+        self.path = path
+        self.capacity = capacity
+        self._closer = weakref.finalize(self, os.close, self._fd)
+
+    def payload(self, pos: int, length: int) -> bytes | None:
+        """The record whose header is at logical offset ``pos``, if it is still there whole."""
+        phys = pos % self.capacity
+        if length <= 0 or phys + REC.size + length > self.capacity:
+            return None
+        try:
+            raw = os.pread(self._fd, REC.size + length, HEADER_SIZE + phys)
+            tail = _U64.unpack(os.pread(self._fd, 8, _TAIL_AT))[0]
+        except (OSError, ValueError, struct.error):  # closed, or the file cut short
+            return None
+        if len(raw) != REC.size + length or tail > pos:
+            return None
+        size, crc = REC.unpack_from(raw)
+        payload = raw[REC.size :]
+        if size != length or zlib.crc32(payload) != crc:
+            return None
+        return payload
+
+
 class RingReader:
     """Reads the records a writer published since the last call. Starts at the ring's tail.
 
@@ -243,7 +282,9 @@ class RingReader:
         self.file_id = (st.st_dev, st.st_ino)
         self.created = info.created
         self.writer_pid = info.pid
+        self.capacity = info.capacity
         self.pos = info.tail
+        self._records: RingRecords | None = None
         self.lost_bytes = 0
         self.corrupt_records = 0
 
@@ -285,14 +326,21 @@ class RingReader:
         """The records published since the last call, each its own bytes."""
         return cast("list[bytes]", self._read(max_records, views=False))
 
-    def read_views(self, max_records: int = 100_000) -> list[memoryview]:
+    def read_views(self, max_records: int = 100_000, *, places: list[int] | None = None) -> list[memoryview]:
         """The records published since the last call, as views of this read's copies of the
         file: no record is copied again here (an ``R`` record at 256 running requests is 14.6
         kB; it was sliced out of its copy and sliced again into its parts). A view holds its
-        whole copy (up to 1 MiB) alive: take what is kept out of it, then drop the views."""
-        return cast("list[memoryview]", self._read(max_records, views=True))
+        whole copy (up to 1 MiB) alive: take what is kept out of it, then drop the views.
+        ``places``: each record's logical offset is appended to it (``records`` reads one again)."""
+        return cast("list[memoryview]", self._read(max_records, views=True, places=places))
 
-    def _read(self, max_records: int, *, views: bool) -> list[bytes | memoryview]:
+    def records(self) -> RingRecords:
+        """This ring's records, to read again by their place (``RingRecords``)."""
+        if self._records is None:
+            self._records = RingRecords(self._fd, self.path, self.capacity)
+        return self._records
+
+    def _read(self, max_records: int, *, views: bool, places: list[int] | None = None) -> list[bytes | memoryview]:
         info = self.info()
         cap = info.capacity
         out: list[bytes | memoryview] = []
@@ -316,10 +364,12 @@ class RingReader:
                 self.lost_bytes += tail_now - self.pos
                 self.pos = tail_now
                 continue
-            self._parse(memoryview(buf) if views else buf, phys, cap, head, out, max_records)
+            self._parse(memoryview(buf) if views else buf, phys, cap, head, out, max_records, places)
         return out
 
-    def _parse(self, buf: bytes | memoryview, phys: int, cap: int, head: int, out: list[bytes | memoryview], max_records: int) -> None:
+    def _parse(
+        self, buf: bytes | memoryview, phys: int, cap: int, head: int, out: list[bytes | memoryview], max_records: int, places: list[int] | None
+    ) -> None:
         """Take the whole records of ``buf`` (the bytes at ``phys``), moving ``self.pos``: each
         a slice of ``buf`` (its own bytes, or a view of them)."""
         off = 0
@@ -346,7 +396,7 @@ class RingReader:
                         self.corrupt_records += 1
                         self.pos = head
                         return
-                    self._parse_one(phys, length, crc, out, views=isinstance(buf, memoryview))
+                    self._parse_one(phys, length, crc, out, views=isinstance(buf, memoryview), places=places)
                     self.pos += size
                 return
             payload = buf[off + REC.size : off + REC.size + length]
@@ -354,12 +404,14 @@ class RingReader:
                 self.corrupt_records += 1
             else:
                 out.append(payload)
+                if places is not None:
+                    places.append(self.pos)
             self.pos += size
             off += size
         if off < len(buf) and self.pos % cap + REC.size > cap:
             self.pos += cap - self.pos % cap
 
-    def _parse_one(self, phys: int, length: int, crc: int, out: list[bytes | memoryview], *, views: bool) -> None:
+    def _parse_one(self, phys: int, length: int, crc: int, out: list[bytes | memoryview], *, views: bool, places: list[int] | None) -> None:
         payload = self._pread(length, HEADER_SIZE + phys + REC.size)
         if self._tail_now() > self.pos:
             self.lost_bytes += REC.size + length
@@ -367,6 +419,8 @@ class RingReader:
             self.corrupt_records += 1
         else:
             out.append(memoryview(payload) if views else payload)
+            if places is not None:
+                places.append(self.pos)
 
     def close(self) -> None:
         try:

@@ -27,7 +27,7 @@ from typing import Any
 # to offer ``httpx.main``, which nothing here calls: 7 MiB of every flightrec process where those
 # are installed (a test environment's; the image has no rich). Marked absent, that import takes
 # httpx's own fallback (``sys.modules[name] = None`` makes an import raise ImportError).
-sys.modules.setdefault("httpx._main", None)  # type: ignore[assignment]
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 from collector import __version__
 from collector.cli import db, health, inspect_log, report, rules, serve, snapshots

@@ -280,8 +280,10 @@ class Intake:
         if blocks:
             last = rings.last_block if held else None
             for block in blocks:
-                if last is not None and last.ids == block.ids:
-                    block.ids = last.ids  # one copy of a stable running set's ids (the same values)
+                # one copy of a stable running set's ids (the same values); a block left in its
+                # ring holds no copy to share
+                if last is not None and getattr(block, "held", True) and getattr(last, "held", True) and last.ids == block.ids:
+                    block.ids = last.ids
                 last = block
             if held:
                 rings.last_block = last

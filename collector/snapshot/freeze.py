@@ -260,6 +260,7 @@ def capture(
     held are never changed, so a capture built later still holds what they held."""
     info = view.engine(engine)
     steps, run = run_steps(view, engine, trigger)
+    steps, lost = held_blocks(steps)
     samples = view.gpu_samples(since=trigger.ts - gpu_seconds, gpus=set(info.gpus) if info is not None and info.gpus else None)
     horizon = (steps[0].ts if steps else trigger.ts) - 60.0
     extra: dict[str, Any] = {"configured": bool(info and info.configured), "scrape_interval_s": scrape_interval}
@@ -269,6 +270,8 @@ def capture(
     if info is not None and info.pair:
         extra["pair"] = info.pair
     extra.update(run)
+    if lost:  # left in the engine's ring, which had overwritten them by the capture
+        extra["request_blocks_lost"] = lost
     if not steps:
         extra["no_recorder"] = (
             "no step records from an in-engine recorder for this engine: install the package in the "
@@ -288,6 +291,25 @@ def capture(
         scrapes=view.scrapes(engine, since=trigger.ts - scrape_seconds),
         workload=view.workload(engine, trigger.ts, crashed=trigger.kind in CRASH_KINDS),
     )
+
+
+def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]:
+    """The steps with their request blocks' bytes copied out of the ring where ingest left them
+    (``collector.channel.blocks.RequestBlock.in_ring``): what a capture froze no longer depends
+    on the ring, which its writer goes on overwriting. Returns them and how many blocks the ring
+    no longer held (those steps keep their figures, without their rows)."""
+    out: list[StepRecord] | None = None
+    lost = 0
+    for i, rec in enumerate(steps):
+        block = rec.request_block
+        if block is None or getattr(block, "held", True):
+            continue
+        if out is None:
+            out = list(steps)
+        held = block.resident()  # type: ignore[attr-defined]
+        lost += held is None
+        out[i] = replace(rec, request_block=held)
+    return (steps, 0) if out is None else (out, lost)
 
 
 def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[Sequence[StepRecord], dict[str, Any]]:

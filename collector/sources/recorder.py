@@ -385,12 +385,14 @@ class RecorderSource:
         tail.engine = joined.name
         return True
 
-    def _drop_steps(self, path: Path, tail: _Tail, payloads: list[memoryview]) -> list[memoryview]:
+    def _drop_steps(self, path: Path, tail: _Tail, payloads: list[memoryview], places: list[int]) -> tuple[list[memoryview], list[int]]:
         """While a ring is far behind its writer, its step records (``S`` and ``R``: the
         continuous series) are counted and dropped unread; every other record (events, the
-        fingerprint, meta, the workload) is still decoded: the fault path keeps all of its."""
+        fingerprint, meta, the workload) is still decoded: the fault path keeps all of its.
+        Returns the records kept and their places."""
         kept = []
-        for p in payloads:
+        kept_at = []
+        for p, at in zip(payloads, places, strict=True):
             if p[:1] in _STEP_TAGS and len(p) >= _STEP_HEAD_LEN:
                 ts = _TS.unpack_from(p, 9)[0]
                 if tail.gap_from is None:
@@ -400,7 +402,8 @@ class RecorderSource:
                 tail.gap_bytes += len(p)
             else:
                 kept.append(p)
-        return kept
+                kept_at.append(at)
+        return kept, kept_at
 
     def _gap_closed(self, path: Path, tail: _Tail, now: float) -> Event:
         """The end of a stretch of dropped steps: counted, logged once, and stored as an event
@@ -464,7 +467,8 @@ class RecorderSource:
             # (the first catch-up whole: the engines' fingerprints, which map a fault's pid to its
             # engine, must be in before the kernel log's first fault is)
             budget = _WHOLE if first else max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
-            payloads = tail.reader.read_views(budget)
+            places: list[int] = []
+            payloads = tail.reader.read_views(budget, places=places)
             unread = info.head - tail.reader.pos
             tail.short_last = unread > 0
             if payloads:
@@ -477,7 +481,7 @@ class RecorderSource:
             return 0
         tail.pid = info.pid
         if tail.skipping:
-            payloads = self._drop_steps(path, tail, payloads)
+            payloads, places = self._drop_steps(path, tail, payloads, places)
             if unread <= self.coarse_at * info.capacity:
                 gap = self._gap_closed(path, tail, now)
         if tail.reader.pos >= info.head:
@@ -485,7 +489,8 @@ class RecorderSource:
         if info.capacity:
             self._worst = max(self._worst, unread / info.capacity)
         out = tail.held
-        read = decode_read(payloads)
+        # the per-request records are kept as their place in the ring (its bytes stay there)
+        read = decode_read(payloads, ring=tail.reader.records(), places=places)
         if read.bad_steps:
             tail.bad_records += read.bad_steps
             self.bad_records += read.bad_steps

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from collector.channel.blocks import RequestBlock, decode_columns, pack_blocks, unpack_blocks
 from collector.channel.codec import CodecError
+from collector.channel.ringfile import RingReader, RingWriter
 from tests.request_columns import Row, make_block
 
 
@@ -32,3 +35,50 @@ def test_a_torn_or_foreign_blob_is_our_error() -> None:
     for bad in (blob[:-3], b"FLRB0\n\x05\x00", b"not ours"):
         with pytest.raises(CodecError):
             unpack_blocks(bad)
+
+
+def _ring_of(tmp_path: Path, payloads: list[bytes], capacity: int = 1 << 16) -> tuple[RingWriter, RingReader, list[memoryview], list[int]]:
+    w = RingWriter(tmp_path / "r.ring", capacity=capacity)
+    for p in payloads:
+        w.append(p)
+    r = RingReader(tmp_path / "r.ring")
+    places: list[int] = []
+    return w, r, r.read_views(places=places), places
+
+
+def test_a_block_left_in_its_ring_reads_as_the_copied_one(tmp_path: Path) -> None:
+    copied = _blocks()
+    _, r, views, places = _ring_of(tmp_path, [b.payload() for b in copied])
+    left = [RequestBlock.in_ring(v, r.records(), at) for v, at in zip(views, places, strict=True)]
+    del views
+    assert not left[0].held and copied[0].held
+    for a, b in zip(left, copied, strict=True):
+        assert (a.step, a.ts, a.n, a.flags, a.running, a.mirror_rows, a.host_blocks, a.nbytes) == (
+            b.step,
+            b.ts,
+            b.n,
+            b.flags,
+            b.running,
+            b.mirror_rows,
+            b.host_blocks,
+            b.nbytes,
+        )
+        assert a.parts() == (b.cols, b.ids)
+    assert decode_columns(left) == decode_columns(copied)
+    assert unpack_blocks(pack_blocks(left)) and decode_columns(unpack_blocks(pack_blocks(left))) == decode_columns(copied)
+    held = left[2].resident()
+    assert held is not None and held.held and held.payload() == copied[2].payload()
+
+
+def test_a_block_its_ring_overwrote_is_left_out_of_the_rows_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    copied = _blocks()
+    w, r, views, places = _ring_of(tmp_path, [b.payload() for b in copied], capacity=4096)
+    left = [RequestBlock.in_ring(v, r.records(), at) for v, at in zip(views, places, strict=True)]
+    del views
+    for _ in range(100):  # the writer laps the ring: every block's bytes are overwritten
+        w.append(b"x" * 300)
+    assert left[0].parts() is None and left[0].resident() is None
+    assert left[0].running == copied[0].running  # the aggregates were taken when it was read
+    assert decode_columns(left)["step"] == []
+    assert "overwritten in their ring" in caplog.text
+    assert unpack_blocks(pack_blocks(left)) == []

@@ -290,3 +290,34 @@ def test_views_of_a_read_are_the_records_as_read_copies_them(tmp_path: Path) -> 
     views = RingReader(tmp_path / "v.ring").read_views()
     assert all(isinstance(v, memoryview) for v in views)
     assert [v.tobytes() for v in views] == [rec(i, i * 7) for i in range(5)]
+
+
+def test_a_record_is_read_again_at_its_place_until_the_writer_overwrites_it(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    r = RingReader(tmp_path / "a.ring")
+    for i in range(5):
+        w.append(rec(i, 100))
+    places: list[int] = []
+    got = r.read_views(places=places)
+    assert len(places) == len(got) == 5
+    records = r.records()
+    assert [records.payload(at, len(p)) for at, p in zip(places, got, strict=True)] == [bytes(p) for p in got]
+    assert records.payload(places[1], len(got[1]) + 1) is None  # not the length its header says
+    r.close()  # the reader's own descriptor: the records hold one of their own
+    assert records.payload(places[4], len(got[4])) == rec(4, 100)
+    for i in range(5, 200):  # laps the ring many times over
+        w.append(rec(i, 100))
+    assert records.payload(places[0], len(got[0])) is None
+    assert records.payload(places[4], len(got[4])) is None
+
+
+def test_a_record_read_again_from_a_truncated_ring_is_gone_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "a.ring"
+    w = RingWriter(path, capacity=4096)
+    w.append(rec(1, 2000))
+    r = RingReader(path)
+    places: list[int] = []
+    (one,) = r.read_views(places=places)
+    records = r.records()
+    os.truncate(path, HEADER_SIZE + 100)
+    assert records.payload(places[0], len(one)) is None

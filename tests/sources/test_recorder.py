@@ -20,6 +20,7 @@ from collector.model import (
     Event,
     EventKind,
     Observation,
+    Severity,
     StepHalves,
     StepRecord,
 )
@@ -591,3 +592,36 @@ def test_a_small_ring_is_read_before_its_writer_can_lap_it(tmp_path: Path) -> No
         w.append(step(n, clock.now))
     mono.now += 0.1
     assert src.poll(sink) > 0 and src.lost_bytes == 0  # an eighth of its size half full: read now
+
+
+def test_request_blocks_stay_in_their_ring_and_a_capture_copies_them_out(tmp_path: Path) -> None:
+    """The window keeps each step's request block as its place in the ring (the ring holds it
+    several times longer); a snapshot's capture copies the bytes out, so what it froze stands
+    while the writer goes on; a block the ring overwrote before a capture is counted, not read
+    as other rows."""
+    from collector.channel.blocks import RequestBlock
+    from collector.snapshot.freeze import capture
+
+    sched = writer(tmp_path, "decode-0", "sched", 12, capacity=1 << 14)
+    rows = [[Row(f"r{n}-{i}", 300, 300 + n, n) for i in range(20)] for n in range(1, 4)]
+    for n in range(1, 4):
+        sched.append(encode_rows(n, 999.0 + n, rows[n - 1]))
+    hub = hub_for(Settings(), clock=lambda: 1000.0)
+    src = RecorderSource(tmp_path, clock=Clock(), alive=lambda pid: True)
+    assert src.poll(hub) == 3
+    held = hub.view.steps("decode-0")
+    assert [s.step for s in held] == [1, 2, 3]
+    blocks = [s.request_block for s in held]
+    assert all(isinstance(b, RequestBlock) and not b.held for b in blocks)  # places, not bytes
+    trigger = Event(kind=EventKind.XID, ts=1003.0, source="kmsg", message="Xid 43", severity=Severity.CRITICAL, engine="decode-0")
+    first = capture(hub.view, "decode-0", trigger, gpu_seconds=60.0)
+    assert all(isinstance(s.request_block, RequestBlock) and s.request_block.held for s in first.steps)
+    for n in range(4, 40):  # the writer goes on and laps the ring
+        sched.append(encode_rows(n, 999.0 + n, rows[0]))
+    doc = first.build()
+    assert doc.requests.columns["request_id"] == [r.request_id for rs in rows for r in rs]
+    assert "request_blocks_lost" not in doc.summary
+    # a capture of the steps the ring no longer holds: their figures, without their rows
+    later = capture(hub.view, "decode-0", trigger, gpu_seconds=60.0).build()
+    assert later.summary["request_blocks_lost"] == 3
+    assert later.requests.columns["request_id"] == [] and [s["step"] for s in later.steps][:3] == [1, 2, 3]
