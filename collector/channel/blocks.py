@@ -122,55 +122,64 @@ class RequestBlock:
 
     def parts(self) -> tuple[bytes, bytes] | None:
         """The columns and the ids, read from the ring where the block was left there; None
-        when the ring no longer holds it (overwritten by its writer, or the file is gone)."""
+        when they are gone (the ring no longer holds them, or a capture found it so)."""
         if self._cols is not None and self._ids is not None:
             return self._cols, self._ids
-        assert self._ring is not None
+        if self._ring is None:
+            return None
         payload = self._ring.payload(self._place, self._len)
         if payload is None or payload[:1] != TAG_REQS or REQS_HEAD.unpack_from(payload, 1) != (self.step, self.ts, self.n, self.flags):
             return None
         end = _HEAD + _width(self.flags) * self.n
         return payload[_HEAD:end], payload[end:]
 
-    def resident(self) -> RequestBlock | None:
-        """This block holding its own bytes (itself where it does); None when they are gone."""
+    def resident(self) -> RequestBlock:
+        """This block, not depending on a ring: itself where it does not; else a copy holding
+        its bytes, or (the ring no longer holds them) a ``gone`` one keeping the aggregates."""
         if self._ring is None:
             return self
         parts = self.parts()
-        if parts is None:
-            return None
-        block = RequestBlock(self.step, self.ts, self.n, self.flags, *parts)
+        block = RequestBlock.__new__(RequestBlock)
+        block.step, block.ts, block.n, block.flags = self.step, self.ts, self.n, self.flags
+        block.running, block.mirror_rows, block.host_blocks, block.nbytes = self.running, self.mirror_rows, self.host_blocks, self.nbytes
+        block._cols, block._ids = parts if parts is not None else (None, None)
+        block._ring, block._place, block._len = None, 0, 0
         return block
 
     @property
     def held(self) -> bool:
-        """Whether the bytes are in memory (not left in a ring)."""
+        """Whether the block depends on no ring (its bytes in memory, or gone)."""
         return self._ring is None
 
     @property
+    def gone(self) -> bool:
+        """Whether its bytes are lost (its ring overwrote them before a capture copied them):
+        the aggregates stand, the rows do not."""
+        return self._ring is None and self._cols is None
+
+    @property
     def cols(self) -> bytes:
-        """The columns (b"" when the ring no longer holds a block left there)."""
-        if self._cols is not None:
-            return self._cols
+        """The columns (b"" when they are gone)."""
         parts = self.parts()
         return b"" if parts is None else parts[0]
 
     @property
     def ids(self) -> bytes:
-        """The NUL-joined ids (b"" when the ring no longer holds a block left there)."""
-        if self._ids is not None:
-            return self._ids
+        """The NUL-joined ids (b"" when they are gone)."""
         parts = self.parts()
         return b"" if parts is None else parts[1]
 
     @ids.setter
     def ids(self, value: bytes) -> None:
         """Point a held block's ids at an equal copy (ingest: one copy for a stable set)."""
-        if self._ring is None:
+        if self._cols is not None:
             self._ids = value
 
     def payload(self) -> bytes:
-        return b"".join((TAG_REQS, REQS_HEAD.pack(self.step, self.ts, self.n, self.flags), self.cols, self.ids))
+        parts = self.parts()
+        if parts is None:
+            raise CodecError(f"request block of step {self.step}: its bytes are gone from its ring")
+        return b"".join((TAG_REQS, REQS_HEAD.pack(self.step, self.ts, self.n, self.flags), *parts))
 
     def column(self, name: str) -> list[Any]:
         """One column of this block, decoded."""

@@ -9,7 +9,7 @@ errors of records that are not ours) comes back as ``codec.decode_many`` gives i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,13 +75,15 @@ def decode_read(
     payloads: Sequence[bytes | memoryview],
     *,
     engine: str | None = None,
-    ring: RingRecords | None = None,
+    records: Callable[[], RingRecords | None] | None = None,
     places: Sequence[int] | None = None,
 ) -> Read:
-    """``ring`` and ``places`` (each payload's logical offset in it): the ``R`` records are kept
-    as their place in the ring, not copied (``RequestBlock.in_ring``)."""
+    """``records`` (the ring's, asked for at the first ``R`` record; None: copy them) and
+    ``places`` (each payload's logical offset in it): the ``R`` records are kept as their place
+    in the ring, not copied (``RequestBlock.in_ring``)."""
     out = Read()
-    left = ring is not None and places is not None and len(places) == len(payloads)
+    ring: RingRecords | None = None
+    left = records is not None and places is not None and len(places) == len(payloads)
     plain: list[bytes | memoryview] = []
     rich: list[StepRecord] = []  # S records with extras, decoded alone
     rest: list[bytes | memoryview] = []
@@ -101,6 +103,9 @@ def decode_read(
                 rich.append(obs)
             continue
         if tag == _REQS:
+            if left and ring is None:
+                ring = records()  # type: ignore[misc]
+                left = ring is not None
             try:
                 block = RequestBlock.in_ring(p, ring, places[i]) if left else RequestBlock.from_payload(p, prev)  # type: ignore[arg-type,index]
             except CodecError as exc:

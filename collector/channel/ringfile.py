@@ -235,6 +235,12 @@ class RingRecords:
         self.capacity = capacity
         self._closer = weakref.finalize(self, os.close, self._fd)
 
+    def close(self) -> None:
+        """Let the file go now (its records read as gone): a ring the sidecar deletes, or whose
+        writer replaced it, must not keep its space in a small tmpfs for as long as a block of
+        it is held."""
+        self._closer()
+
     def payload(self, pos: int, length: int) -> bytes | None:
         """The record whose header is at logical offset ``pos``, if it is still there whole."""
         phys = pos % self.capacity
@@ -335,8 +341,11 @@ class RingReader:
         return cast("list[memoryview]", self._read(max_records, views=True, places=places))
 
     def records(self) -> RingRecords:
-        """This ring's records, to read again by their place (``RingRecords``)."""
+        """This ring's records, to read again by their place (``RingRecords``). OSError when
+        the descriptor cannot be copied (or this reader is closed)."""
         if self._records is None:
+            if self._fd < 0:
+                raise OSError(f"{self.path}: the reader is closed")
             self._records = RingRecords(self._fd, self.path, self.capacity)
         return self._records
 
@@ -422,8 +431,19 @@ class RingReader:
             if places is not None:
                 places.append(self.pos)
 
+    def release(self) -> RingRecords | None:
+        """Close this reader's file and hand over its ``records`` (None where none were made),
+        which stay readable until closed or let go."""
+        self.close()
+        records, self._records = self._records, None
+        return records
+
     def close(self) -> None:
+        """Close this reader's file (its ``records``, where made, stay readable until let go)."""
+        if self._fd < 0:
+            return
         try:
             os.close(self._fd)
         except OSError:
             pass
+        self._fd = -1

@@ -21,6 +21,7 @@ Readers get frozen ``StepRecord``s built from the columns when they ask (``steps
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -518,6 +519,22 @@ class HeldSteps(Sequence[StepRecord]):
     def __init__(self, cols: _Columns) -> None:
         self._cols = cols
         self._built: list[StepRecord] | None = None
+
+    def with_resident_blocks(self) -> tuple[HeldSteps, int]:
+        """These steps with every request block left in a ring copied out of it
+        (``RequestBlock.resident``: its bytes, or ``gone`` when the ring no longer holds them),
+        the records still built on first read; and how many were gone."""
+        col = self._cols.block
+        new: npt.NDArray[np.object_] | None = None
+        lost = 0
+        for i, b in enumerate(col.tolist()):
+            if b is None or getattr(b, "held", True):
+                continue
+            if new is None:
+                new = col.copy()
+            new[i] = held = b.resident()
+            lost += held.gone
+        return (self, 0) if new is None else (HeldSteps(dataclasses.replace(self._cols, block=new)), lost)
 
     def __len__(self) -> int:
         return len(self._cols)

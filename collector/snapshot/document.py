@@ -93,7 +93,8 @@ class RequestTable(Sequence[dict[str, Any]]):
         """From the rings' request blocks: nothing decoded until read."""
         table = cls()
         table._columns = None
-        table._blocks = list(blocks)
+        # (a block whose bytes are gone keeps its step's figures, and has no rows)
+        table._blocks = [b for b in blocks if not getattr(b, "gone", False)]
         table._n = sum(b.n for b in table._blocks)
         return table
 

@@ -16,7 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from collector.channel.blocks import RequestBlock
 from collector.ingest.view import IngestView
+from collector.ingest.window import HeldSteps
 from collector.model import CRASH_KINDS, HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc
@@ -156,7 +158,14 @@ def summarize(steps: Sequence[StepRecord], events: Sequence[Event]) -> dict[str,
                 "num_padded_tokens": g.get("num_padded_tokens"),
                 "num_unpadded_tokens": g.get("num_unpadded_tokens"),
             }
-        with_reqs = next(((s.step, s.request_block) for s in reversed(steps) if s.request_block is not None and s.request_block.n), None)
+        with_reqs = next(
+            (
+                (s.step, s.request_block)
+                for s in reversed(steps)
+                if s.request_block is not None and s.request_block.n and not getattr(s.request_block, "gone", False)
+            ),
+            None,
+        )
         if with_reqs is not None:
             at_step, block = with_reqs
             cols = block.column  # decodes this one block only
@@ -297,17 +306,21 @@ def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]
     """The steps with their request blocks' bytes copied out of the ring where ingest left them
     (``collector.channel.blocks.RequestBlock.in_ring``): what a capture froze no longer depends
     on the ring, which its writer goes on overwriting. Returns them and how many blocks the ring
-    no longer held (those steps keep their figures, without their rows)."""
+    no longer held (``gone``: those steps keep their figures, without their rows). A window's
+    ``HeldSteps`` has its block column replaced, its records still built later (in the build's
+    thread, not on the event loop)."""
+    if isinstance(steps, HeldSteps):
+        return steps.with_resident_blocks()
     out: list[StepRecord] | None = None
     lost = 0
     for i, rec in enumerate(steps):
         block = rec.request_block
-        if block is None or getattr(block, "held", True):
+        if not isinstance(block, RequestBlock) or block.held:
             continue
         if out is None:
             out = list(steps)
-        held = block.resident()  # type: ignore[attr-defined]
-        lost += held is None
+        held = block.resident()
+        lost += held.gone
         out[i] = replace(rec, request_block=held)
     return (steps, 0) if out is None else (out, lost)
 

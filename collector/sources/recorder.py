@@ -36,6 +36,7 @@ import math
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,7 @@ from collector.channel import RingCorrupt, RingReader
 from collector.channel.codec import TAG_REQS, TAG_STEP
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.reads import decode_read
+from collector.channel.ringfile import RingRecords
 from collector.channel.secure import ensure_private_dir
 from collector.model import (
     Event,
@@ -72,6 +74,9 @@ POLL_BUDGET_S = 0.02  # a poll reads no further ring after this long: the loop's
 _STEP_TAGS = (TAG_STEP, TAG_REQS)  # the continuous series' records; both start <Qd: step, ts
 _TS = struct.Struct("<d")
 _STEP_HEAD_LEN = 17
+# a ring no longer read (replaced, gone, forgotten) stays readable by its blocks this long: the
+# death of a replaced ring is captured from them, at once (the capture copies them out)
+RELEASE_AFTER_S = 60.0
 
 
 def pid_alive(pid: int) -> bool:
@@ -167,6 +172,8 @@ class RecorderSource:
         self._tails: dict[Path, _Tail] = {}
         self._paths: dict[str, Path] = {}
         self._status = SourceStatus(name=self.name, up=True)
+        # records of rings no longer read, which blocks may still hold, closed once due
+        self._releasing: deque[tuple[float, RingRecords]] = deque()
         self._bad_header_logged: set[Path] = set()
         self._forgotten: set[Path] = set()  # rings of departed engines: not read again while they exist
         self.records = 0  # records emitted
@@ -266,7 +273,8 @@ class RecorderSource:
                     emitted += self._drain(path, tail, batch)
         present = set(paths)
         for path in [p for p in self._tails if p not in present]:
-            self._tails.pop(path).reader.close()
+            self._let_go(self._tails.pop(path).reader)
+        self._release_due()
         if len(self._paths) > len(present):
             self._paths = {p.name: p for p in paths}
         self._bad_header_logged &= present
@@ -293,7 +301,7 @@ class RecorderSource:
         """A departed engine (``collector.ingest.departures``): its rings' readers are closed, and
         its files, while they are left in the folder, are not read again."""
         for path in [p for p, t in self._tails.items() if t.engine == engine]:
-            self._tails.pop(path).reader.close()
+            self._let_go(self._tails.pop(path).reader)
             self._forgotten.add(path)
 
     def _open(self, path: Path, generation: int = 0) -> _Tail | None:
@@ -338,7 +346,7 @@ class RecorderSource:
             old.silent_reported = True
             if now - old.newest_ts <= self.recent_window:
                 batch.append(self._silent(path, old, old.reader.writer_pid, old.last_head, now, ended_by="replaced"))
-        old.reader.close()
+        self._let_go(old.reader)
         del self._tails[path]
         return self._open(path, generation=old.generation + 1)
 
@@ -490,7 +498,7 @@ class RecorderSource:
             self._worst = max(self._worst, unread / info.capacity)
         out = tail.held
         # the per-request records are kept as their place in the ring (its bytes stay there)
-        read = decode_read(payloads, ring=tail.reader.records(), places=places)
+        read = decode_read(payloads, records=lambda: self._records_of(tail), places=places)
         if read.bad_steps:
             tail.bad_records += read.bad_steps
             self.bad_records += read.bad_steps
@@ -566,7 +574,32 @@ class RecorderSource:
                 path.unlink()
             except OSError:
                 pass
+            else:  # its blocks let go of the file too: its space in the tmpfs goes with its name
+                self._let_go(tail.reader, now=True)
         return emitted
+
+    @staticmethod
+    def _records_of(tail: _Tail) -> RingRecords | None:
+        try:
+            return tail.reader.records()
+        except OSError as exc:  # (no descriptor left): its request records are copied, as before
+            log.debug("ring %s: its records cannot be read again by place: %s", tail.reader.path.name, exc)
+            return None
+
+    def _let_go(self, reader: RingReader, *, now: bool = False) -> None:
+        """Close a reader; the records it lent to blocks stay readable ``RELEASE_AFTER_S`` more
+        (a replaced ring's death is captured from them), or none more (``now``: a ring deleted)."""
+        records = reader.release()
+        if records is None:
+            return
+        if now:
+            records.close()
+        else:
+            self._releasing.append((self.monotonic() + RELEASE_AFTER_S, records))
+
+    def _release_due(self) -> None:
+        while self._releasing and self._releasing[0][0] <= self.monotonic():
+            self._releasing.popleft()[1].close()
 
     @staticmethod
     def _run_of(meta: dict[str, Any], tail: _Tail, pid: int) -> int:

@@ -77,8 +77,16 @@ def test_a_block_its_ring_overwrote_is_left_out_of_the_rows_and_said(tmp_path: P
     del views
     for _ in range(100):  # the writer laps the ring: every block's bytes are overwritten
         w.append(b"x" * 300)
-    assert left[0].parts() is None and left[0].resident() is None
-    assert left[0].running == copied[0].running  # the aggregates were taken when it was read
+    assert left[0].parts() is None
+    gone = left[0].resident()
+    assert gone.gone and gone.held and gone.parts() is None
+    assert (gone.running, gone.n, gone.mirror_rows) == (copied[0].running, copied[0].n, copied[0].mirror_rows)  # taken when read
     assert decode_columns(left)["step"] == []
     assert "overwritten in their ring" in caplog.text
     assert unpack_blocks(pack_blocks(left)) == []
+    with pytest.raises(CodecError):
+        gone.payload()
+    from collector.snapshot.document import RequestTable
+
+    table = RequestTable.from_blocks([gone, copied[1]])
+    assert len(table) == copied[1].n and table.columns["step"] == [1] * copied[1].n

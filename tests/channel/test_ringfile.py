@@ -321,3 +321,18 @@ def test_a_record_read_again_from_a_truncated_ring_is_gone_not_an_error(tmp_path
     records = r.records()
     os.truncate(path, HEADER_SIZE + 100)
     assert records.payload(places[0], len(one)) is None
+
+
+def test_a_closed_readers_records_are_handed_over_or_refused(tmp_path: Path) -> None:
+    w = RingWriter(tmp_path / "a.ring", capacity=4096)
+    w.append(rec(1, 10))
+    r = RingReader(tmp_path / "a.ring")
+    places: list[int] = []
+    (one,) = r.read_views(places=places)
+    records = r.records()
+    assert r.release() is records  # the reader closed, its records still readable
+    assert records.payload(places[0], len(one)) == rec(1, 10)
+    records.close()
+    assert records.payload(places[0], len(one)) is None
+    with pytest.raises(OSError):
+        r.records()  # a closed reader lends no more

@@ -600,6 +600,7 @@ def test_request_blocks_stay_in_their_ring_and_a_capture_copies_them_out(tmp_pat
     while the writer goes on; a block the ring overwrote before a capture is counted, not read
     as other rows."""
     from collector.channel.blocks import RequestBlock
+    from collector.ingest.window import HeldSteps
     from collector.snapshot.freeze import capture
 
     sched = writer(tmp_path, "decode-0", "sched", 12, capacity=1 << 14)
@@ -622,6 +623,49 @@ def test_request_blocks_stay_in_their_ring_and_a_capture_copies_them_out(tmp_pat
     assert doc.requests.columns["request_id"] == [r.request_id for rs in rows for r in rs]
     assert "request_blocks_lost" not in doc.summary
     # a capture of the steps the ring no longer holds: their figures, without their rows
-    later = capture(hub.view, "decode-0", trigger, gpu_seconds=60.0).build()
+    held_steps = hub.view.steps("decode-0")
+    assert isinstance(held_steps, HeldSteps)
+    again = capture(hub.view, "decode-0", trigger, gpu_seconds=60.0)
+    assert isinstance(again.steps, HeldSteps) and again.steps._built is None  # records built by the build, off the loop
+    later = again.build()
     assert later.summary["request_blocks_lost"] == 3
-    assert later.requests.columns["request_id"] == [] and [s["step"] for s in later.steps][:3] == [1, 2, 3]
+    assert later.requests.columns["request_id"] == [] and len(later.requests) == 0
+    assert [(s["step"], s["requests"], s["has_requests"]) for s in later.steps][:3] == [(1, 20, True), (2, 20, True), (3, 20, True)]
+    assert "requests_at_last_step" not in later.summary
+
+
+def test_a_ring_the_sidecar_deletes_or_that_was_replaced_lets_its_file_go(tmp_path: Path) -> None:
+    """A block keeps its ring's file open: a ring deleted after its engine's death lets it go at
+    once (its tmpfs space with it), a replaced one after RELEASE_AFTER_S (its death's capture
+    reads its blocks first)."""
+    from collector.channel.blocks import RequestBlock
+    from collector.sources.recorder import RELEASE_AFTER_S
+
+    clock, mono = Clock(), Clock(0.0)
+    w = writer(tmp_path, "decode-0", "sched", 12)
+    w.append(encode_rows(1, 999.0, [Row("r1", 300, 300, 1)]))
+    hub = hub_for(Settings(), clock=lambda: 1000.0)
+    src = RecorderSource(tmp_path, clock=clock, monotonic=mono, alive=lambda pid: False, keep_dead_for=10.0)
+    src.poll(hub)
+    [step] = hub.view.steps("decode-0")
+    block = step.request_block
+    assert isinstance(block, RequestBlock) and not block.held and block.parts() is not None
+    clock.now += 2.0
+    src.poll(hub)  # silent: its death reported
+    clock.now += 20.0
+    src.poll(hub)  # past keep_dead_for: deleted
+    assert not (tmp_path / w.path.name).exists()
+    assert block.parts() is None and block.resident().gone
+
+    other = writer(tmp_path, "decode-1", "sched", 13)
+    other.append(encode_rows(1, 1021.0, [Row("r2", 300, 300, 1)]))
+    src.alive = lambda pid: True
+    src.poll(hub)
+    [step] = hub.view.steps("decode-1")
+    kept = step.request_block
+    assert isinstance(kept, RequestBlock) and kept.parts() is not None
+    src.forget("decode-1")
+    assert kept.parts() is not None  # a grace to capture from
+    mono.now += RELEASE_AFTER_S + 1
+    src.poll(hub)
+    assert kept.parts() is None
