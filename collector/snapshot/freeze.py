@@ -18,7 +18,6 @@ from typing import Any
 
 from collector.channel.blocks import RequestBlock
 from collector.ingest.view import IngestView
-from collector.ingest.window import HeldSteps
 from collector.model import CRASH_KINDS, HALF_STATS, Event, EventKind, GpuSample, LogLine, MetricsScrape, Severity, StepRecord
 from collector.redact import redact
 from collector.snapshot.document import RequestTable, SnapshotDoc
@@ -309,8 +308,10 @@ def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]
     no longer held (``gone``: those steps keep their figures, without their rows). A window's
     ``HeldSteps`` has its block column replaced, its records still built later (in the build's
     thread, not on the event loop)."""
-    if isinstance(steps, HeldSteps):
-        return steps.with_resident_blocks()
+    with_resident = getattr(steps, "with_resident_blocks", None)  # a window's HeldSteps (read through the view)
+    if with_resident is not None:
+        held: tuple[Sequence[StepRecord], int] = with_resident()
+        return held
     out: list[StepRecord] | None = None
     lost = 0
     for i, rec in enumerate(steps):
@@ -319,9 +320,9 @@ def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]
             continue
         if out is None:
             out = list(steps)
-        held = block.resident()
-        lost += held.gone
-        out[i] = replace(rec, request_block=held)
+        copy = block.resident()
+        lost += copy.gone
+        out[i] = replace(rec, request_block=copy)
     return (steps, 0) if out is None else (out, lost)
 
 
