@@ -118,6 +118,8 @@ SECTIONS: tuple[Section, ...] = (
             Metric("sidecar CPU, mean", "summary.cpu_share_mean", "% of a core", "<= 3", le(3.0), 100.0, 2),
             Metric("faults without a snapshot", "summary.faults_missing", "faults", "0", le(0), 1.0, 0),
             Metric("task restarts", "summary.restarts_total", "restarts", "0", le(0), 1.0, 0),
+            Metric("step records written and not received", "summary.records_short", "records", "0", le(0), 1.0, 0),
+            Metric("gaps (records read-skipped while far behind)", "summary.gaps", "gaps", "0", le(0), 1.0, 0),
             Metric("store growth, 8 engines", "summary.store_gb_per_day_8", "GB/day", "<= 2", le(2.0), 1.0, 2),
         ),
     ),
