@@ -8,9 +8,9 @@ either first: ``halves`` says which came, and a figure no half carried is unknow
 NaN), never 0. A newer step evicts the older one in its slot; an older one arriving for a slot
 a newer step holds is not held (it is still stored).
 
-Request blocks are the recorder's own bytes (``collector.channel.blocks.RequestBlock``) in an
-object column, bounded by ``max_request_bytes``: the oldest steps give up their blocks (and keep
-their figures) first.
+Request blocks (``collector.channel.blocks.RequestBlock``: the recorder's own bytes, kept as
+their place in its ring where they were read from one) are in an object column, bounded by
+``max_request_bytes``: the oldest steps give up their blocks (and keep their figures) first.
 
 Storage: a step is handed to the writer (``due``, as a ``collector.columns.StepBatch``) once
 its hold has passed (both halves are in by then); a half that comes later hands the step again.
