@@ -25,17 +25,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.request_columns: rows as the recorder writes them
 
+from collector.channel.blocks import RequestBlock  # noqa: E402
+from collector.channel.ringfile import RingReader, RingWriter  # noqa: E402
 from collector.ingest.hub import Hub  # noqa: E402
 from collector.ingest.intake import Intake  # noqa: E402
 from collector.ingest.live import LiveView  # noqa: E402
-from collector.model import HALF_STATS, Event, EventKind, Severity, StepRecord  # noqa: E402
+from collector.model import HALF_REQUESTS, HALF_STATS, Event, EventKind, Severity, StepRecord  # noqa: E402
 from collector.settings import EngineConfig, Settings  # noqa: E402
 from collector.snapshot.commit import Job  # noqa: E402
 from collector.snapshot.committer import SnapshotCommitter  # noqa: E402
 from collector.storage.connect import make_engine  # noqa: E402
 from collector.storage.migrate import upgrade  # noqa: E402
 from collector.storage.repo import Repository  # noqa: E402
-from tests.request_columns import Row, with_rows  # noqa: E402
+from tests.request_columns import Row, encode_rows, with_rows  # noqa: E402
 
 
 async def one_fault(args: argparse.Namespace, db: str, spool: Path) -> tuple[float, list[float]]:
@@ -61,12 +63,24 @@ async def one_fault(args: argparse.Namespace, db: str, spool: Path) -> tuple[flo
         c.queue.put = one_at_a_time  # type: ignore[method-assign]
     hub = Hub(intake, consumers=[c.on_event])
     t0 = time.time() - args.steps * 0.01
+    readers = []
     for n in names:
+        ring = None
+        if not args.held_blocks:  # as the sidecar holds them: their place in the engine's ring
+            ring = RingWriter(spool.parent / f"{n}.ring", capacity=16 << 20)
+            readers.append(RingReader(spool.parent / f"{n}.ring"))
         for i in range(args.steps):
             ts = t0 + i * 0.01
             hub.emit(StepRecord(engine=n, ts=ts, step=i, running=args.requests, waiting=0, generation_tokens=args.requests, halves=HALF_STATS))
             rows = [Row(f"cmpl-{j:04d}-{n}", 32000, 32000 + i, i, 0, "running", 400 + j) for j in range(args.requests)]
-            hub.emit(with_rows(StepRecord(engine=n, ts=ts, step=i), rows))
+            if ring is None:
+                hub.emit(with_rows(StepRecord(engine=n, ts=ts, step=i), rows))
+                continue
+            ring.append(encode_rows(i, ts, rows))
+            places: list[int] = []
+            (view,) = readers[-1].read_views(places=places)
+            block = RequestBlock.in_ring(view, readers[-1].records(), places[0])
+            hub.emit(StepRecord(engine=n, ts=ts, step=i, request_block=block, halves=HALF_REQUESTS, running=block.running))
     task = asyncio.create_task(c.run())
     await asyncio.sleep(0.2)
     trigger = Event(kind=EventKind.XID, ts=time.time(), source="kmsg", message="Xid 79", xid=79, gpu="0000:99:00.0", severity=Severity.CRITICAL)
@@ -87,6 +101,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--db", help="a database URL (default: a SQLite file per run)")
     p.add_argument("--one-at-a-time", action="store_true", help="one transaction per engine, each after its own build")
+    p.add_argument("--held-blocks", action="store_true", help="request blocks held as copies (before: the sidecar now keeps their place in the ring)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     loops, firsts, lasts = [], [], []
@@ -99,7 +114,7 @@ def main() -> None:
         firsts.append(min(after))
         lasts.append(max(after))
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.0f} ms"  # noqa: E731
-    how = "one transaction per engine" if args.one_at_a_time else "one transaction"
+    how = ("one transaction per engine" if args.one_at_a_time else "one transaction") + (", blocks held" if args.held_blocks else ", blocks in ring")
     print(f"{args.engines} engines x {args.steps} steps x {args.requests} requests, {how}, {args.runs} runs (medians)")
     print(f"  trigger -> intents and captures done (on the loop): {ms(loops)}")
     print(f"  trigger -> first snapshot durable:                 {ms(firsts)}")
@@ -110,6 +125,7 @@ def main() -> None:
             "engines": args.engines,
             "runs": args.runs,
             "one_at_a_time": args.one_at_a_time,
+            "blocks": "held" if args.held_blocks else "in ring",
             "on_loop_ms": med(loops),
             "first_durable_ms": med(firsts),
             "last_durable_ms": med(lasts),

@@ -138,7 +138,31 @@ class RequestBlock:
         its bytes, or (the ring no longer holds them) a ``gone`` one keeping the aggregates."""
         if self._ring is None:
             return self
-        parts = self.parts()
+        return self._copy(self._ring.payload(self._place, self._len))
+
+    @staticmethod
+    def resident_many(blocks: Sequence[RequestBlock]) -> list[RequestBlock]:
+        """``resident`` of each, the blocks left in one ring read back in one ``pread`` per
+        stretch of it (``RingRecords.payloads``)."""
+        out = list(blocks)
+        by_ring: dict[int, list[int]] = {}
+        for i, b in enumerate(out):
+            if b._ring is not None:
+                by_ring.setdefault(id(b._ring), []).append(i)
+        for idx in by_ring.values():
+            ring = out[idx[0]]._ring
+            assert ring is not None
+            got = ring.payloads([(out[i]._place, out[i]._len) for i in idx])
+            for i, payload in zip(idx, got, strict=True):
+                out[i] = out[i]._copy(payload)
+        return out
+
+    def _copy(self, payload: bytes | None) -> RequestBlock:
+        """This block held: its bytes from ``payload`` (its record read again), or gone."""
+        parts = None
+        if payload is not None and payload[:1] == TAG_REQS and REQS_HEAD.unpack_from(payload, 1) == (self.step, self.ts, self.n, self.flags):
+            end = _HEAD + _width(self.flags) * self.n
+            parts = payload[_HEAD:end], payload[end:]
         block = RequestBlock.__new__(RequestBlock)
         block.step, block.ts, block.n, block.flags = self.step, self.ts, self.n, self.flags
         block.running, block.mirror_rows, block.host_blocks, block.nbytes = self.running, self.mirror_rows, self.host_blocks, self.nbytes

@@ -31,6 +31,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
+from collector.channel.blocks import RequestBlock
 from collector.columns import INT64_NULL, INT_NULL, STATS_DTYPE, STEP_DTYPE, StepBatch, stats_of_records
 from collector.model import HALF_REQUESTS, HALF_STATS, StepExtra, StepHalves, StepRecord, StepRequests
 
@@ -525,16 +526,13 @@ class HeldSteps(Sequence[StepRecord]):
         (``RequestBlock.resident``: its bytes, or ``gone`` when the ring no longer holds them),
         the records still built on first read; and how many were gone."""
         col = self._cols.block
-        new: npt.NDArray[np.object_] | None = None
-        lost = 0
-        for i, b in enumerate(col.tolist()):
-            if b is None or getattr(b, "held", True):
-                continue
-            if new is None:
-                new = col.copy()
-            new[i] = held = b.resident()
-            lost += held.gone
-        return (self, 0) if new is None else (HeldSteps(dataclasses.replace(self._cols, block=new)), lost)
+        at = [i for i, b in enumerate(col.tolist()) if b is not None and not getattr(b, "held", True)]
+        if not at:
+            return self, 0
+        new = col.copy()
+        held = RequestBlock.resident_many(col[at].tolist())
+        new[at] = held
+        return HeldSteps(dataclasses.replace(self._cols, block=new)), sum(b.gone for b in held)
 
     def __len__(self) -> int:
         return len(self._cols)

@@ -336,3 +336,25 @@ def test_a_closed_readers_records_are_handed_over_or_refused(tmp_path: Path) -> 
     assert records.payload(places[0], len(one)) is None
     with pytest.raises(OSError):
         r.records()  # a closed reader lends no more
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=700), min_size=5, max_size=60), st.integers(min_value=0, max_value=40))
+def test_records_read_again_in_stretches_are_those_read_one_by_one(tmp_path_factory: pytest.TempPathFactory, sizes: list[int], more: int) -> None:
+    """``payloads`` (one pread per stretch of the file) gives what ``payload`` gives each: across
+    the wrap, for places the writer has since overwritten, and for a wrong length."""
+    path = tmp_path_factory.mktemp("r") / "a.ring"
+    w = RingWriter(path, capacity=8192)
+    r = RingReader(path)
+    places: list[int] = []
+    got: list[memoryview] = []
+    for i, size in enumerate(sizes):
+        w.append(rec(i, size))
+        got += r.read_views(places=places)
+    for i in range(more):  # the writer goes on: the oldest are overwritten
+        w.append(rec(1000 + i, 300))
+    wanted = [(at, len(p)) for at, p in zip(places, got, strict=True)]
+    wanted.append((places[-1], len(got[-1]) + 8))  # not the length its header says
+    records = r.records()
+    assert records.payloads(wanted) == [records.payload(at, n) for at, n in wanted]
+    assert records.payloads(wanted[::-1]) == [records.payload(at, n) for at, n in wanted[::-1]]
