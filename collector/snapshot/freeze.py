@@ -312,18 +312,14 @@ def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]
     if with_resident is not None:
         held: tuple[Sequence[StepRecord], int] = with_resident()
         return held
-    out: list[StepRecord] | None = None
-    lost = 0
-    for i, rec in enumerate(steps):
-        block = rec.request_block
-        if not isinstance(block, RequestBlock) or block.held:
-            continue
-        if out is None:
-            out = list(steps)
-        copy = block.resident()
-        lost += copy.gone
-        out[i] = replace(rec, request_block=copy)
-    return (steps, 0) if out is None else (out, lost)
+    at = [i for i, rec in enumerate(steps) if isinstance(rec.request_block, RequestBlock) and not rec.request_block.held]
+    if not at:
+        return steps, 0
+    out = list(steps)
+    copies = RequestBlock.resident_many([steps[i].request_block for i in at])  # type: ignore[misc]
+    for i, held in zip(at, copies, strict=True):
+        out[i] = replace(out[i], request_block=held)
+    return out, sum(c.gone for c in copies)
 
 
 def run_steps(view: IngestView, engine: str, trigger: Event) -> tuple[Sequence[StepRecord], dict[str, Any]]:
