@@ -317,8 +317,8 @@ def held_blocks(steps: Sequence[StepRecord]) -> tuple[Sequence[StepRecord], int]
         return steps, 0
     out = list(steps)
     copies = RequestBlock.resident_many([steps[i].request_block for i in at])  # type: ignore[misc]
-    for i, held in zip(at, copies, strict=True):
-        out[i] = replace(out[i], request_block=held)
+    for i, block in zip(at, copies, strict=True):
+        out[i] = replace(out[i], request_block=block)
     return out, sum(c.gone for c in copies)
 
 
