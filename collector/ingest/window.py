@@ -5,8 +5,9 @@ column says which step a slot holds (-1: none yet), so a ring read is filed with
 operations, never one Python object per step. A step arrives in two halves from two processes
 (the stat logger's figures, ``file_stats``; the scheduler's request block, ``file_blocks``),
 either first: ``halves`` says which came, and a figure no half carried is unknown (``INT_NULL``,
-NaN), never 0. A newer step evicts the older one in its slot; an older one arriving for a slot
-a newer step holds is not held (it is still stored).
+NaN), never 0. A newer step (or a newer run's) evicts the older one in its slot; an older one
+arriving for a slot a newer step holds, or a late half of an older run, is not held (it is still
+stored).
 
 Request blocks (``collector.channel.blocks.RequestBlock``: the recorder's own bytes, kept as
 their place in its ring where they were read from one) are in an object column, bounded by
@@ -223,10 +224,13 @@ class StepWindow:
             all_fresh = bool(fresh.all())
             keep = None if all_fresh or (held <= steps).all() else held <= steps
         else:
-            other = self.run[slots] != run
-            fresh = (held < steps) | other
+            held_run = self.run[slots]
+            other = held_run != run
+            # a newer run's half takes the slot; an older run's (a late half of the run before
+            # a restart) is not held, like an older step's
+            fresh = np.where(other, held_run < run, held < steps)
             all_fresh = bool(fresh.all())
-            ok = fresh | (held == steps)
+            ok = fresh | (~other & (held == steps))
             keep = None if ok.all() else ok
             if self._one_run is None and not self._held:
                 self._one_run = run

@@ -103,15 +103,11 @@ class StepStore:
         return sum(int(r[6]) for r in rows)
 
     def _new_steps(self, conn: Connection, engine_id: int, cols: Cols) -> Cols:
-        """``cols`` less the steps already stored and less all but the last offer of a step
-        offered twice; by run, then time."""
+        """``cols`` less the steps already stored, a step offered twice once (``merge_offers``);
+        by run, then time."""
         run, step = cols["run"], cols["step"]
         if not (np.all(run == run[0]) and np.all(step[1:] > step[:-1])):  # the common case: one run, in step order
-            cols = cols[np.lexsort((step, run))]  # stable: the last offer of a step stays last
-            run, step = cols["run"], cols["step"]
-            last = np.ones(len(cols), dtype=bool)
-            last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
-            cols = cols[last]
+            cols = merge_offers(cols)
         runs = np.unique(cols["run"])
         kept: list[Cols] = []
         for r in runs:
@@ -230,6 +226,29 @@ class StepStore:
         if not self._legacy_empty:
             gone += conn.execute(delete(EngineStepRow).where(EngineStepRow.ts < before)).rowcount
         return gone
+
+
+def merge_offers(cols: Cols) -> Cols:
+    """``cols`` by (run, step), each step once: a step offered twice (its two halves handed
+    to the writer apart: a late half of a run before a restart) is its last offer, with the
+    figures that offer does not know taken from the offers before it."""
+    cols = cols[np.lexsort((cols["step"], cols["run"]))]  # stable: the last offer of a step stays last
+    run, step = cols["run"], cols["step"]
+    last = np.ones(len(cols), dtype=bool)
+    last[:-1] = (run[1:] != run[:-1]) | (step[1:] != step[:-1])
+    if last.all():
+        return cols
+    cols = cols.copy()
+    for i in np.flatnonzero(~last).tolist():  # rare: fill the next offer's unknowns from this one
+        for name in STEP_COLUMNS:
+            col = cols[name]
+            if _unknown(col[i + 1]) and not _unknown(col[i]):
+                col[i + 1] = col[i]
+    return cols[last]
+
+
+def _unknown(v: Any) -> bool:
+    return bool(np.isnan(v)) if isinstance(v, np.floating) else int(v) == INT_NULL
 
 
 def second_rows(engine_id: int, cols: Cols) -> list[tuple[Any, ...]]:

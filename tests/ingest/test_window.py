@@ -76,6 +76,18 @@ def test_a_new_run_reusing_step_numbers_replaces_the_old_step() -> None:
     assert [(s.run, s.step) for s in window.steps()] == [(200, 3)]
 
 
+def test_a_late_half_of_the_run_before_does_not_replace_the_new_runs_step() -> None:
+    window = StepWindow("d", 8)
+    window.add(StepRecord(engine="d", ts=1.0, step=3, running=5, halves=HALF_STATS, run=100))
+    window.add(StepRecord(engine="d", ts=2.0, step=3, waiting=1, halves=HALF_STATS, run=200))
+    late = window.add(StepRecord(engine="d", ts=1.1, step=3, running=6, halves=HALF_STATS, run=100))
+    assert late.run == 100  # handed back as it came: not held
+    assert [(s.run, s.step, s.waiting) for s in window.steps()] == [(200, 3, 1)]
+    batch = window.due(0.0, everything=True)
+    assert batch is not None
+    assert sorted(zip(batch.cols["run"].tolist(), batch.cols["step"].tolist(), strict=True)) == [(100, 3), (100, 3), (200, 3)]  # all stored
+
+
 def test_request_blocks_are_bounded_by_bytes_and_their_steps_kept() -> None:
     rows = [Row(f"r{i}", 10, 11) for i in range(16)]
     size = reqs_half(0, rows).request_block.nbytes  # type: ignore[union-attr]

@@ -37,13 +37,16 @@ class Half:
 @dataclass
 class Ref:
     """What the window should hold: per step, the halves of its run merged in arrival order (a
-    half of another run replaces what the step held)."""
+    half of a newer run replaces what the step held; one of an older run is not held)."""
 
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     seconds: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, rec: StepRecord) -> None:
         held = self.steps.get(rec.step)
+        if held is not None and held["run"] > rec.run:
+            self.fold(rec)
+            return
         if held is None or held["run"] != rec.run:
             held = self.steps[rec.step] = {"run": rec.run, "ts": rec.ts, "halves": 0, "block": None, **dict.fromkeys(STATS)}
         if rec.halves & HALF_STATS:

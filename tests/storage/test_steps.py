@@ -62,6 +62,34 @@ def test_steps_read_back_as_written_and_a_step_offered_again_is_stored_once(data
     repo.db.dispose()
 
 
+def test_a_step_whose_halves_come_apart_is_stored_once_with_both_halves_figures(database_url: str) -> None:
+    # a late half of the run before a restart is handed to the writer alone, after its other
+    # half: the stored step is the later offer, its unknowns filled from the earlier one
+    repo = _repo(database_url)
+    stats = {
+        "ts": 1000.001,
+        "step": 0,
+        "run": 100,
+        "running": 12,
+        "waiting": 3,
+        "kv_cache_usage": 0.5,
+        "preemptions": 0,
+        "prompt_tokens": 40,
+        "generation_tokens": 12,
+        "mirror_rows": None,
+        "host_blocks": None,
+    }
+    reqs = {**dict.fromkeys(STEP_COLUMNS), "ts": 1000.0, "step": 0, "run": 100, "running": 11, "mirror_rows": 5, "host_blocks": 9}
+    newer = {**stats, "run": 200, "ts": 1000.2}
+    repo.write_batch([], [], [], step_batches=[batch_from_rows("decode-0", [stats, newer, reqs])])
+    with repo.database.tx() as conn:
+        engine_id = repo.engines.engine_id(conn, "decode-0")
+    got = repo.recent_steps("decode-0", since=0)
+    merged = {**stats, "ts": 1000.0, "running": 11, "mirror_rows": 5, "host_blocks": 9}
+    assert got == _expected([merged, newer], engine_id)
+    repo.db.dispose()
+
+
 def _binned_by_sql(repo: Repository, since: float, until: float, bin_s: float) -> list[dict[str, Any]]:
     """The bins as the SQL over step rows made them before steps were chunks."""
     from sqlalchemy import Integer, cast, func, select
