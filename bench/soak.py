@@ -73,6 +73,33 @@ def store_bytes(db: node.Database, work: Path) -> int | None:
     return int(rows[0][0]) if rows else None
 
 
+# What a snapshot is stored as: these grow with the faults, not with the hours.
+SNAPSHOT_TABLES = ("incidents", "snapshots", "snapshot_parts")
+
+
+def table_bytes(db: node.Database) -> dict[str, int] | None:
+    """Bytes per table, its indexes with it (SQLite: dbstat pages, the WAL's newest included;
+    Postgres: relation sizes with TOAST)."""
+    if db.kind == "sqlite":
+        conn = db.connect()
+        try:
+            owner = dict(conn.execute("SELECT name, tbl_name FROM sqlite_master WHERE type IN ('table', 'index')").fetchall())
+            out: dict[str, int] = {}
+            for name, size in conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall():
+                table = owner.get(name, name)
+                out[table] = out.get(table, 0) + int(size)
+            return out
+        except Exception:  # a build of SQLite without dbstat: not measured
+            return None
+        finally:
+            conn.close()
+    rows = db.query(
+        "SELECT t.relname, pg_total_relation_size(t.oid) FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace "
+        "WHERE t.relkind = 'r' AND n.nspname = current_schema()"
+    )
+    return {str(name): int(size) for name, size in rows}
+
+
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     tree = Path(args.tree).resolve()
     total_s = args.hours * 3600
@@ -222,6 +249,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             fig[key] = end.get(key)
         fig["db_step_rows"], fig["db_distinct_steps"] = node.step_counts(db) or (None, None)
         fig["store_mib"] = None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1)
+        tables = table_bytes(db)
+        fig["store_tables_mib"] = None if tables is None else {k: round(v / 2**20, 2) for k, v in sorted(tables.items())}
         fig["restarts"] = restarts(base)
         fig["rss_peak_mib"] = round((node.proc_status_kib(side.pid, "VmHWM") or 0) / 1024, 1)
         poller.stop.set()
@@ -271,6 +300,14 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
     grew = (rows[-1]["store_mib"] - rows[0]["store_mib"]) if rows and rows[0]["store_mib"] is not None and rows[-1]["store_mib"] is not None else None
     if grew is not None and len(rows) > 1:
         fig["store_mib_per_engine_hour"] = round(grew / (args.engines * hours * (len(rows) - 1) / len(rows)), 1)
+    # the recording (steps, per-second rows, scrapes, GPU samples, events) grows with the hours;
+    # the snapshots with the faults (here one every interval: far more than a node's day has),
+    # so each is stated on its own, and the budget is the recording's
+    tables = fig.get("store_tables_mib")
+    if tables and hours > 0:
+        snap = sum(v for k, v in tables.items() if k in SNAPSHOT_TABLES)
+        fig["store_recording_mib_per_engine_hour"] = round((sum(tables.values()) - snap) / (args.engines * hours), 2)
+        fig["snapshot_mib_per_fault"] = round(snap / fig["faults"], 2) if fig.get("faults") else None
     cpus = [r["cpu_share"] for r in rows if r.get("cpu_share") is not None]
     restarted = fig.get("restarts")
     per_engine_hour = fig.get("store_mib_per_engine_hour")
@@ -286,7 +323,9 @@ def checks(fig: dict[str, Any], args: argparse.Namespace) -> dict[str, bool]:
         "faults_missing": None if fig.get("faults") is None else fig["faults"] - (fig.get("faults_snapshotted") or 0),
         "restarts_total": sum(restarted.values()) if isinstance(restarted, dict) else restarted,
         "store_mib_per_engine_hour": per_engine_hour,
-        "store_gb_per_day_8": None if per_engine_hour is None else round(per_engine_hour * 2**20 * 8 * 24 / 1e9, 2),
+        "store_gb_per_day_8_with_faults": None if per_engine_hour is None else round(per_engine_hour * 2**20 * 8 * 24 / 1e9, 2),
+        "store_gb_per_day_8": None if (rec := fig.get("store_recording_mib_per_engine_hour")) is None else round(rec * 2**20 * 8 * 24 / 1e9, 2),
+        "snapshot_mib_per_fault": fig.get("snapshot_mib_per_fault"),
         "records_short": None
         if fig.get("step_records_written") is None or fig.get("step_records_received") is None
         else fig["step_records_written"] - fig["step_records_received"],
@@ -331,7 +370,9 @@ def main() -> int:
     print(f"faults {fig.get('faults')}, snapshotted {fig.get('faults_snapshotted')}, fault -> snapshot {fig.get('fault_to_snapshot_ms')}")
     print(f"steps written {fig.get('written_steps')}, records received {fig.get('step_records_received')}")
     print(f"engine_steps rows {fig.get('db_step_rows')} ({fig.get('db_distinct_steps')} distinct), thinned {fig.get('steps_thinned')}")
-    print(f"store per engine-hour {fig.get('store_mib_per_engine_hour')} MiB")
+    print(f"store per engine-hour {fig.get('store_mib_per_engine_hour')} MiB (the files, snapshots included)")
+    print(f"recording per engine-hour {fig.get('store_recording_mib_per_engine_hour')} MiB, a snapshot {fig.get('snapshot_mib_per_fault')} MiB")
+    print(f"tables (MiB) {fig.get('store_tables_mib')}")
     for name, ok in fig["checks"].items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if args.json:
