@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from collector import malloc
 from collector.alerting.router import Alerter
 from collector.components import Components
 from collector.context import AppContext, Lateness
@@ -54,6 +55,7 @@ from collector.storage.writer import BatchWriter
 log = logging.getLogger(__name__)
 
 STOP_RETRY_S = 10.0  # at stop: the last spool and commit attempts of what is not durable yet
+TRIM_AFTER_S = 2.0  # after a snapshot's commit: the heap's free pages go back (collector.malloc.trim)
 
 
 class _Server(uvicorn.Server):
@@ -379,6 +381,9 @@ class Service:
             self.ctx.alerter.snapshot_committed(doc, trigger)
         for cb in self.on_snapshot:
             cb(doc, trigger)
+        # the snapshot's copies are freed once its commit lets go of them: their pages back then
+        with contextlib.suppress(RuntimeError):  # (no loop: a test calling it alone)
+            asyncio.get_running_loop().call_later(TRIM_AFTER_S, malloc.trim)
 
     async def _migrate_when_back(self) -> None:
         """A database that was down at start gets its schema as soon as it answers; until then
