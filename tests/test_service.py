@@ -305,3 +305,36 @@ def test_the_service_stops_its_steps_in_the_declared_reverse_order(tmp_path: Pat
     assert svc.steps.stopped == list(reversed(SERVICE_STEPS))
     assert svc.steps.stop_failures == ["durability"]
     assert svc.server is not None and svc.server.should_exit
+
+
+def test_a_committed_snapshot_has_the_heap_trimmed_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from collector import malloc, service
+    from collector.settings import Settings
+
+    trims: list[float] = []
+
+    def trim() -> bool:
+        trims.append(time.monotonic())
+        return True
+
+    monkeypatch.setattr(malloc, "trim", trim)
+    monkeypatch.setattr(service, "TRIM_AFTER_S", 0.05)
+    svc = service.Service(Settings(database=f"sqlite:///{tmp_path}/x.db", engines=[]))
+    ctx = SimpleNamespace(snapshot_counts={}, alerter=None)
+    svc.ctx = ctx  # type: ignore[assignment]
+    doc = SimpleNamespace(engine="decode-0")
+    trigger = SimpleNamespace(kind=SimpleNamespace(value="xid"))
+
+    async def commit_then_wait() -> float:
+        svc._committed(doc, trigger)  # type: ignore[arg-type]
+        at = time.monotonic()
+        assert trims == []  # not while the commit still holds its copies
+        await asyncio.sleep(0.2)
+        return at
+
+    at = asyncio.run(commit_then_wait())
+    assert len(trims) == 1 and trims[0] - at >= 0.04
+    assert ctx.snapshot_counts == {("decode-0", "xid"): 1}
