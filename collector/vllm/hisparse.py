@@ -187,37 +187,37 @@ def mirror_rows_column(ids: Sequence[str], row_mirrors: Mapping[str, Sequence[An
 class HostBlocks:
     """Counts the host blocks the coordinator holds per running request, kept across steps.
 
-        Where they live: ``host_manager.req_to_blocks``, a defaultdict of one list per request
-        (vllm/v1/core/single_type_kv_cache_manager.py:125 in vLLM 0.32). How that list changes, and
-        why the sum of the lengths is enough to see that none moved:
+    Where they live: ``host_manager.req_to_blocks``, a defaultdict of one list per request
+    (vllm/v1/core/single_type_kv_cache_manager.py:125 in vLLM 0.32). How that list changes, and
+    why the sum of the lengths is enough to see that none moved:
 
-        - it is created on a request's first allocation and removed whole, by ``pop``, when the
-          request is freed (:576, the only removal); a freed request leaves ``running`` (finished or
-          preempted), so a list held for an unchanged running set is the request's live list;
-        - while it lives it only grows (``append``/``extend`` in ``allocate_new_blocks`` and
-          ``add_local_computed_blocks``, :311), or has a block swapped for its copy-on-write copy
-          (:472), a real block for a real one;
-        - a block is turned into the null block in place only by ``remove_skipped_blocks`` (:668), a
-          no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
-          whose ``get_num_skipped_tokens`` is 0 (:712-723).
+    - it is created on a request's first allocation and removed whole, by ``pop``, when the
+      request is freed (:576, the only removal); a freed request leaves ``running`` (finished or
+      preempted), so a list held for an unchanged running set is the request's live list;
+    - while it lives it only grows (``append``/``extend`` in ``allocate_new_blocks`` and
+      ``add_local_computed_blocks``, :311), or has a block swapped for its copy-on-write copy
+      (:472), a real block for a real one;
+    - a block is turned into the null block in place only by ``remove_skipped_blocks`` (:668), a
+      no-op for the host group: ``HiSparseSourceManager`` (:2200) is a ``FullAttentionManager``,
+      whose ``get_num_skipped_tokens`` is 0 (:712-723).
 
-        No list held gets shorter, so after a step in which no list moved, the lists' total length
-        is the same only when none moved since: then the last column is written as it is. One
-        ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is freed before
-        the next is made; a list of the lengths, compared with the last one, cost a third more, and
-        following each list's last block more again (it reads the block too). Otherwise the lengths
-        are compared and a list that grew has only its new tail counted (``len - nulls``); one that
-        got shorter (a vLLM that truncates) is counted whole, and from then on every step compares
+    No list held gets shorter, so after a step in which no list moved, the lists' total length
+    is the same only when none moved since: then the last column is written as it is. One
+    ``sum(map(len, ...))`` touches only the lists' heads, and each length's int is freed before
+    the next is made; a list of the lengths, compared with the last one, cost a third more, and
+    following each list's last block more again (it reads the block too). Otherwise the lengths
+    are compared and a list that grew has only its new tail counted (``len - nulls``); one that
+    got shorter (a vLLM that truncates) is counted whole, and from then on every step compares
     the lengths (a first shortening that another list's growth cancels within one quiet step is
     seen at the next step that moves the total). A block holds 64 tokens, so a decode
-        step grows about one list in 64: at a few dozen running requests most steps move none and
-        take the sum; at 256 most move a few, and the sum is skipped while the last step moved. A running
-        request without a list yet (a ``.get``: never inserts into the defaultdict) is looked up again
-        each step until it has one.
+    step grows about one list in 64: at a few dozen running requests most steps move none and
+    take the sum; at 256 most move a few, and the sum is skipped while the last step moved. A running
+    request without a list yet (a ``.get``: never inserts into the defaultdict) is looked up again
+    each step until it has one.
 
-        The lists are fetched anew when the running set changes; a list held before keeps its
-        count, so a request joining or leaving costs a look-up per running request, not a count of
-        every block again.
+    The lists are fetched anew when the running set changes; a list held before keeps its
+    count, so a request joining or leaving costs a look-up per running request, not a count of
+    every block again.
     """
 
     def __init__(self, hisparse: Any) -> None:
