@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_node as node  # noqa: E402
+import bench_store_size as store_size  # noqa: E402
 
 
 def restarts(base: str) -> float | None:
@@ -78,26 +79,12 @@ SNAPSHOT_TABLES = ("incidents", "snapshots", "snapshot_parts")
 
 
 def table_bytes(db: node.Database) -> dict[str, int] | None:
-    """Bytes per table, its indexes with it (SQLite: dbstat pages, the WAL's newest included;
-    Postgres: relation sizes with TOAST)."""
-    if db.kind == "sqlite":
-        conn = db.connect()
-        try:
-            owner = dict(conn.execute("SELECT name, tbl_name FROM sqlite_master WHERE type IN ('table', 'index')").fetchall())
-            out: dict[str, int] = {}
-            for name, size in conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall():
-                table = owner.get(name, name)
-                out[table] = out.get(table, 0) + int(size)
-            return out
-        except Exception:  # a build of SQLite without dbstat: not measured
-            return None
-        finally:
-            conn.close()
-    rows = db.query(
-        "SELECT t.relname, pg_total_relation_size(t.oid) FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace "
-        "WHERE t.relkind = 'r' AND n.nspname = current_schema()"
-    )
-    return {str(name): int(size) for name, size in rows}
+    """Bytes per table, its indexes with it (``bench_store_size.sizes``: SQLite's dbstat pages,
+    Postgres' relation sizes); None where they cannot be read."""
+    try:
+        return {table: sum(parts.values()) for table, parts in store_size.sizes(db.url).items()}
+    except Exception:  # noqa: BLE001 - a build of SQLite without dbstat: not measured
+        return None
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:

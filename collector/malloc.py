@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import platform
 
@@ -25,17 +26,16 @@ MMAP_THRESHOLD = 1 << 20
 ARENA_MAX = 2
 
 
-_libc: ctypes.CDLL | None = None
-
-
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    global _libc
-    if _libc is None and platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        except OSError as exc:
-            log.debug("libc unavailable: %s", exc)
-    return _libc
+    """glibc, loaded once; None elsewhere or where it cannot be loaded."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError as exc:
+        log.debug("libc unavailable: %s", exc)
+        return None
 
 
 def trim() -> bool:

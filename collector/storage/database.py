@@ -54,6 +54,12 @@ class Database:
     def dialect(self) -> str:
         return self.db.dialect.name
 
+    @property
+    def param_mark(self) -> str:
+        """The driver's parameter mark, for statements written in its own form (``%s`` for
+        psycopg, ``?`` for sqlite3)."""
+        return "%s" if self.db.dialect.paramstyle in ("format", "pyformat") else "?"
+
     def insert_ignore(self, table: Any, keys: list[str]) -> Any:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert

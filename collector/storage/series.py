@@ -102,7 +102,7 @@ class SeriesStore:
         """The writer's two statements in the driver's own form (its parameter marks)."""
         sql = self._statements.get(name)
         if sql is None:
-            mark = "%s" if self.d.db.dialect.paramstyle in ("format", "pyformat") else "?"
+            mark = self.d.param_mark
             if name == "scrapes":
                 cols = ("engine_id", "ts", "running", "waiting", "kv_cache_usage", "packed")
                 sql = f"INSERT INTO {EngineScrapeRow.__tablename__} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))})"

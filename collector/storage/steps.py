@@ -144,7 +144,7 @@ class StepStore:
         expression per flush (it was most of the write's CPU)."""
         sql = self._statements.get(name)
         if sql is None:
-            mark = "%s" if self.d.db.dialect.paramstyle in ("format", "pyformat") else "?"
+            mark = self.d.param_mark
             if name in ("insert", "seconds"):
                 table = _C.__tablename__ if name == "insert" else EngineStepSecondRow.__tablename__
                 cols = (
