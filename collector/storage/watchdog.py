@@ -68,6 +68,10 @@ class HangWatchdog:
                 if now - sent < self.after_s:
                     continue
                 del self._armed[key]
+                # counted before the shutdown: whoever the cut wakes sees it counted
+                before = self.last_shut
+                self.shut += 1
+                self.last_shut = time.time()
                 try:
                     dup = socket.socket(fileno=os.dup(fd))
                     try:
@@ -75,11 +79,11 @@ class HangWatchdog:
                     finally:
                         dup.close()
                 except OSError:
+                    self.shut -= 1
+                    self.last_shut = before
                     continue
                 cut += 1
         if cut:
-            self.shut += cut
-            self.last_shut = time.time()
             log.error("the database did not answer %d statement(s) for %.0fs: connection(s) cut", cut, self.after_s)
         return cut
 
