@@ -8,6 +8,11 @@ writer's and the snapshot builder's workers) gets an arena of its own, which kee
 freed. At 8 engines the two made the faults' half of the node bench 75 MiB above the steady
 one (BENCHMARKS.md, Node scale). A fixed 1 MiB threshold and two arenas: what is larger is
 mapped and unmapped, and freed memory is reused across threads.
+
+A fixed threshold also fixes glibc's threshold for giving the heap's free top back to the
+system, at 128 kB: below one ring read's copy (up to 1 MiB, freed once decoded), so each read
+faulted its pages in anew. Up to 4 MiB of free top is kept (docs/benchmarks-history.md, "The
+heap's top"); ``trim`` after a snapshot still gives all of it back.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ import platform
 
 log = logging.getLogger(__name__)
 
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 MMAP_THRESHOLD = 1 << 20
+TRIM_THRESHOLD = 4 << 20
 ARENA_MAX = 2
 
 
@@ -63,7 +70,10 @@ def tune() -> bool:
         mallopt = libc.mallopt
         mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         mallopt.restype = ctypes.c_int
-        ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_ARENA_MAX, ARENA_MAX))
+        ok = all(
+            mallopt(option, value)
+            for option, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_ARENA_MAX, ARENA_MAX))
+        )
     except (OSError, AttributeError) as exc:
         log.debug("mallopt unavailable: %s", exc)
         return False
