@@ -70,10 +70,12 @@ def tune() -> bool:
         mallopt = libc.mallopt
         mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         mallopt.restype = ctypes.c_int
-        ok = all(
+        # each applied whether or not another was refused
+        took = [
             mallopt(option, value)
             for option, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_ARENA_MAX, ARENA_MAX))
-        )
+        ]
+        ok = all(took)
     except (OSError, AttributeError) as exc:
         log.debug("mallopt unavailable: %s", exc)
         return False
