@@ -6,10 +6,18 @@ import sys
 
 from collector import malloc
 
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def _fresh(script: str) -> list[str]:
+    """What ``script`` prints, run in a fresh interpreter: the suite's own heap (what earlier
+    tests freed) would serve the allocations measured."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+
 
 def test_glibc_takes_the_allocator_settings_and_elsewhere_nothing_is_done() -> None:
     took = malloc.tune()
-    assert took is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+    assert took is GLIBC
     # a large buffer freed and made again is served (the sidecar's snapshots do this every fault)
     for _ in range(3):
         buf = bytearray(8 << 20)
@@ -17,7 +25,6 @@ def test_glibc_takes_the_allocator_settings_and_elsewhere_nothing_is_done() -> N
         del buf
 
 
-# In a fresh interpreter: the suite's own heap (what earlier tests freed) would serve the copies.
 _SCENARIO = """
 from collector import malloc
 def resident():
@@ -36,18 +43,18 @@ print(trimmed, freed - resident(), len(live))
 
 
 def test_a_trim_gives_back_the_pages_freed_between_live_allocations() -> None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not GLIBC:
         assert malloc.trim() is False
         return
-    out = subprocess.run([sys.executable, "-c", _SCENARIO], capture_output=True, text=True, check=True).stdout.split()
+    out = _fresh(_SCENARIO)
     trimmed, returned, live = out[0] == "True", int(out[1]), int(out[2])
     assert trimmed
     assert returned > 20 << 20  # of the 40 MB freed, most go back
     assert live == 2000
 
 
-# In a fresh interpreter: a ring read's copy (750 kB) made and freed again and again, as the
-# recorder's source does per ring and poll.
+# a ring read's copy (750 kB) made and freed again and again, as the recorder's source does per
+# ring and poll
 _READS = """
 import resource
 from collector import malloc
@@ -65,8 +72,8 @@ print(faults() - before)
 
 
 def test_a_buffer_freed_and_made_again_reuses_its_pages() -> None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not GLIBC:
         return
-    faults = int(subprocess.run([sys.executable, "-c", _READS], capture_output=True, text=True, check=True).stdout)
-    # given back after each, every copy faults its 184 pages in anew: 18,400
+    faults = int(_fresh(_READS)[0])
+    # given back after each, each copy faults its pages in anew: 15,100 for the 100
     assert faults < 1_000
