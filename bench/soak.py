@@ -67,6 +67,24 @@ def metric_total(base: str, word: str) -> float | None:
     return total
 
 
+def memory(base: str) -> dict[str, float | None]:
+    """Where the sidecar's memory is (MiB): its C heap by state and SQLite's share, from its
+    /metrics (null where it does not say); the rest of its resident size is Python's object
+    arenas, code and stacks."""
+    out: dict[str, float | None] = {"malloc_in_use_mib": None, "malloc_free_mib": None, "malloc_mapped_mib": None, "sqlite_mib": None}
+    try:
+        text = httpx.get(base + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return out
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "flightrec_malloc_bytes":
+                out[f"malloc_{s.labels.get('state')}_mib"] = round(s.value / 2**20, 1)
+            elif s.name == "flightrec_sqlite_memory_bytes":
+                out["sqlite_mib"] = round(s.value / 2**20, 1)
+    return out
+
+
 def store_bytes(db: node.Database, work: Path) -> int | None:
     if db.kind == "sqlite":
         return sum(p.stat().st_size for p in work.glob("*.db*") if p.is_file())
@@ -194,6 +212,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "lost_bytes": scraped.get("lost_bytes"),
                 "store_mib": None if (b := store_bytes(db, work)) is None else round(b / 2**20, 1),
                 "restarts": restarts(base),
+                **memory(base),
                 "load": node.loadavg(),
             }
             fig["per_interval"].append(row)

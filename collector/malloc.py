@@ -61,6 +61,34 @@ def trim() -> bool:
         return False
 
 
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33 and later): every field a ``size_t``."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def usage() -> dict[str, int] | None:
+    """The C heap's bytes by state, from glibc's ``mallinfo2`` (all arenas): ``in_use`` (live
+    allocations in the heaps), ``free`` (held by the heaps, not given back; after a ``trim``
+    its whole pages are no longer resident), ``mapped`` (blocks of their own mapping). None
+    where glibc or ``mallinfo2`` is missing (unknown, not zero). Never raises."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    try:
+        fn = libc.mallinfo2
+        fn.argtypes = []
+        fn.restype = _Mallinfo2
+        info = fn()
+    except (OSError, AttributeError) as exc:
+        log.debug("mallinfo2 unavailable: %s", exc)
+        return None
+    return {"in_use": int(info.uordblks), "free": int(info.fordblks), "mapped": int(info.hblkhd)}
+
+
 def tune() -> bool:
     """Apply the settings; True when glibc took them. Never raises."""
     libc = _glibc()

@@ -77,3 +77,26 @@ def test_a_buffer_freed_and_made_again_reuses_its_pages() -> None:
     faults = int(_fresh(_READS)[0])
     # given back after each, each copy faults its pages in anew: 15,100 for the 100
     assert faults < 1_000
+
+
+def test_the_heaps_usage_counts_what_is_made_and_freed() -> None:
+    if not GLIBC:
+        assert malloc.usage() is None
+        return
+    out = _fresh(
+        "from collector import malloc\n"
+        "malloc.tune()\n"
+        "a = malloc.usage()\n"
+        "held = [bytearray(600) for _ in range(20000)]\n"  # 12 MB of small blocks: in the heap
+        "b = malloc.usage()\n"
+        "big = bytearray(8 << 20)\n"  # above the 1 MiB threshold: a mapping of its own
+        "c = malloc.usage()\n"
+        "del held\n"
+        "d = malloc.usage()\n"
+        "print(b['in_use'] - a['in_use'], c['mapped'] - b['mapped'], b['in_use'] - d['in_use'], d['free'] - b['free'], len(big))"
+    )
+    grown, mapped, shrunk, freed, _ = (int(x) for x in out)
+    assert grown > 12_000_000
+    assert mapped >= 8 << 20
+    assert shrunk > 12_000_000
+    assert freed > 0 or shrunk > 12_000_000  # freed blocks are held, or given back from the top

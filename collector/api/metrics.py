@@ -23,13 +23,14 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from collector import __version__
+from collector import __version__, malloc
 from collector.alerting.labels import ENGINE, HOSTNAME, METRIC_GPU_LABELS, gpu_labels
 from collector.context import AppContext
 from collector.ingest.view import IngestView
 from collector.model import Severity
 from collector.snapshot.freeze import TRIGGER_KIND_VALUES
 from collector.snapshot.latency import BUCKETS, CommitLatency
+from collector.storage.connect import sqlite_memory
 from collector.xid.catalog import default_catalog
 from collector.xid.catalog import lookup as xid_lookup
 
@@ -323,10 +324,29 @@ class SidecarCollector(Collector):
         dropped = CounterMetricFamily("flightrec_write_dropped_rows", "rows dropped while the database was down", labels=[HOSTNAME])
         dropped.add_metric([host], self.ctx.writer.dropped)
         yield dropped
+        yield from _memory(host)
         alerts = CounterMetricFamily("flightrec_alerts", "alerts sent to Alertmanager, by outcome", labels=[HOSTNAME, "outcome"])
         for outcome, value in sorted(self.ctx.alert_stats().items()):
             alerts.add_metric([host, outcome], value)
         yield alerts
+
+
+def _memory(host: str) -> Iterable[Metric]:
+    """Where the sidecar's memory is, beside the process collector's resident size: the C heap
+    by state and SQLite's share of it. A figure glibc or SQLite cannot give is absent."""
+    heap = malloc.usage()
+    if heap is not None:
+        fam = GaugeMetricFamily(
+            "flightrec_malloc_bytes", "the sidecar's C heap (glibc's mallinfo2): in_use, free (held), mapped", labels=[HOSTNAME, "state"]
+        )
+        for state, value in heap.items():
+            fam.add_metric([host, state], float(value))
+        yield fam
+    held = sqlite_memory()
+    if held is not None:
+        fam = GaugeMetricFamily("flightrec_sqlite_memory_bytes", "memory SQLite holds in the sidecar: page caches, statements", labels=[HOSTNAME])
+        fam.add_metric([host], float(held))
+        yield fam
 
 
 def _mean(rates: dict[str, float], histogram: str) -> float | None:

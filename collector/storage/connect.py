@@ -7,8 +7,11 @@ Errors from the driver enter our code here and in ``repo``/``writer`` as ``Stora
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import re
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -67,9 +70,43 @@ TIMEOUTS_PER_TRANSACTION = (
 _WATCHDOGS: weakref.WeakKeyDictionary[Engine, HangWatchdog] = weakref.WeakKeyDictionary()
 
 
+# SQLite's memory in the sidecar, all connections together: above it, SQLite reuses cache pages
+# instead of allocating more (each connection's cache alone may reach 2 MB by default).
+SQLITE_HEAP_LIMIT = 8 << 20
+
+
 def hang_watchdog(engine: Engine) -> HangWatchdog | None:
     """The watchdog of a Postgres engine made by ``make_engine`` (None for SQLite)."""
     return _WATCHDOGS.get(engine)
+
+
+@functools.cache
+def _sqlite_library() -> ctypes.CDLL | None:
+    """The SQLite library Python's ``sqlite3`` module runs on, for its process-wide counters;
+    None where it cannot be loaded."""
+    try:
+        import _sqlite3
+
+        lib = ctypes.CDLL(_sqlite3.__file__)
+        lib.sqlite3_memory_used.restype = ctypes.c_int64
+        lib.sqlite3_memory_used.argtypes = []
+    except (ImportError, OSError, AttributeError):
+        return None
+    return lib
+
+
+def sqlite_memory() -> int | None:
+    """Bytes SQLite holds in this process (every connection's page cache, statements, schema):
+    its own count, ``sqlite3_memory_used``. None where unknown. Never raises."""
+    if "_sqlite3" not in sys.modules:  # never loaded: SQLite holds nothing here
+        return 0
+    lib = _sqlite_library()
+    if lib is None:
+        return None
+    try:
+        return int(lib.sqlite3_memory_used())
+    except (OSError, ValueError):
+        return None
 
 
 def is_sqlite(url: str) -> bool:
@@ -104,6 +141,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoint; WAL keeps commits
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=5000")
+            # process-wide: every connection's page cache together (a pool may hold several)
+            cur.execute(f"PRAGMA soft_heap_limit={SQLITE_HEAP_LIMIT}")
             cur.close()
 
         return engine
