@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# A property test checks what a decoder, parser or store does, never how fast: no deadline
+# (hypothesis's 200 ms default failed a codec test on a loaded machine, the first example paying
+# the imports). Timings are the benches' (bench/).
+settings.register_profile("flightrec", deadline=None)
+settings.load_profile("flightrec")
 
 PG_URL = os.environ.get("FLIGHTREC_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
