@@ -14,6 +14,8 @@ Cases, each printed as the median and p90 of its runs:
 COMMIT:collector/channel/ringfile.py > /tmp/old.py``): its reader runs on the same ring in the
 same process, alternating with the current one, so machine load weighs on both alike.
 
+``--crc`` prints only the reader's CRC-32 (ISA-L's where installed) against zlib's, per record.
+
 Figures go into BENCHMARKS.md by hand; nothing here asserts a time.
 """
 
@@ -25,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
+import zlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,11 +61,28 @@ def _load(path: str) -> ModuleType:
     return module
 
 
+def _crc() -> None:
+    """The reader's CRC-32 (``ringfile.reader_crc32``) against zlib's on a record of each kind."""
+    check = ringfile.reader_crc32()
+    print(f"reader's CRC-32: {check.__module__}.{check.__name__}")
+    step, reqs = _records(7)
+    reqs = reqs * 2  # about the 15 kB of 256 running requests with vLLM's ids
+    for name, payload in (("S record", step), (f"R record ({len(reqs) // 1000} kB)", reqs)):
+        for label, fn in (("zlib", zlib.crc32), ("reader", check)):
+            n = 20_000
+            best = min(timeit.repeat(lambda fn=fn, payload=payload: fn(payload), number=n, repeat=7)) / n * 1e6  # type: ignore[misc]
+            print(f"{label:<7} {name:<20} {best:8.2f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--baseline", help="another ringfile.py whose reader to measure alongside")
+    ap.add_argument("--crc", action="store_true", help="only the reader's CRC-32 against zlib's, per record size")
     args = ap.parse_args()
+    if args.crc:
+        _crc()
+        return
     impls: dict[str, Any] = {"current": ringfile}
     if args.baseline:
         impls["baseline"] = _load(args.baseline)

@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.channel.ringfile import HEADER_SIZE, REC, RingCorrupt, RingReader, RingWriter
+from collector.channel.ringfile import HEADER_SIZE, REC, RingCorrupt, RingReader, RingWriter, reader_crc32
 
 SEQ = struct.Struct("<Q")
 
@@ -358,3 +360,26 @@ def test_records_read_again_in_stretches_are_those_read_one_by_one(tmp_path_fact
     records = r.records()
     assert records.payloads(wanted) == [records.payload(at, n) for at, n in wanted]
     assert records.payloads(wanted[::-1]) == [records.payload(at, n) for at, n in wanted[::-1]]
+
+
+@given(st.binary(max_size=40_000), st.integers(0, 64))
+def test_the_readers_crc_is_zlibs_number_on_bytes_and_on_views(data: bytes, cut: int) -> None:
+    import zlib
+
+    check = reader_crc32()
+    assert check(data) == zlib.crc32(data)
+    assert check(memoryview(data)[cut:]) == zlib.crc32(data[cut:])
+
+
+def test_the_writer_side_keeps_to_the_standard_library(tmp_path: Path) -> None:
+    # inside vLLM only the writer runs: writing a ring imports no checksum library of the reader's
+    script = (
+        "import sys\n"
+        "from collector.channel.ringfile import RingWriter\n"
+        f"w = RingWriter({str(tmp_path / 'w.ring')!r}, capacity=1 << 16)\n"
+        "w.append(b'S' * 90)\n"
+        "w.close()\n"
+        "print('isal' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False"]
