@@ -327,8 +327,9 @@ class SimEngine:
         m.iteration_tokens.observe(prompt + gen)
         if self.role == "decode":
             m.success.inc(len(finished))
-            for _ in finished:
+            for r in finished:
                 m.e2e.observe(self.sc.osl * 0.025 + 4.0)
+                m.server.finished(1, prompt_len=r.prompt_len, output_len=r.output, max_tokens=r.max_tokens, step_s=0.025)
         elif finished:
             for _ in finished:
                 m.ttft.observe(4.0)

@@ -40,6 +40,10 @@ class EngineMetrics:
             m.prompt_tokens.inc(c.prompt_tokens - seen.prompt_tokens)
             m.generation_tokens.inc(c.generation_tokens - seen.generation_tokens)
             m.success.inc(c.finished - seen.finished)
+            cfg = e.cfg
+            m.server.finished(
+                c.finished - seen.finished, prompt_len=cfg.isl, output_len=cfg.osl, max_tokens=cfg.osl, step_s=1.0 / cfg.steps_per_second
+            )
             for _ in range(min(c.steps - seen.steps, 10_000)):
                 m.iteration_tokens.observe(e.running_now or 1)
             seen.prompt_tokens, seen.generation_tokens = c.prompt_tokens, c.generation_tokens

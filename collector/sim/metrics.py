@@ -4,17 +4,20 @@
 The core families are checked against pages captured from a real vLLM
 (``tests/fixtures/vllm-metrics``); the HiSparse and NIXL families against the page vLLM's own
 connector metric classes make (``tests/sim/fixtures/connector-families.txt``), with their
-buckets.
+buckets. ``ServerFamilies`` adds the rest of a real server's page (process, Python, the API's
+``http_*``, the per-request histograms), so that a scrape weighs what a real one does.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from collector.sim.server_families import PHASE_BUCKETS, TPOT_BUCKETS, ServerFamilies
+
 NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 NIXL_DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
 class VllmMetrics:
@@ -27,7 +30,13 @@ class VllmMetrics:
         r = self.registry
         self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=r).labels(*lv)
         self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r).labels(*lv)
-        wbr = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.", labels + ["reason"], registry=r)
+        wbr = Gauge(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by "
+            "transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            labels + ["reason"],
+            registry=r,
+        )
         self.waiting_capacity = wbr.labels(*lv, "capacity")
         self.waiting_deferred = wbr.labels(*lv, "deferred")
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r).labels(*lv)
@@ -42,16 +51,16 @@ class VllmMetrics:
         ).labels(*lv)
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r).labels(*lv)
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=PHASE_BUCKETS, registry=r
         ).labels(*lv)
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r
         ).labels(*lv)
         self.itl = Histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             labels,
-            buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
+            buckets=TPOT_BUCKETS,
             registry=r,
         ).labels(*lv)
         self.iteration_tokens = Histogram(
@@ -61,6 +70,8 @@ class VllmMetrics:
             buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
             registry=r,
         ).labels(*lv)
+        # every other family of the server's page, as vLLM serves it
+        self.server = ServerFamilies(r, model_name=model_name, engine_index=engine_index)
         self.kv_fetch_in_progress: Gauge | None = None
         if not connectors:
             return
