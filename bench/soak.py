@@ -68,10 +68,16 @@ def metric_total(base: str, word: str) -> float | None:
 
 
 def memory(base: str) -> dict[str, float | None]:
-    """Where the sidecar's memory is (MiB): its C heap by state and SQLite's share, from its
-    /metrics (null where it does not say); the rest of its resident size is Python's object
-    arenas, code and stacks."""
-    out: dict[str, float | None] = {"malloc_in_use_mib": None, "malloc_free_mib": None, "malloc_mapped_mib": None, "sqlite_mib": None}
+    """Where the sidecar's memory is (MiB): its C heap by state and SQLite's share, and the
+    blocks Python's allocator holds for live objects (a count), from its /metrics (null where
+    it does not say); the rest of its resident size is Python's object arenas, code and stacks."""
+    out: dict[str, float | None] = {
+        "malloc_in_use_mib": None,
+        "malloc_free_mib": None,
+        "malloc_mapped_mib": None,
+        "sqlite_mib": None,
+        "python_blocks": None,
+    }
     try:
         text = httpx.get(base + "/metrics", timeout=30).text
     except httpx.HTTPError:
@@ -82,6 +88,8 @@ def memory(base: str) -> dict[str, float | None]:
                 out[f"malloc_{s.labels.get('state')}_mib"] = round(s.value / 2**20, 1)
             elif s.name == "flightrec_sqlite_memory_bytes":
                 out["sqlite_mib"] = round(s.value / 2**20, 1)
+            elif s.name == "flightrec_python_allocated_blocks":
+                out["python_blocks"] = s.value
     return out
 
 

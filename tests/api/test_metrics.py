@@ -222,3 +222,18 @@ def test_a_source_of_one_engine_carries_its_engine(tmp_path) -> None:
     up = {s["source"]: (s.get("engine", ""), v) for s, v in got["flightrec_source_up"]}
     assert up["vllm_metrics:decode-0"] == ("decode-0", 0.0)
     assert up["kmsg"] == ("", 1.0)
+
+
+def test_the_sidecars_memory_by_where_it_is(tmp_path) -> None:
+    import platform
+
+    got = samples(exposition(tmp_path))
+    [(labels, blocks)] = got["flightrec_python_allocated_blocks"]
+    assert labels == {"Hostname": "node-a"} and blocks > 10_000  # the interpreter's own objects at least
+    [(_, sqlite)] = got["flightrec_sqlite_memory_bytes"]
+    assert sqlite >= 0  # (SQLite's own count: tests/storage/test_connect.py)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        heap = {labels["state"]: v for labels, v in got["flightrec_malloc_bytes"]}
+        assert set(heap) == {"in_use", "free", "mapped"} and heap["in_use"] > 1 << 20
+    else:
+        assert "flightrec_malloc_bytes" not in got  # unknown, not 0
