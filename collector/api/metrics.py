@@ -70,6 +70,7 @@ def sidecar_registry(ctx: AppContext, *, commit_latency: CommitLatency | None = 
     """Our collector plus prometheus_client's process, platform (python_info) and GC ones."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(ctx, commit_latency=commit_latency))
+    registry.register(MemoryCollector(str(ctx.view.host)))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -325,11 +326,21 @@ class SidecarCollector(Collector):
         dropped = CounterMetricFamily("flightrec_write_dropped_rows", "rows dropped while the database was down", labels=[HOSTNAME])
         dropped.add_metric([host], self.ctx.writer.dropped)
         yield dropped
-        yield from _memory(host)
         alerts = CounterMetricFamily("flightrec_alerts", "alerts sent to Alertmanager, by outcome", labels=[HOSTNAME, "outcome"])
         for outcome, value in sorted(self.ctx.alert_stats().items()):
             alerts.add_metric([host, outcome], value)
         yield alerts
+
+
+class MemoryCollector(Collector):
+    """The sidecar process's memory by where it is (``_memory``): beside prometheus_client's
+    process collector, and like it not part of the sidecar's own state."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def collect(self) -> Iterable[Metric]:
+        return _memory(self.host)
 
 
 def _memory(host: str) -> Iterable[Metric]:

@@ -36,17 +36,24 @@ def test_a_process_that_never_loaded_sqlite_holds_nothing_in_it() -> None:
     assert out == ["0", "False"]
 
 
+_MANY = """
+import sys
+from sqlalchemy import text
+from collector.storage.connect import SQLITE_HEAP_LIMIT, make_engine, sqlite_memory
+engine = make_engine(f"sqlite:///{sys.argv[1]}", pool_size=12, max_overflow=0)
+with engine.begin() as conn:
+    conn.execute(text("CREATE TABLE t (x BLOB)"))
+    conn.execute(text("INSERT INTO t VALUES (:x)"), [{"x": bytes([i % 251]) * 4000} for i in range(1500)])
+held = [engine.connect() for _ in range(12)]
+for conn in held:
+    assert conn.execute(text("SELECT count(*) FROM t WHERE length(x) = 4000")).scalar() == 1500
+print(sqlite_memory(), SQLITE_HEAP_LIMIT)
+"""
+
+
 def test_the_limit_bounds_sqlites_memory_over_many_connections(tmp_path) -> None:
-    engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}", pool_size=12, max_overflow=0)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE t (x BLOB)"))
-        conn.execute(text("INSERT INTO t VALUES (:x)"), [{"x": bytes([i % 251]) * 4000} for i in range(1500)])
+    # SQLite's count is the process's: a fresh interpreter holds only these connections
     # twelve connections each reading 6 MB: 2 MB of cache each without a limit, 24 MB in all
-    held = [engine.connect() for _ in range(12)]
-    for conn in held:
-        assert conn.execute(text("SELECT count(*) FROM t WHERE length(x) = 4000")).scalar() == 1500
-    used = sqlite_memory()
-    assert used is not None and used < SQLITE_HEAP_LIMIT + (2 << 20)
-    for conn in held:
-        conn.close()
-    engine.dispose()
+    out = subprocess.run([sys.executable, "-c", _MANY, str(tmp_path / "m.db")], capture_output=True, text=True, check=True).stdout.split()
+    used, limit = int(out[0]), int(out[1])
+    assert used < limit + (2 << 20)
