@@ -97,6 +97,10 @@ class CommitQueue:
                     log.exception("snapshot of %s failed", ", ".join(o.engine for o in job.opens))
                 finally:
                     self._queue.task_done()
+                # the batch's captures (the engines' request blocks) and encoded parts are
+                # megabytes: not held while the queue waits for the next fault (a job the
+                # database did not take waits in ``waiting``, which holds its own)
+                del job
         finally:
             retry.cancel()
             await asyncio.gather(retry, return_exceptions=True)

@@ -576,3 +576,32 @@ def test_a_second_gpus_fault_is_its_own_snapshot_and_the_same_gpu_again_is_late_
     assert rows[0]["incident_id"] == rows[1]["incident_id"]
     again = next(e for e in repo.list_events() if e["message"] == "Xid 43 on GPU 0 again")
     assert again["snapshot_id"] in {rows[0]["id"], rows[1]["id"]}  # late evidence, no third snapshot
+
+
+def test_an_idle_committer_holds_no_capture_of_a_committed_snapshot(migrated_url: str, tmp_path: Path) -> None:
+    # a capture holds the engine's request blocks and its job the encoded parts (megabytes at
+    # node scale): the queue waiting for the next fault must not keep the last one's
+    import gc
+
+    from collector.snapshot.freeze import Capture
+
+    hub, _, c, committed = setup(migrated_url, tmp_path, settle=0.1)
+    for i in range(1, 4):
+        hub.emit(step(i))
+
+    async def body() -> None:
+        ev = Event(kind=EventKind.MANUAL, ts=time.time(), source="api", message="held?", engine="decode-0")
+        hub.emit(ev)
+        [o] = c.opens_for(ev)
+        assert o.committed is not None
+        await asyncio.wait_for(o.committed, 5.0)
+        for _ in range(100):  # and its amendment, 0.1 s later
+            await asyncio.sleep(0.05)
+            if o.amended and not c.queue.backlog:
+                break
+        await asyncio.sleep(0.2)
+        gc.collect()
+        assert o.amended and committed
+        assert [x for x in gc.get_objects() if type(x) is Capture] == []
+
+    asyncio.run(_run(c, body))
