@@ -77,7 +77,7 @@ SECTIONS: tuple[Section, ...] = (
         "bench/bench_node.py",
         ("--engines", "8", "--running", "256", "--steps-per-second", "100", "--duration", "120", "--faults", "4"),
         "A real `flightrec serve` watching 8 simulated engines (256 running requests each, 100 steps/s, "
-        "their rings and their /metrics scraped), SQLite. CPU is the sidecar's own utime + stime as a "
+        "their rings and their /metrics, a whole vLLM 0.32 page each, scraped), SQLite. CPU is the sidecar's own utime + stime as a "
         "share of one core in the steady half of the window; RSS is its peak (VmHWM). Every step comes "
         "as two records (stats and requests): received must equal written. Faults are Xid lines naming "
         "one engine each, timed from the write to the snapshot row.",
