@@ -333,39 +333,34 @@ class SidecarCollector(Collector):
 
 
 class MemoryCollector(Collector):
-    """The sidecar process's memory by where it is (``_memory``): beside prometheus_client's
-    process collector, and like it not part of the sidecar's own state."""
+    """Where the sidecar process's memory is, beside prometheus_client's process collector (and
+    like it not part of the sidecar's own state): the C heap by state, SQLite's share of it, and
+    how many blocks Python's own allocator holds for live objects (flat while the resident size
+    climbs: the growth is not live objects). A figure glibc or SQLite cannot give is absent."""
 
     def __init__(self, host: str) -> None:
         self.host = host
 
     def collect(self) -> Iterable[Metric]:
-        return _memory(self.host)
-
-
-def _memory(host: str) -> Iterable[Metric]:
-    """Where the sidecar's memory is, beside the process collector's resident size: the C heap
-    by state, SQLite's share of it, and how many blocks Python's own allocator holds for live
-    objects (flat while the resident size climbs: the growth is not live objects). A figure
-    glibc or SQLite cannot give is absent."""
-    heap = malloc.usage()
-    if heap is not None:
-        fam = GaugeMetricFamily(
-            "flightrec_malloc_bytes", "the sidecar's C heap (glibc's mallinfo2): in_use, free (held), mapped", labels=[HOSTNAME, "state"]
+        host = self.host
+        heap = malloc.usage()
+        if heap is not None:
+            fam = GaugeMetricFamily(
+                "flightrec_malloc_bytes", "the sidecar's C heap (glibc's mallinfo2): in_use, free (held), mapped", labels=[HOSTNAME, "state"]
+            )
+            for state, value in heap.items():
+                fam.add_metric([host, state], float(value))
+            yield fam
+        blocks = GaugeMetricFamily(
+            "flightrec_python_allocated_blocks", "memory blocks Python's allocator holds for live objects (sys.getallocatedblocks)", labels=[HOSTNAME]
         )
-        for state, value in heap.items():
-            fam.add_metric([host, state], float(value))
-        yield fam
-    blocks = GaugeMetricFamily(
-        "flightrec_python_allocated_blocks", "memory blocks Python's allocator holds for live objects (sys.getallocatedblocks)", labels=[HOSTNAME]
-    )
-    blocks.add_metric([host], float(sys.getallocatedblocks()))
-    yield blocks
-    held = sqlite_memory()
-    if held is not None:
-        fam = GaugeMetricFamily("flightrec_sqlite_memory_bytes", "memory SQLite holds in the sidecar: page caches, statements", labels=[HOSTNAME])
-        fam.add_metric([host], float(held))
-        yield fam
+        blocks.add_metric([host], float(sys.getallocatedblocks()))
+        yield blocks
+        held = sqlite_memory()
+        if held is not None:
+            fam = GaugeMetricFamily("flightrec_sqlite_memory_bytes", "memory SQLite holds in the sidecar: page caches, statements", labels=[HOSTNAME])
+            fam.add_metric([host], float(held))
+            yield fam
 
 
 def _mean(rates: dict[str, float], histogram: str) -> float | None:

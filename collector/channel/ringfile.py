@@ -88,7 +88,7 @@ class RingCorrupt(FlightrecError):
 def reader_crc32() -> Callable[[bytes | memoryview], int]:
     """The reader's CRC-32: ISA-L's (``isal``, a sidecar dependency), else zlib's. The same
     number (zlib's polynomial and conventions); ISA-L's uses the CPU's carry-less multiply: a
-    15 kB ``R`` record in 1.3 us instead of 4.5-6.7 (``bench/bench_ring_read.py --crc``), and
+    16 kB ``R`` record in 2.0 us instead of 6.9 (``bench/bench_ring_read.py --crc``), and
     the sidecar checks 800 of them a second at 8 engines x 256 running x 100 steps/s. Looked
     up when the first reader opens, never at import: the writer, inside vLLM, keeps to the
     standard library (zlib)."""

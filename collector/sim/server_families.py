@@ -160,18 +160,13 @@ class ServerFamilies:
         self.http_requests = Counter(
             "http_requests", "Total number of requests by method, status and handler.", ["handler", "method", "status"], registry=r
         ).labels(COMPLETIONS, "POST", "2xx")
-        self.http_request_size = Summary(
-            "http_request_size_bytes",
-            "Content length of incoming requests by handler. Only value of header is respected. Otherwise ignored. No percentile calculated. ",
-            ["handler"],
-            registry=r,
-        ).labels(COMPLETIONS)
-        self.http_response_size = Summary(
-            "http_response_size_bytes",
-            "Content length of outgoing responses by handler. Only value of header is respected. Otherwise ignored. No percentile calculated. ",
-            ["handler"],
-            registry=r,
-        ).labels(COMPLETIONS)
+
+        def size(name: str, what: str) -> Summary:
+            doc = f"Content length of {what} by handler. Only value of header is respected. Otherwise ignored. No percentile calculated. "
+            return Summary(name, doc, ["handler"], registry=r).labels(COMPLETIONS)
+
+        self.http_request_size = size("http_request_size_bytes", "incoming requests")
+        self.http_response_size = size("http_response_size_bytes", "outgoing responses")
         self.http_highr = Histogram(
             "http_request_duration_highr_seconds",
             "Latency with many buckets but no API specific labels. Made for more accurate percentile calculations. ",
