@@ -52,9 +52,22 @@ def test_the_image_installs_the_recorder_only_and_checks_its_imports() -> None:
             assert (ROOT / src).exists(), src
 
 
-def recorder_imports() -> set[str]:
+def optional_imports(tree: ast.AST) -> set[int]:
+    """The import statements in the body of a ``try`` that catches ImportError: the module runs
+    without them (its fallback), so they are not a requirement."""
+    caught = {"ImportError", "ModuleNotFoundError"}
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in caught for h in node.handlers):
+            for stmt in node.body:
+                found |= {id(n) for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return found
+
+
+def recorder_imports(optional: set[str] | None = None) -> set[str]:
     """Top-level third-party modules the recorder's modules import, transitively through
-    collector (lazy imports inside functions included)."""
+    collector (lazy imports inside functions included). Third-party imports guarded by
+    ``except ImportError`` go into ``optional`` instead."""
     seen: set[str] = set()
     third: set[str] = set()
     todo = list(RECORDER_ROOTS)
@@ -67,7 +80,9 @@ def recorder_imports() -> set[str]:
         path = base / "__init__.py" if (base / "__init__.py").exists() else base.with_suffix(".py")
         if not path.exists():
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        guarded = optional_imports(tree)
+        for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
@@ -78,7 +93,11 @@ def recorder_imports() -> set[str]:
                 if parts[0] == "collector":
                     todo += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
                 elif parts[0] not in sys.stdlib_module_names:
-                    third.add(parts[0])
+                    if id(node) in guarded:
+                        if optional is not None:
+                            optional.add(parts[0])
+                    else:
+                        third.add(parts[0])
     return third
 
 
@@ -129,3 +148,12 @@ def test_what_the_recorder_imports_is_in_vllms_environment_or_installed_beside_i
     needed = recorder_imports()
     assert "vllm" in needed  # the adapters import vLLM itself: the walk reaches them
     assert needed <= provided, f"the recorder imports {sorted(needed - provided)}, which vLLM does not bring: add to recorder-requirements.txt"
+
+
+def test_the_recorders_only_optional_import_is_the_readers_crc() -> None:
+    """An import under ``except ImportError`` is left out of what vLLM's environment must bring:
+    the one the recorder's modules reach is the ring reader's ISA-L CRC, which falls back to
+    zlib's (and the writer never calls it: tests/channel/test_ringfile.py)."""
+    optional: set[str] = set()
+    needed = recorder_imports(optional)
+    assert optional - needed == {"isal"}
