@@ -51,6 +51,7 @@ from collector.sources.supervisor import SupervisedSource
 from collector.storage.connect import StorageError
 from collector.storage.migrate_child import reachable, upgrade_in_child
 from collector.storage.writer import BatchWriter
+from collector.ticks import BASE_TICK_S, sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,22 @@ TRIM_AFTER_S = 2.0  # after a snapshot's commit: the heap's free pages go back (
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the service owns SIGINT/SIGTERM."""
+    """uvicorn without its own signal handling (the service owns SIGINT/SIGTERM), whose tick
+    (the Date header, the exit check) runs on the loop's shared ticks (``collector.ticks``)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        # uvicorn's own loop, with its 0.1 s sleep on the shared ticks: a wake of its own
+        # ten times a second cost as much as the recorder's polls
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            await sleep_to_tick(BASE_TICK_S)
+            should_exit = await self.on_tick(counter)
 
 
 Context = AppContext  # the name tests and tools used
@@ -341,7 +353,7 @@ class Service:
                 p.writer.last_error or "database not answering",
             )
 
-    async def _heartbeat(self, ctx: AppContext, every: float = 0.25) -> None:
+    async def _heartbeat(self, ctx: AppContext, every: float = 0.2) -> None:
         """Measures the loop's own lateness: a sidecar that falls behind says so (/healthz); and
         says once, in the log, when a configured engine serves /metrics but has no recorder, and
         when there are no engines or one stops or starts answering (ingest/reach.py)."""
@@ -349,17 +361,16 @@ class Service:
         reach, started = ReachLog(), time.monotonic()
         n = 0
         while True:
-            if n % 20 == 0:  # at start, then every 5 s: engines none, unreachable, back
+            if n % 25 == 0:  # at start, then every 5 s: engines none, unreachable, back
                 view = ctx.view
                 engines = [info for name in view.engine_names() if (info := view.engine(name)) is not None]
                 up = {e.name: e.up for e in engines}
                 for line in reach.check(up, {e.name: e.url for e in engines}, time.monotonic() - started):
                     log.warning("%s", line)
-            t0 = time.monotonic()
-            await asyncio.sleep(every)
-            ctx.lateness.loop_lag_s = max(time.monotonic() - t0 - every, 0.0)
+            due = await sleep_to_tick(every)
+            ctx.lateness.loop_lag_s = max(asyncio.get_running_loop().time() - due, 0.0)
             n += 1
-            if n % 20 == 0:
+            if n % 25 == 0:
                 for name, fix in ctx.recorder_missing().items():
                     if name not in told:
                         told.add(name)

@@ -5,7 +5,6 @@ critical) and is handed to the consumers given at construction (the alert router
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -14,6 +13,7 @@ from collector.detectors.config import DetectorThresholds
 from collector.detectors.runner import DetectorRunner
 from collector.ingest.view import IngestView
 from collector.model import Event, EventKind, Severity
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class DetectorTask:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await sleep_to_tick(self.interval)
             try:
                 self.tick()
             except Exception:

@@ -17,7 +17,6 @@ late reads would look like the engine's stop; those ticks are skipped, as the de
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from collector.detectors.config import WedgeThresholds
 from collector.detectors.wedge import ACTION, NAME, judge_wedge
 from collector.ingest.view import IngestView
 from collector.model import Event, EventKind, Severity
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class WedgeWatch:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.thr.interval_s)
+            await sleep_to_tick(self.thr.interval_s)
             try:
                 self.tick()
             except Exception:

@@ -12,10 +12,11 @@ engine (it is registered again, as any other).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -68,5 +69,5 @@ class Departures:
 
     async def run(self, every: float = SWEEP_EVERY_S) -> None:
         while True:
-            await asyncio.sleep(every)
+            await sleep_to_tick(every)
             self.sweep()

@@ -31,6 +31,7 @@ from collector.snapshot.lifecycle import OpenSnapshot, Stored
 from collector.storage.connect import StorageError
 from collector.storage.repo import Repository, SnapshotAmend, SnapshotCommit, pack_parts
 from collector.storage.writer import event_row
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class CommitQueue:
 
     async def _retry_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.retry_every)
+            await sleep_to_tick(self.retry_every)
             try:
                 while self.waiting and not self.closing:
                     job = self.waiting[0]

@@ -54,6 +54,7 @@ from collector.sources.base import Sink
 from collector.sources.cri_follow import CriFolderTail
 from collector.sources.engine_log_settings import DEFAULT_IDLE_FLUSH, DEFAULT_POLL_INTERVAL
 from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter
+from collector.ticks import next_tick, sleep_to_tick
 
 _UVICORN_QUIET = re.compile(r"^(?:INFO|DEBUG):\s")
 _ALWAYS_KEEP = re.compile(r"\[shutdown\]|Traceback \(most recent call last\)")
@@ -165,7 +166,7 @@ class EngineLogSource:
                 else:
                     partial_since = None
                 self.flush(sink, idle=self.idle_flush)
-                await asyncio.sleep(self.poll_interval)
+                await sleep_to_tick(self.poll_interval)
         finally:
             tail.close()
 
@@ -205,7 +206,7 @@ class EngineLogSource:
         try:
             while True:
                 try:
-                    data = await asyncio.wait_for(queue.get(), timeout=self.poll_interval)
+                    data = await asyncio.wait_for(queue.get(), timeout=next_tick(loop.time(), self.poll_interval) - loop.time())
                 except TimeoutError:
                     self.flush(sink, idle=self.idle_flush)
                     continue

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-DEFAULT_POLL_INTERVAL = 0.05
+DEFAULT_POLL_INTERVAL = 0.1  # on the loop's shared ticks (collector.ticks), with the recorder's poll
 DEFAULT_IDLE_FLUSH = 0.2
 
 

@@ -57,6 +57,7 @@ from collector.model import Event, EventKind, Severity
 from collector.sources.base import Sink, SourceError, SourceUnsupported
 from collector.sources.kmsg_file import KernelLogFile
 from collector.sources.kmsg_mark import Position, ResumeMark
+from collector.ticks import next_tick, sleep_to_tick
 from collector.xid.catalog import XidCatalog, default_catalog
 from collector.xid.parser import GpuUuidRecord, XidParseError, XidRecord, parse_line, split_record
 
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 DEV_KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _READ_SIZE = 8192  # a kmsg record is at most about 1 KiB; one read returns one record
+WATCHED_POLL_S = 1.0  # /dev/kmsg read once a second besides when it says it is readable
 
 
 class KmsgSource:
@@ -246,8 +248,11 @@ class KmsgSource:
                     if self.handled is None and self._last_seq is not None:
                         self.handled = Position(boot_id=boot, seq=self._last_seq)
                 ready.clear()
+                # readable wakes the loop (add_reader); the poll is for a device that never says
+                # so: every poll_interval then, else once a second, on the loop's shared ticks
+                period = WATCHED_POLL_S if watching else self.poll_interval
                 try:
-                    await asyncio.wait_for(ready.wait(), self.poll_interval)
+                    await asyncio.wait_for(ready.wait(), next_tick(loop.time(), period) - loop.time())
                 except TimeoutError:
                     pass
         finally:
@@ -313,7 +318,7 @@ class KmsgSource:
                 at = follower.place()
                 if at is not None:
                     self.handled = Position(file=(at[0], at[1]), offset=at[2])
-                await asyncio.sleep(self.poll_interval)
+                await sleep_to_tick(self.poll_interval)
         finally:
             follower.close()
 

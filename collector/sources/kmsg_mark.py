@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from collector import durable
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class Progress(Protocol):
     mark: ResumeMark | None
 
 
-async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.25, first_within: float = 5.0) -> None:
+async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.2, first_within: float = 5.0) -> None:
     """Save the source's position each time the events read up to it are written (at once when
     none was read since the last save: the first start's position, ordinary kernel lines). At a
     stop (cancelled after the writer's last flush) the last position is saved if it is written.
@@ -146,7 +147,7 @@ async def keep_mark(source: Progress, barrier: Barrier, *, every: float = 0.25, 
                     pending = None
                 # else the database is down or behind: the mark waits, the log is read again after a kill
             first = mark.saved is None and source.handled is None and time.monotonic() < first_by
-            await asyncio.sleep(min(every, 0.02) if first else every)
+            await (asyncio.sleep(0.02) if first else sleep_to_tick(every))
     finally:
         pos = source.handled
         if pos is not None and pos != mark.saved and (source.events == saved_events or barrier.passed(barrier.ticket())):

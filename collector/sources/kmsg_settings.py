@@ -1,5 +1,5 @@
 """The kernel-log source's settings (``collector.sources.kmsg``), mounted flat in ``Settings``
-(``kmsg: auto``, ``kmsg_poll_interval: 0.05`` in flightrec.yaml)."""
+(``kmsg: auto``, ``kmsg_poll_interval: 0.1`` in flightrec.yaml)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, field_validator
 class KmsgSettings(BaseModel):
     kmsg: str = Field(default="auto", description="auto | on | off | syslog (the ring through syslog(2)) | a file path to follow")
     kmsg_from_start: bool = False
-    kmsg_poll_interval: float = Field(default=0.05, gt=0, description="file follow poll, seconds")
+    kmsg_poll_interval: float = Field(default=0.1, gt=0, description="file follow poll, seconds (on the loop's shared ticks)")
 
     @field_validator("kmsg", mode="before")
     @classmethod

@@ -29,7 +29,6 @@ budget, not merely late after a pause).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
@@ -61,6 +60,7 @@ from collector.model import (
 )
 from collector.sources.base import BatchSink, Sink
 from collector.sources.join import EngineJoin, Joined
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class RecorderSource:
         ensure_private_dir(self.directory)
         while True:
             self.poll(sink)
-            await asyncio.sleep(self.poll_interval)
+            await sleep_to_tick(self.poll_interval)
 
     def poll(self, sink: Sink, *, everything: bool = False) -> int:
         """One pass over the folder; returns the number of records emitted.

@@ -58,6 +58,7 @@ from collector.parsers.prom_text import (
 )
 from collector.sources.base import Sink, SourceError
 from collector.sources.http_get import HttpGetError, KeepAliveGet
+from collector.ticks import BASE_TICK_S, sleep_to_tick
 
 __all__ = [
     "KEPT_PREFIXES",
@@ -246,6 +247,7 @@ class _EngineState:
     first_try: float | None = None  # the first scrape that failed before any answered
     last_error: str = ""
     last_duration_s: float | None = None
+    fetched_in_s: float | None = None  # the last fetch's GETs and parse, timed in its thread
     engines_seen: set[str] = field(default_factory=set)
     progress: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each page engine's step/token counters
     pause_endpoint: bool | None = None  # /is_paused answers (None: not asked yet; False: 404)
@@ -366,17 +368,15 @@ class VllmMetricsSource:
                 group.create_task(self._loop(fetch, state, sink), name=f"scrape {state.name}")
 
     async def _loop(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], state: _EngineState, sink: Sink) -> None:
-        next_tick = self._monotonic()
+        # at once, then on the loop's shared ticks (collector.ticks): every engine's scrape at
+        # the same instants, one wake of the loop for all of them and the other periodic work
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             await self._scrape(fetch, state, sink)
-            next_tick += self._interval
-            now = self._monotonic()
-            if now > next_tick:
-                # The scrape ran past one or more ticks: skip them rather than firing a burst.
-                missed = math.ceil((now - next_tick) / self._interval)
-                state.skipped_ticks += missed
-                next_tick += missed * self._interval
-            await asyncio.sleep(max(0.0, next_tick - now))
+            # a scrape that ran past one or more ticks skips them rather than firing a burst
+            state.skipped_ticks += math.floor((loop.time() - began) / self._interval)
+            await sleep_to_tick(self._interval)
 
     def _page(self, state: _EngineState, url: str, text: str, ts: float) -> tuple[list[MetricsScrape], set[str]]:
         """A page's records (pure: runs in the scrape thread or on the loop)."""
@@ -392,12 +392,25 @@ class VllmMetricsSource:
     # the default: kept-alive connections in threads
 
     def _thread_fetch(self, pool: ThreadPoolExecutor) -> Callable[[_EngineState, float], Awaitable[Fetched]]:
-        def fetch(state: _EngineState, ts: float) -> Awaitable[Fetched]:
-            return asyncio.get_running_loop().run_in_executor(pool, self._fetch_blocking, state, ts)
+        async def fetch(state: _EngineState, ts: float) -> Fetched:
+            # Looked for on the loop's shared ticks, not handed back by the thread: a thread's
+            # hand-back (call_soon_threadsafe) wakes the loop once per engine and scrape; this
+            # rides the wakes the recorder's poll makes anyway, at most BASE_TICK_S later.
+            done = pool.submit(self._fetch_blocking, state, ts)
+            while not done.done():
+                await sleep_to_tick(min(BASE_TICK_S, self._interval))
+            return done.result()
 
         return fetch
 
     def _fetch_blocking(self, state: _EngineState, ts: float) -> Fetched:
+        began = self._monotonic()
+        try:
+            return self._fetch_all(state, ts)
+        finally:
+            state.fetched_in_s = self._monotonic() - began
+
+    def _fetch_all(self, state: _EngineState, ts: float) -> Fetched:
         conn = self._conns.get(state.name)
         if conn is None:
             conn = self._conns[state.name] = KeepAliveGet(state.url)
@@ -468,7 +481,8 @@ class VllmMetricsSource:
         started = self._monotonic()
         ts = self._clock()
         metrics, health, paused = await fetch(state, ts)
-        state.last_duration_s = self._monotonic() - started
+        state.last_duration_s = self._monotonic() - started if state.fetched_in_s is None else state.fetched_in_s
+        state.fetched_in_s = None
         # A page read while /health fails is still evidence (an engine on its way down often
         # serves one): emit it, and count the scrape as failed.
         if not isinstance(metrics, BaseException):

@@ -30,6 +30,7 @@ from collector.model import Event, GpuSample, MetricsScrape
 from collector.redact import redact, redact_text
 from collector.storage.connect import StorageError
 from collector.storage.repo import STEP_TUPLE, Repository
+from collector.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class BatchWriter:
     # -- writing ------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            await sleep_to_tick(self.interval)
             await self.flush()
 
     def _take(self, *, everything: bool) -> _Queue:

@@ -383,6 +383,38 @@ def test_default_client_scrapes_real_servers_on_one_kept_connection_each() -> No
     assert not sink.events()
 
 
+def test_a_threaded_scrape_reports_the_time_its_gets_took_not_the_wait_for_the_loops_tick() -> None:
+    """The loop looks for a scrape thread's result on its shared ticks (collector.ticks), up to
+    0.1 s after the thread is done: the scrape's duration is what the thread measured."""
+    from tests.sources.test_http_get import Server
+
+    server = Server(body=LOADED.encode())
+    calls: list[float] = []
+
+    def mono() -> float:  # each reading 0.5 s after the last
+        calls.append(0.5 * len(calls))
+        return calls[-1]
+
+    source = VllmMetricsSource(engines=[Engine("a", server.url)], interval=1.0, timeout=2.0, monotonic=mono)
+    state = source._states[0]
+    try:
+        metrics, health, _ = source._fetch_blocking(state, 1000.0)
+    finally:
+        server.close()
+    assert not isinstance(metrics, BaseException) and health is None
+    assert state.fetched_in_s == 0.5  # one reading at its start, one at its end
+
+    async def fetch_done_long_ago(st: object, ts: float) -> tuple[object, None, None]:
+        state.fetched_in_s = 0.125
+        await asyncio.sleep(0.05)
+        return metrics, None, None
+
+    sink = ListSink()
+    asyncio.run(source._scrape(fetch_done_long_ago, state, sink))  # type: ignore[arg-type]
+    assert state.last_duration_s == 0.125 and state.fetched_in_s is None
+    assert sink.scrapes("a")
+
+
 def test_default_client_reports_a_refused_engine_down() -> None:
     import socket
 
