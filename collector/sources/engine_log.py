@@ -51,6 +51,7 @@ from collector.parsers.throughput_line import (
 from collector.parsers.tracebacks import LogEventizer
 from collector.parsers.vllm_log import LogRecordLine, parse_line
 from collector.sources.base import Sink
+from collector.sources.batched_reads import read_in_thread
 from collector.sources.cri_follow import CriFolderTail
 from collector.sources.engine_log_settings import DEFAULT_IDLE_FLUSH, DEFAULT_POLL_INTERVAL
 from collector.sources.follow import DEFAULT_MAX_LINE_BYTES, FileTail, LineSplitter
@@ -151,7 +152,7 @@ class EngineLogSource:
         partial_since: float | None = None
         try:
             while True:
-                lines = await asyncio.to_thread(tail.read_lines)
+                lines = await read_in_thread(tail.read_lines)  # with the other followers' reads
                 for raw in lines:
                     self.handle_line(sink, raw)
                 # A last line without its newline (a process killed mid-write) is taken
