@@ -6,6 +6,7 @@ steps/s, as on a GPU node, and what it costs.
     python bench/bench_node.py --tree ../other-checkout    # measure another commit's sidecar
     python bench/bench_node.py --sweep --duration 30       # engines 1..16, running 16..512: table + PNG
     python bench/bench_node.py --busy 8 --faults 8 ...     # with 8 busy loops beside it (4 per core here)
+    python bench/bench_node.py --engine-logs ...           # each engine's log followed too, as the DaemonSet does
 
 What runs (both as child processes, from ``--tree``, default this checkout):
 - the load: ``flightrec simulate`` of that tree; a tree without it gets this checkout's load
@@ -303,6 +304,35 @@ def scrape_sidecar(base: str) -> dict[str, Any]:
     return out
 
 
+# -- engine logs -------------------------------------------------------------------------------
+# vLLM's periodic stat line (LoggingStatLogger, every 10 s while an engine is busy), as a real
+# engine writes it (tests/fixtures/vllm-logs): at 256 running the rest of its log is quiet.
+STAT_LINE = (
+    "(APIServer pid={pid}) INFO {stamp} [loggers.py:335] Engine 000: Avg prompt throughput: 2404.0 tokens/s, "
+    "Avg generation throughput: 24064.0 tokens/s, Running: 256 reqs, Waiting: 0 reqs, GPU KV cache usage: 61.3%, "
+    "Prefix cache hit rate: 0.0%"
+)
+
+
+class EngineLogs(threading.Thread):
+    """One log file per engine, a stat line appended to each every 10 s until ``stop``."""
+
+    def __init__(self, folder: Path, engines: int) -> None:
+        super().__init__(daemon=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.paths = [folder / f"engine-{i}.log" for i in range(engines)]
+        for path in self.paths:
+            path.write_text("")
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(10.0):
+            stamp = time.strftime("%m-%d %H:%M:%S")
+            for i, path in enumerate(self.paths):
+                with open(path, "a") as f:
+                    f.write(STAT_LINE.format(pid=FIRST_PID + 100 * i, stamp=stamp) + "\n")
+
+
 # -- one run -----------------------------------------------------------------------------------
 @dataclass
 class RunConfig:
@@ -318,6 +348,7 @@ class RunConfig:
     pg_admin: str
     keep: bool = False
     busy: int = 0  # busy-loop processes beside the load (the fault path under CPU pressure)
+    engine_logs: bool = False  # each engine's log followed, a vLLM stat line every 10 s in it
     start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
@@ -376,6 +407,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
     db = Database(cfg.db, work, cfg.pg_admin)
     sim_log, side_log = open(work / "simulate.log", "w"), open(work / "sidecar.log", "w")
     busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(cfg.busy)]
+    logs = EngineLogs(work / "logs", cfg.engines) if cfg.engine_logs else None
     sim = subprocess.Popen(sim_cmd, cwd=cfg.tree, env=env, stdout=sim_log, stderr=subprocess.STDOUT)
     side: subprocess.Popen[bytes] | None = None
     poller = SnapshotPoller(db)
@@ -386,6 +418,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         "duration_s": cfg.duration,
         "db": cfg.db,
         "busy_loops": cfg.busy,
+        "engine_logs": cfg.engine_logs,
         "driver": driver,
         "tree": str(cfg.tree),
     }
@@ -406,6 +439,10 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             incident_window_s=max(1.0, cfg.fault_interval * cfg.engines / 2),
             host_name="bench-node",
         )
+        if logs is not None:
+            for engine, path in zip(doc.get("engines") or [], logs.paths, strict=False):
+                engine["log"] = str(path)
+            logs.start()
         side_config = work / "sidecar.yaml"
         side_config.write_text(yaml.safe_dump(doc))
         side = subprocess.Popen(
@@ -521,6 +558,8 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             fig["snapshots_by_trigger"][s[3]] = fig["snapshots_by_trigger"].get(s[3], 0) + 1
     finally:
         poller.stop.set()
+        if logs is not None:
+            logs.stop.set()
         for b in busy:
             b.kill()
             b.wait()
@@ -722,6 +761,7 @@ def config(args: argparse.Namespace, **over: Any) -> RunConfig:
         "pg_admin": args.pg_admin,
         "keep": args.keep,
         "busy": args.busy,
+        "engine_logs": args.engine_logs,
     }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -755,6 +795,11 @@ def main() -> int:
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, config, database)")
     p.add_argument("--busy", type=int, default=0, help="busy-loop processes running beside the load the whole run (e.g. 4 per core)")
+    p.add_argument(
+        "--engine-logs",
+        action="store_true",
+        help="each engine's log followed (a file per engine, a vLLM stat line in each every 10 s), as the DaemonSet does",
+    )
     args = p.parse_args()
     tree = Path(args.tree).resolve()
     print(f"bench_node: tree {tree.name} @ {tree_commit(tree)}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load {loadavg()}", flush=True)

@@ -92,6 +92,21 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "node-logs",
+        "Node scale, quiet, each engine's log followed",
+        "bench/bench_node.py",
+        ("--engines", "8", "--running", "256", "--steps-per-second", "100", "--duration", "120", "--faults", "4", "--engine-logs"),
+        "The quiet node as the DaemonSet runs it: the sidecar also follows each engine's log (a file per "
+        "engine, vLLM's stat line in it every 10 s, read every 0.1 s).",
+        (
+            Metric("sidecar CPU, steady", "sidecar_cpu_share_steady", "% of a core", "<= 3", le(3.0), 100.0, 2),
+            Metric("sidecar peak RSS", "sidecar_rss_peak_mib", "MB", "<= 200", le(200.0), MB_PER_MIB, 0),
+            Metric("step records received", "step_records_received", "records", "= written", None, 1.0, 0),
+            Metric("step records written by the engines", "step_records_written", "records", "", None, 1.0, 0),
+            Metric("fault -> durable snapshot, p99", "fault_to_snapshot_ms.p99", "ms", "<= 500", le(500.0), 1.0, 0),
+        ),
+    ),
+    Section(
         "node-busy",
         "Node scale, 8 busy loops beside it",
         "bench/bench_node.py",
