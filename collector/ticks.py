@@ -32,7 +32,9 @@ def next_tick(now: float, period: float) -> float:
     if period <= 0:
         raise ValueError(f"period must be > 0, not {period}")
     when = round((math.floor(now / period) + 1) * period, 6)
-    return when if when > now else round(when + period, 6)
+    if when <= now:  # rounded back onto now (a period under a microsecond, or a float's edge)
+        when = round(when + period, 6)
+    return when if when > now else now + period
 
 
 async def sleep_to_tick(period: float) -> float:

@@ -31,6 +31,10 @@ def test_a_period_must_be_positive() -> None:
         next_tick(10.0, 0.0)
 
 
+def test_a_period_under_the_rounding_still_moves_on() -> None:
+    assert next_tick(100.0, 1e-7) > 100.0
+
+
 class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
     def __init__(self) -> None:
         super().__init__()

@@ -40,10 +40,16 @@ async def read_in_thread(read: Callable[[], T]) -> T:
 
 
 def _start(loop: asyncio.AbstractEventLoop) -> None:
-    batch = _PENDING.pop(loop, [])
+    # a read whose caller was cancelled meanwhile is not made (its follower may be closing it)
+    batch = [(read, result) for read, result in _PENDING.pop(loop, []) if not result.done()]
     if not batch:
         return
-    work = loop.run_in_executor(None, _read_all, [read for read, _ in batch])
+    try:
+        work = loop.run_in_executor(None, _read_all, [read for read, _ in batch])
+    except RuntimeError as exc:  # no executor any more (the loop is shutting down): said to each
+        for _, result in batch:
+            result.set_exception(exc)
+        return
     work.add_done_callback(lambda done: _deliver(done, [result for _, result in batch]))
 
 

@@ -12,8 +12,9 @@ runtime's CRI format, across container restarts and the kubelet's rotation
 ``EngineLogSource(engine, None, stream=sys.stdin.buffer)`` reads a pipe
 (``vllm serve ... 2>&1 | flightrec serve``); at end of stream it flushes and idles.
 
-File reads run in a worker thread (``asyncio.to_thread``) and a stream is read by a daemon
-thread, so the event loop never waits on the disk or the pipe. Bytes are split on ``\\n``
+File reads run in a worker thread (every follower's reads of one tick in one worker call,
+``collector.sources.batched_reads``) and a stream is read by a daemon thread, so the event loop
+never waits on the disk or the pipe. Bytes are split on ``\\n``
 and decoded as UTF-8 with replacement: garbage never stops the source.
 
 What it emits into the sink:

@@ -58,7 +58,7 @@ from collector.parsers.prom_text import (
 )
 from collector.sources.base import Sink, SourceError
 from collector.sources.http_get import HttpGetError, KeepAliveGet
-from collector.ticks import BASE_TICK_S, sleep_to_tick
+from collector.ticks import BASE_TICK_S, next_tick, sleep_to_tick
 
 __all__ = [
     "KEPT_PREFIXES",
@@ -247,7 +247,7 @@ class _EngineState:
     first_try: float | None = None  # the first scrape that failed before any answered
     last_error: str = ""
     last_duration_s: float | None = None
-    fetched_in_s: float | None = None  # the last fetch's GETs and parse, timed in its thread
+    fetched_in_s: float | None = None  # this scrape's GETs and parse, timed in its thread
     engines_seen: set[str] = field(default_factory=set)
     progress: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each page engine's step/token counters
     pause_endpoint: bool | None = None  # /is_paused answers (None: not asked yet; False: 404)
@@ -301,6 +301,7 @@ class VllmMetricsSource:
         self._monotonic = monotonic
         self._wanted = wanted
         self._rates = CounterRates()
+        self._looks_every = min(BASE_TICK_S, interval)  # a scrape thread's result is looked for this often
         self._conns: dict[str, KeepAliveGet] = {}
 
     # -- public
@@ -374,8 +375,12 @@ class VllmMetricsSource:
         while True:
             began = loop.time()
             await self._scrape(fetch, state, sink)
-            # a scrape that ran past one or more ticks skips them rather than firing a burst
-            state.skipped_ticks += math.floor((loop.time() - began) / self._interval)
+            late = loop.time() - next_tick(began, self._interval)  # past the tick after it began
+            if 0 <= late <= self._looks_every / 2:
+                continue  # its result was looked for on that tick: the next scrape now
+            if late > 0:
+                # it ran past one or more ticks: they are skipped rather than fired in a burst
+                state.skipped_ticks += math.floor(late / self._interval) + 1
             await sleep_to_tick(self._interval)
 
     def _page(self, state: _EngineState, url: str, text: str, ts: float) -> tuple[list[MetricsScrape], set[str]]:
@@ -397,18 +402,22 @@ class VllmMetricsSource:
             # hand-back (call_soon_threadsafe) wakes the loop once per engine and scrape; this
             # rides the wakes the recorder's poll makes anyway, at most BASE_TICK_S later.
             done = pool.submit(self._fetch_blocking, state, ts)
-            while not done.done():
-                await sleep_to_tick(min(BASE_TICK_S, self._interval))
-            return done.result()
+            try:
+                while not done.done():
+                    await sleep_to_tick(self._looks_every)
+            except asyncio.CancelledError:
+                done.cancel()  # (a fetch already running finishes in its thread, unread)
+                raise
+            fetched, state.fetched_in_s = done.result()
+            return fetched
 
         return fetch
 
-    def _fetch_blocking(self, state: _EngineState, ts: float) -> Fetched:
+    def _fetch_blocking(self, state: _EngineState, ts: float) -> tuple[Fetched, float]:
+        """One scrape's GETs and parse (in a scrape thread), and how long they took."""
         began = self._monotonic()
-        try:
-            return self._fetch_all(state, ts)
-        finally:
-            state.fetched_in_s = self._monotonic() - began
+        fetched = self._fetch_all(state, ts)
+        return fetched, self._monotonic() - began
 
     def _fetch_all(self, state: _EngineState, ts: float) -> Fetched:
         conn = self._conns.get(state.name)
@@ -480,9 +489,10 @@ class VllmMetricsSource:
     async def _scrape(self, fetch: Callable[[_EngineState, float], Awaitable[Fetched]], state: _EngineState, sink: Sink) -> None:
         started = self._monotonic()
         ts = self._clock()
-        metrics, health, paused = await fetch(state, ts)
-        state.last_duration_s = self._monotonic() - started if state.fetched_in_s is None else state.fetched_in_s
         state.fetched_in_s = None
+        metrics, health, paused = await fetch(state, ts)
+        took = state.fetched_in_s
+        state.last_duration_s = self._monotonic() - started if took is None else took
         # A page read while /health fails is still evidence (an engine on its way down often
         # serves one): emit it, and count the scrape as failed.
         if not isinstance(metrics, BaseException):

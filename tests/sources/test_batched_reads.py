@@ -67,3 +67,17 @@ def test_a_caller_cancelled_while_its_read_runs_leaves_the_others_their_results(
 
     value, cancelled = asyncio.run(main())
     assert value == "slow" and cancelled
+
+
+def test_a_read_whose_caller_was_cancelled_before_it_started_is_not_made() -> None:
+    made: list[str] = []
+
+    async def main() -> str:
+        gone = asyncio.create_task(read_in_thread(lambda: made.append("gone") or "gone"))
+        kept = asyncio.create_task(read_in_thread(lambda: made.append("kept") or "kept"))
+        await asyncio.sleep(0)  # both asked, in this pass; the batch starts in the next
+        gone.cancel()
+        return await kept
+
+    assert asyncio.run(main()) == "kept"
+    assert made == ["kept"]

@@ -398,11 +398,11 @@ def test_a_threaded_scrape_reports_the_time_its_gets_took_not_the_wait_for_the_l
     source = VllmMetricsSource(engines=[Engine("a", server.url)], interval=1.0, timeout=2.0, monotonic=mono)
     state = source._states[0]
     try:
-        metrics, health, _ = source._fetch_blocking(state, 1000.0)
+        (metrics, health, _), took = source._fetch_blocking(state, 1000.0)
     finally:
         server.close()
     assert not isinstance(metrics, BaseException) and health is None
-    assert state.fetched_in_s == 0.5  # one reading at its start, one at its end
+    assert took == 0.5  # one reading at its start, one at its end
 
     async def fetch_done_long_ago(st: object, ts: float) -> tuple[object, None, None]:
         state.fetched_in_s = 0.125
@@ -411,8 +411,32 @@ def test_a_threaded_scrape_reports_the_time_its_gets_took_not_the_wait_for_the_l
 
     sink = ListSink()
     asyncio.run(source._scrape(fetch_done_long_ago, state, sink))  # type: ignore[arg-type]
-    assert state.last_duration_s == 0.125 and state.fetched_in_s is None
+    assert state.last_duration_s == 0.125
     assert sink.scrapes("a")
+
+
+def test_a_threaded_scrape_done_within_its_interval_keeps_the_pace() -> None:
+    """At an interval the loop's result-looking tick equals (0.1 s), a scrape whose result is
+    seen on the next tick is followed by the next scrape at once, not a tick later."""
+    from tests.sources.test_http_get import Server
+
+    server = Server(body=IDLE.encode())
+    sink = ListSink()
+    source = VllmMetricsSource(engines=[Engine("a", server.url)], interval=0.1, timeout=2.0)
+
+    async def go() -> None:
+        task = asyncio.create_task(source.run(sink))
+        await asyncio.sleep(1.55)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(go())
+    finally:
+        server.close()
+    # 15 ticks in 1.5 s; a scrape every other tick (the bug this guards) would give 8 at most
+    assert len(sink.scrapes("a")) >= 11
 
 
 def test_default_client_reports_a_refused_engine_down() -> None:
