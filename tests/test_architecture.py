@@ -21,6 +21,7 @@ RANK = {
     "procfs": 0,
     "cgroup": 0,  # which pod a process runs in, from its cgroup's text (pure; the recorder reads it too)
     "malloc": 0,
+    "ticks": 0,  # the loop's shared periodic sleeps: asyncio only
     "heap": 0,
     "durable": 0,
     "columns": 0,  # steps as numpy columns: the form ingest's window keeps and hands storage (imports only the model)

@@ -313,7 +313,10 @@ def test_the_capture_reads_what_the_recorder_published_last(migrated_url: str, t
 
     async def body() -> None:
         hub.emit(fault(EventKind.CUDA_ERROR, "log", "boom"))
-        await asyncio.sleep(0.3)
+        # its commit, not a fixed time (a loaded machine once stopped it after 0.3 s, first)
+        deadline = time.monotonic() + 10
+        while not committed and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     asyncio.run(_run(c, body))
     [row] = repo.list_snapshots(SnapshotFilter())[0]
