@@ -74,6 +74,11 @@ def test_a_real_vllm_servers_processes_are_found_named_and_read(tmp_path: Path) 
         assert core is not None and fp.get("engine_core_pid") == core
         reader = StackReader(StacksSettings(interval_s=2.0), recorder_dir=recorder_dir)
         doc = asyncio.run(reader.capture("decode-0", fp))
+        if _api_server_state(doc) != "idle":
+            # py-spy saw the server's loop on a CPU in one dump (a moment's work at rest, as once
+            # on a loaded machine): a server at rest is idle in a second capture, a stuck one
+            # stays stuck
+            doc = asyncio.run(reader.capture("decode-0", fp))
         reader.close()
     finally:
         stop_group(proc)
@@ -98,3 +103,7 @@ def test_a_real_vllm_servers_processes_are_found_named_and_read(tmp_path: Path) 
     # what each process ran with, secrets masked; NCCL_DEBUG as the server was started with it
     envs = [doc["env"], *(p.get("env") or {} for p in doc["processes"])]
     assert any(e.get("NCCL_DEBUG") == "INFO" for e in envs)
+
+
+def _api_server_state(doc: dict[str, Any]) -> str | None:
+    return next((p["state"] for p in doc.get("processes", []) if p.get("role") == "api_server"), None)
