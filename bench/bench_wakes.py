@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import selectors
 import sys
 import tempfile
 import time
@@ -32,24 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from collector.sources import engine_log  # noqa: E402
 from collector.sources.engine_log import EngineLogSource  # noqa: E402
 from collector.ticks import sleep_to_tick  # noqa: E402
+from tests.support.loop_wakes import CountingSelector  # noqa: E402
 
 PERIODS = [0.1, 0.1, 0.2, 0.2, 0.1] + [1.0] * 8 + [1.0, 1.0, 1.0]
 
 
-class _CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits = 0
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None or timeout > 0:
-            self.waits += 1
-        return super().select(timeout)
-
-
 def _run(main: Callable[[], Awaitable[None]], seconds: float) -> tuple[float, float]:
     """(share of a core, loop waits a second) while ``main`` runs for ``seconds``."""
-    selector = _CountingSelector()
+    selector = CountingSelector()
     loop = asyncio.SelectorEventLoop(selector)
 
     async def timed() -> tuple[float, int]:

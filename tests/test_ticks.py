@@ -4,13 +4,13 @@ periods wake the loop together."""
 from __future__ import annotations
 
 import asyncio
-import selectors
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from collector.ticks import next_tick, sleep_to_tick
+from tests.support.loop_wakes import CountingSelector
 
 
 @given(st.floats(1.0, 1e7), st.sampled_from([0.05, 0.1, 0.25, 0.5, 1.0, 2.0]))
@@ -33,17 +33,6 @@ def test_a_period_must_be_positive() -> None:
 
 def test_a_period_under_the_rounding_still_moves_on() -> None:
     assert next_tick(100.0, 1e-7) > 100.0
-
-
-class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits = 0
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None or timeout > 0:
-            self.waits += 1
-        return super().select(timeout)
 
 
 def _loop_waits(sleep: object, periods: list[float], seconds: float) -> tuple[int, int]:

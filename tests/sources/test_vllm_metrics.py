@@ -66,6 +66,19 @@ def serve(pages: Callable[[httpx.Request], httpx.Response]) -> httpx.AsyncClient
     return httpx.AsyncClient(transport=httpx.MockTransport(pages))
 
 
+def run_for(source: VllmMetricsSource, sink: ListSink, seconds: float) -> None:
+    """The source's own loop for ``seconds``, then cancelled."""
+
+    async def go() -> None:
+        task = asyncio.create_task(source.run(sink))
+        await asyncio.sleep(seconds)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+
+
 def static(metrics: str, health: int = 200) -> Callable[[httpx.Request], httpx.Response]:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
@@ -264,14 +277,7 @@ def test_a_slow_engine_does_not_delay_another_and_its_scrapes_never_overlap() ->
         client_factory=lambda: serve(handler),
     )
 
-    async def go() -> None:
-        task = asyncio.create_task(source.run(sink))
-        await asyncio.sleep(0.6)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(go())
+    run_for(source, sink, 0.6)
     fast, slow = len(sink.scrapes("fast")), len(sink.scrapes("slow"))
     # 0.6 s at 0.02 s: the fast engine keeps its pace (30 ticks; loosely, on 2 shared cores)
     # while the slow one, at 0.25 s a scrape, gets at most 3, one at a time, missed ticks skipped.
@@ -362,15 +368,8 @@ def test_default_client_scrapes_real_servers_on_one_kept_connection_each() -> No
     sink = ListSink()
     source = VllmMetricsSource(engines=[Engine("a", a.url), Engine("b", b.url)], interval=0.05, timeout=2.0)
 
-    async def go() -> None:
-        task = asyncio.create_task(source.run(sink))
-        await asyncio.sleep(0.8)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
     try:
-        asyncio.run(go())
+        run_for(source, sink, 0.8)
     finally:
         a.close()
         b.close()
@@ -424,15 +423,8 @@ def test_a_threaded_scrape_done_within_its_interval_keeps_the_pace() -> None:
     sink = ListSink()
     source = VllmMetricsSource(engines=[Engine("a", server.url)], interval=0.1, timeout=2.0)
 
-    async def go() -> None:
-        task = asyncio.create_task(source.run(sink))
-        await asyncio.sleep(1.55)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
     try:
-        asyncio.run(go())
+        run_for(source, sink, 1.55)
     finally:
         server.close()
     # 15 ticks in 1.5 s; a scrape every other tick (the bug this guards) would give 8 at most
