@@ -194,7 +194,9 @@ def main() -> int:
             ours.record(stats[0], stats[1], engine_idx=0)
 
         reqs = requests(n)
-        outputs = [object()]
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        outputs = [SchedulerOutput.make_empty()]  # what schedule() returns: a real one, not a stand-in
 
         def decode_step(reqs: list[Any] = reqs) -> None:
             for r in reqs:  # what a decode step does to every running request
