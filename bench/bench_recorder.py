@@ -18,7 +18,13 @@ has) and real engine-core ``Request`` objects, then prints the median and p99 of
   context in 64-token blocks);
 - ``hisparse_grow``: the same while the host lists grow as decode makes them: each step one
   request in 64 gets one more host block (a 64-token block fills every 64 decode steps), through
-  the host manager's own ``allocate_new_blocks``.
+  the host manager's own ``allocate_new_blocks``;
+- ``per_request_churn``: ``per_request`` while the running set changes at every step (one
+  request finishes and a new one joins at the end, as vLLM's ``running`` list does): every
+  record is a full one, and the columns that follow the running set are read again.
+
+While the running set holds, a record carries only what the step changed (``FLAG_KEPT``,
+``collector.channel.codec``); ``per_request_churn`` is the cost when it never holds.
 
 The rings are written where the recorder writes them by default, a folder in /dev/shm (RAM)
 when there is one (``--dir`` to choose another). Figures go into BENCHMARKS.md by hand; nothing
@@ -176,7 +182,7 @@ def main() -> int:
     import vllm
 
     print(f"vLLM {vllm.__version__}, Python {sys.version.split()[0]}, {a.repeat} steps each; microseconds per step")
-    print(f"{'running':>8} {'what':<13} {'median':>8} {'p99':>8} {'vs prometheus':>14}")
+    print(f"{'running':>8} {'what':<17} {'median':>8} {'p99':>8} {'vs prometheus':>14}")
     figures: list[dict[str, Any]] = []
     for n in [int(s) for s in a.sizes.split(",")]:
         counter = [0]
@@ -234,21 +240,40 @@ def main() -> int:
             hs_sched.scheduled(reqs, hs_out)
             hs_sched.updating(hs_out)
 
+        churn_reqs = requests(n)
+        churn_spare = requests(n + 1)
+        churn_counter = [0]
+
+        def churn_decode_step(reqs: list[Any] = churn_reqs, spare: list[Any] = churn_spare) -> None:
+            decode_step(reqs)
+            churn_counter[0] += 1
+            done = reqs.pop(churn_counter[0] % len(reqs))  # a request finishes; another joins at the end
+            spare.append(done)
+            reqs.append(spare.pop(0))
+
+        churn_sched = _SchedRecorder(cfg)
+
+        def churn_step(reqs: list[Any] = churn_reqs) -> None:
+            churn_sched.scheduled(reqs, outputs[0])
+            churn_sched.updating(outputs[0])
+
         p_med, p_99 = timed(prom_step, a.repeat, new_stats)
         o_med, o99 = timed(ours_step, a.repeat, new_stats)
         s_med, s99 = timed(sched_step, a.repeat, decode_step)
         h_med, h99 = timed(hs_step, a.repeat, hs_decode_step)
         g_med, g99 = timed(grow_step, a.repeat, grow_decode_step)
+        c_med, c99 = timed(churn_step, a.repeat, churn_decode_step)
         for what, med, tail in (
             ("prometheus", p_med, p_99),
             ("stat_logger", o_med, o99),
             ("per_request", s_med, s99),
             ("hisparse", h_med, h99),
             ("hisparse_grow", g_med, g99),
+            ("per_request_churn", c_med, c99),
         ):
-            print(f"{n:>8} {what:<13} {med:>8.1f} {tail:>8.1f} {med / p_med:>14.3f}")
+            print(f"{n:>8} {what:<17} {med:>8.1f} {tail:>8.1f} {med / p_med:>14.3f}")
             figures.append({"running": n, "what": what, "median_us": round(med, 2), "p99_us": round(tail, 2)})
-        for s in (hs_sched, grow_sched):
+        for s in (hs_sched, grow_sched, churn_sched):
             if s.channel.failed:
                 print("recorder disabled during the run:", s.channel.failed)
                 return 1

@@ -21,6 +21,7 @@ from typing import Any
 
 from collector.channel.codec import (
     FLAG_HOST_BLOCKS,
+    FLAG_KEPT,
     FLAG_MIRROR,
     REQS_HEAD,
     STATUS_CODE,
@@ -52,6 +53,23 @@ def _known_sum(col: bytes | memoryview) -> int | None:
     return sum(a) + unknown
 
 
+class RunningSet:
+    """The running set's columns of a full ``R`` record (prompt lengths, preemptions, statuses,
+    ids), which the records after it that keep them (``FLAG_KEPT``) share: one copy of them per
+    running set, not one per step."""
+
+    __slots__ = ("ids", "n", "nbytes", "preempt", "prompt", "running", "status")
+
+    def __init__(self, n: int, cols: bytes | memoryview, ids: bytes | memoryview) -> None:
+        self.n = n
+        self.prompt = bytes(cols[: 4 * n])
+        self.preempt = bytes(cols[12 * n : 16 * n])
+        self.status = bytes(cols[16 * n : 17 * n])
+        self.ids = bytes(ids)
+        self.running = self.status.count(RUNNING)
+        self.nbytes = 9 * n + len(self.ids)  # what a full record holds that a kept one does not
+
+
 class RequestBlock:
     """One step's running requests: the ``R`` record's bytes plus its aggregates (the
     ``collector.model.StepRequests`` every stage reads).
@@ -63,7 +81,7 @@ class RequestBlock:
     writer overwrote the record); ``resident`` is a copy that holds its bytes (a snapshot's
     capture takes one, so what it froze no longer depends on the ring)."""
 
-    __slots__ = ("_cols", "_ids", "_len", "_place", "_ring", "flags", "host_blocks", "mirror_rows", "n", "nbytes", "running", "step", "ts")
+    __slots__ = ("_cols", "_ids", "_len", "_place", "_ring", "_set", "flags", "host_blocks", "mirror_rows", "n", "nbytes", "running", "step", "ts")
 
     def __init__(self, step: int, ts: float, n: int, flags: int, cols: bytes, ids: bytes) -> None:
         self.step = step
@@ -73,6 +91,7 @@ class RequestBlock:
         self._cols: bytes | None = cols  # the u32/u8/i32 columns, in wire order
         self._ids: bytes | None = ids  # the ids, UTF-8, NUL-joined (their count is checked when decoded)
         self._ring: RingRecords | None = None
+        self._set: RunningSet | None = None  # a record that kept its running set's columns: that set
         self._place = 0
         self._len = 0
         self._aggregates(cols)
@@ -80,10 +99,15 @@ class RequestBlock:
         # same when ingest points the ids at an equal earlier copy, or it is held in its ring
         self.nbytes = len(cols) + len(ids) + 96
 
-    def _aggregates(self, cols: bytes | memoryview) -> None:
+    def _aggregates(self, cols: bytes | memoryview, kept: RunningSet | None = None) -> None:
+        """``cols``: a full record's columns, or (``kept``) a kept record's own ones."""
         n = self.n
-        self.running = bytes(cols[16 * n : 17 * n]).count(RUNNING)
-        pos = 17 * n
+        if kept is None:
+            self.running = bytes(cols[16 * n : 17 * n]).count(RUNNING)
+            pos = 17 * n
+        else:
+            self.running = kept.running
+            pos = 8 * n
         self.mirror_rows: int | None = None
         self.host_blocks: int | None = None
         if self.flags & FLAG_MIRROR:
@@ -93,31 +117,46 @@ class RequestBlock:
             self.host_blocks = _known_sum(cols[pos : pos + 4 * n]) if n else None
 
     @classmethod
-    def from_payload(cls, payload: bytes | memoryview, prev: StepRequests | None = None) -> RequestBlock:
+    def from_payload(cls, payload: bytes | memoryview, prev: StepRequests | None = None, kept: RunningSet | None = None) -> RequestBlock:
         """From an ``R`` payload (tag included), its parts copied once out of it (a view of a
         ring read's copy is not kept). ``prev``: the same engine's previous block, whose ids
         bytes are reused when equal (one copy held for a stable running set).
 
         The ids are not counted here: that scan of ~10 kB cost more than the record's CRC, at
         every step, for rows decoded only when a snapshot is read. ``decode_columns`` checks
-        them, and a block whose ids do not match its rows gets unknown ids there."""
+        them, and a block whose ids do not match its rows gets unknown ids there.
+
+        A record that kept its running set's columns (``FLAG_KEPT``) needs that set (``kept``:
+        the full record's before it, ``RequestRecords``); without it, or with another row count,
+        it is a ``CodecError``."""
         step, ts, n, flags, end = _head(payload)
+        if flags & FLAG_KEPT:
+            own = _kept_set(kept, n)
+            return cls(step, ts, n, flags & ~FLAG_KEPT, _full_cols(own, payload[_HEAD:end], n), own.ids)
         ids = bytes(payload[end:])
         if prev is not None and prev.ids == ids:
             ids = prev.ids
         return cls(step, ts, n, flags, bytes(payload[_HEAD:end]), ids)
 
     @classmethod
-    def in_ring(cls, payload: bytes | memoryview, ring: RingRecords, place: int) -> RequestBlock:
+    def in_ring(cls, payload: bytes | memoryview, ring: RingRecords, place: int, kept: RunningSet | None = None) -> RequestBlock:
         """From an ``R`` payload read at logical offset ``place`` of ``ring``: its aggregates
-        computed now, its bytes left where they lie (``parts`` reads them again)."""
+        computed now, its bytes left where they lie (``parts`` reads them again). A record that
+        kept its running set's columns holds that set (``kept``, as ``from_payload``)."""
         step, ts, n, flags, end = _head(payload)
         block = cls.__new__(cls)
-        block.step, block.ts, block.n, block.flags = step, ts, n, flags
+        block.step, block.ts, block.n, block.flags = step, ts, n, flags & ~FLAG_KEPT
         block._cols = block._ids = None
         block._ring, block._place, block._len = ring, place, len(payload)
-        block._aggregates(payload[_HEAD:end])
-        block.nbytes = len(payload) - _HEAD + 96
+        if flags & FLAG_KEPT:
+            block._set = own = _kept_set(kept, n)
+            block._aggregates(payload[_HEAD:end], own)
+            # counted as the full record it stands for: the rings' byte bound holds as many steps
+            block.nbytes = len(payload) - _HEAD + own.nbytes + 96
+        else:
+            block._set = None
+            block._aggregates(payload[_HEAD:end])
+            block.nbytes = len(payload) - _HEAD + 96
         return block
 
     def parts(self) -> tuple[bytes, bytes] | None:
@@ -127,10 +166,18 @@ class RequestBlock:
             return self._cols, self._ids
         if self._ring is None:
             return None
-        payload = self._ring.payload(self._place, self._len)
-        if payload is None or payload[:1] != TAG_REQS or REQS_HEAD.unpack_from(payload, 1) != (self.step, self.ts, self.n, self.flags):
+        return self._split(self._ring.payload(self._place, self._len))
+
+    def _split(self, payload: bytes | None) -> tuple[bytes, bytes] | None:
+        """This block's columns and ids from its record read again; None when the record there
+        is no longer this one."""
+        own = self._set
+        flags = self.flags if own is None else self.flags | FLAG_KEPT
+        if payload is None or payload[:1] != TAG_REQS or REQS_HEAD.unpack_from(payload, 1) != (self.step, self.ts, self.n, flags):
             return None
-        end = _HEAD + _width(self.flags) * self.n
+        if own is not None:
+            return _full_cols(own, payload[_HEAD:], self.n), own.ids
+        end = _HEAD + _width(flags) * self.n
         return payload[_HEAD:end], payload[end:]
 
     def resident(self) -> RequestBlock:
@@ -159,15 +206,12 @@ class RequestBlock:
 
     def _copy(self, payload: bytes | None) -> RequestBlock:
         """This block held: its bytes from ``payload`` (its record read again), or gone."""
-        parts = None
-        if payload is not None and payload[:1] == TAG_REQS and REQS_HEAD.unpack_from(payload, 1) == (self.step, self.ts, self.n, self.flags):
-            end = _HEAD + _width(self.flags) * self.n
-            parts = payload[_HEAD:end], payload[end:]
+        parts = self._split(payload)
         block = RequestBlock.__new__(RequestBlock)
         block.step, block.ts, block.n, block.flags = self.step, self.ts, self.n, self.flags
         block.running, block.mirror_rows, block.host_blocks, block.nbytes = self.running, self.mirror_rows, self.host_blocks, self.nbytes
         block._cols, block._ids = parts if parts is not None else (None, None)
-        block._ring, block._place, block._len = None, 0, 0
+        block._ring, block._place, block._len, block._set = None, 0, 0, None
         return block
 
     @property
@@ -211,7 +255,22 @@ class RequestBlock:
 
 
 def _width(flags: int) -> int:
-    return 17 + (4 if flags & FLAG_MIRROR else 0) + (4 if flags & FLAG_HOST_BLOCKS else 0)
+    """Bytes a row of a record with these flags takes before the ids (none follow a kept one)."""
+    return (8 if flags & FLAG_KEPT else 17) + (4 if flags & FLAG_MIRROR else 0) + (4 if flags & FLAG_HOST_BLOCKS else 0)
+
+
+def _kept_set(kept: RunningSet | None, n: int) -> RunningSet:
+    if kept is None:
+        raise CodecError("request record keeps the running set of an earlier record, which this reader has not read")
+    if kept.n != n:
+        raise CodecError(f"request record of {n} rows keeps the running set of a record of {kept.n}")
+    return kept
+
+
+def _full_cols(kept: RunningSet, own: bytes | memoryview, n: int) -> bytes:
+    """A full record's columns from a kept record's own (computed, output, the optional ones)
+    and the set it kept."""
+    return b"".join((kept.prompt, own[: 8 * n], kept.preempt, kept.status, own[8 * n :]))
 
 
 def _head(payload: bytes | memoryview) -> tuple[int, float, int, int, int]:
@@ -224,9 +283,54 @@ def _head(payload: bytes | memoryview) -> tuple[int, float, int, int, int]:
     size = len(payload)
     if size < end:
         raise CodecError(f"request record of {n} rows is truncated")
-    if not n and size > end:
-        raise CodecError("request record with no rows carries ids")
+    if (not n or flags & FLAG_KEPT) and size > end:
+        raise CodecError("request record with no rows, or that keeps its running set, carries ids")
     return step, ts, n, flags, end
+
+
+class RequestRecords:
+    """One ring's ``R`` records decoded in order: a record that keeps its running set's columns
+    (``FLAG_KEPT``) gets those of the last full record read. The set is copied out of that
+    record (from the ring, where it was left: ``RequestBlock.in_ring``) when the first record
+    keeping it is read, once per running set.
+
+    A kept record before any full one (a reader that started inside the ring), or after records
+    were lost (``reset``: the reader fell behind, or dropped steps unread), is set aside and
+    counted (``set_aside``): the writer writes a full record at least every ``KEPT_MAX`` + 1."""
+
+    __slots__ = ("_full", "_set", "set_aside")
+
+    def __init__(self) -> None:
+        self._full: RequestBlock | None = None
+        self._set: RunningSet | None = None
+        self.set_aside = 0
+
+    def reset(self) -> None:
+        """Records were lost since the last one read: the set held may no longer be the writer's."""
+        self._full = self._set = None
+
+    def block(self, payload: bytes | memoryview, ring: RingRecords | None = None, place: int = 0) -> RequestBlock | None:
+        """The block of an ``R`` payload (left in ``ring`` at ``place`` when a ring is given);
+        None for a kept record whose set is not known. A record that does not add up is a
+        ``CodecError``, and does not change what is held."""
+        if len(payload) >= _HEAD and payload[_HEAD - 1] & FLAG_KEPT:
+            kept = self._running_set()
+            if kept is None:
+                self.set_aside += 1
+                return None
+            return RequestBlock.in_ring(payload, ring, place, kept) if ring is not None else RequestBlock.from_payload(payload, kept=kept)
+        block = RequestBlock.in_ring(payload, ring, place) if ring is not None else RequestBlock.from_payload(payload, self._full)
+        self._full, self._set = block, None
+        return block
+
+    def _running_set(self) -> RunningSet | None:
+        if self._set is None and self._full is not None:
+            parts = self._full.parts()
+            if parts is None:  # (its ring overwrote it: never within the writer's KEPT_MAX records)
+                self._full = None
+                return None
+            self._set = RunningSet(self._full.n, *parts)
+        return self._set
 
 
 def decode_columns(blocks: Sequence[StepRequests]) -> dict[str, list[Any]]:

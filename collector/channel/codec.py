@@ -16,14 +16,26 @@ per-step path and must cost microseconds; the rare records are JSON.
 ``waiting`` counts every waiting request; ``waiting_by_reason`` is rebuilt from ``waiting -
 deferred`` (``capacity``) and ``deferred``, the split vLLM's own ``/metrics`` uses.
 
-``R``: the running requests of one step, from the RecordingScheduler, self-contained (a reader
-that starts anywhere in the ring decodes it alone)::
+``R``: the running requests of one step, from the RecordingScheduler. A full record::
 
     <QdIB           step, ts, n, flags (bit 0: a mirror-rows column follows;
-                    bit 1: a host-blocks column follows)
+                    bit 1: a host-blocks column follows; bit 2: clear)
     u32[n] prompt_len, u32[n] computed, u32[n] output, u32[n] preemptions, u8[n] status code,
     [i32[n] mirror_rows, -1 where unknown], [i32[n] host_blocks, -1 where unknown],
     then the n request ids, UTF-8, joined by NUL
+
+A record with flag bit 2 set (``FLAG_KEPT``) carries only what changes from step to step while
+the running set does not::
+
+    <QdIB           step, ts, n, flags
+    u32[n] computed, u32[n] output, [i32[n] mirror_rows], [i32[n] host_blocks]
+
+its prompt lengths, preemptions, statuses and ids are those of the last full ``R`` record before
+it in the same ring, which has the same ``n``. The writer writes a full record when the running
+set changes and at least every ``KEPT_MAX`` + 1 records, so a reader that starts anywhere in
+the ring (or lost records: it fell behind its writer) sets aside at most ``KEPT_MAX`` records
+before it can decode again; a reader decodes such records in ring order
+(``collector.channel.blocks.RequestRecords``).
 
 ``mirror_rows``: the host-mirror rows the HiSparse connector scheduled for the request this
 step (``HiSparseConnectorMetadata.row_mirrors``); ``host_blocks``: the host blocks the HiSparse
@@ -80,7 +92,9 @@ from collector.channel.wire import (  # the writing side is defined there; named
     _WORK_FLAGS,
     _WORK_NULLS,
     FLAG_HOST_BLOCKS,
+    FLAG_KEPT,
     FLAG_MIRROR,
+    KEPT_MAX,
     REQS_HEAD,
     STATUS_CODE,
     STATUSES,
@@ -121,7 +135,9 @@ __all__ = [  # the writing side's names are defined in collector.channel.wire
     "CodecError",
     "Decoded",
     "FLAG_HOST_BLOCKS",
+    "FLAG_KEPT",
     "FLAG_MIRROR",
+    "KEPT_MAX",
     "REQS_HEAD",
     "STATUSES",
     "STATUS_CODE",
@@ -150,7 +166,7 @@ __all__ = [  # the writing side's names are defined in collector.channel.wire
 ]
 
 if TYPE_CHECKING:  # blocks imports this module
-    from collector.channel.blocks import RequestBlock
+    from collector.channel.blocks import RequestBlock, RequestRecords
 
 
 class CodecError(InputError):
@@ -198,22 +214,24 @@ def encode_event(ev: Event) -> bytes:
     return encode(body)
 
 
-def decode(payload: bytes, *, engine: str | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
+def decode(payload: bytes, *, engine: str | None = None, requests: RequestRecords | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
     """Return (meta, observation): exactly one is set. ``engine`` names the engine of binary
-    records (which do not carry it) and overrides the name in JSON ones."""
+    records (which do not carry it) and overrides the name in JSON ones. ``requests``: the ring's
+    ``R`` decoder, for records that keep an earlier record's running set (read in ring order);
+    without it such a record is a ``CodecError``."""
     try:
-        return _decode(payload, engine)
+        return _decode(payload, engine, requests)
     except RecursionError as exc:  # json.loads of a deeply nested array, in either form
         raise CodecError("record nested too deeply") from exc
 
 
-def _decode(payload: bytes, engine: str | None) -> tuple[dict[str, Any] | None, Observation | None]:
+def _decode(payload: bytes, engine: str | None, requests: RequestRecords | None = None) -> tuple[dict[str, Any] | None, Observation | None]:
     tag = payload[:1]
     name = engine or "unknown"
     if tag == TAG_STEP:
         return None, _decode_step_binary(name, payload)
     if tag == TAG_REQS:
-        return None, _decode_request_block(name, payload)
+        return None, _decode_request_block(name, payload, requests)
     if tag == TAG_WORK:
         rec = decode_work(payload)
         return None, WorkloadBatch(engine=name, ts=rec.ts, records=[rec])
@@ -265,6 +283,7 @@ def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
     work: list[WorkloadArrival | WorkloadEnd] = []
     work_at = -1  # the batch's place in out: the first sound W record's
     work_ts = 0.0
+    requests: RequestRecords | None = None  # the R records' decoder, made at the first
     for payload in payloads:
         tag = payload[0] if payload else -1
         if tag == _STEP_TAG and len(payload) == _STEP_SIZE:
@@ -272,7 +291,9 @@ def decode_many(payloads: Sequence[bytes | memoryview], *, engine: str | None = 
             continue
         if tag == _REQS_TAG:
             try:
-                out.append((None, _decode_request_block(name, payload), None))
+                if requests is None:
+                    requests = _records_type()()
+                out.append((None, _decode_request_block(name, payload, requests), None))
             except CodecError as exc:
                 out.append((None, None, exc))
             continue
@@ -456,16 +477,30 @@ _NULLABLE_FIXED = tuple(name for name in _NULLABLE_STEP_FIELDS if name != "defer
 
 
 _block_type: type[RequestBlock] | None = None
+_records: type[RequestRecords] | None = None
 
 
-def _decode_request_block(engine: str, payload: bytes | memoryview) -> StepRecord:
-    """An ``R`` record as a step half holding the record's bytes: no row objects."""
-    global _block_type  # noqa: PLW0603 - imported once, on first use (requests imports this module)
-    if _block_type is None:
-        from collector.channel.blocks import RequestBlock  # noqa: PLC0415
+def _records_type() -> type[RequestRecords]:
+    global _block_type, _records  # noqa: PLW0603 - imported once, on first use (blocks imports this module)
+    if _records is None:
+        from collector.channel.blocks import RequestBlock, RequestRecords  # noqa: PLC0415
 
-        _block_type = RequestBlock
-    block = _block_type.from_payload(payload)
+        _block_type, _records = RequestBlock, RequestRecords
+    return _records
+
+
+def _decode_request_block(engine: str, payload: bytes | memoryview, requests: RequestRecords | None = None) -> StepRecord:
+    """An ``R`` record as a step half holding the record's bytes: no row objects. A record that
+    keeps an earlier record's running set needs ``requests``, the ring's decoder."""
+    _records_type()
+    assert _block_type is not None
+    if requests is None:
+        block = _block_type.from_payload(payload)
+    else:
+        got = requests.block(payload)
+        if got is None:
+            raise CodecError("request record keeps the running set of an earlier record, which this reader has not read")
+        block = got
     # the shared empty containers, as a plain step's (``_step_of``): four fresh ones a step
     # that nothing fills (a held step's containers are replaced, never edited)
     return StepRecord(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from collector.channel.blocks import RequestBlock
+from collector.channel.blocks import RequestRecords
 from collector.channel.codec import STEP_HEAD, TAG_REQS, TAG_STEP, CodecError, Decoded, decode_many
 from collector.channel.ringfile import RingRecords
 from collector.columns import STATS_DTYPE, stats_of_records
@@ -77,17 +77,21 @@ def decode_read(
     engine: str | None = None,
     records: Callable[[], RingRecords | None] | None = None,
     places: Sequence[int] | None = None,
+    requests: RequestRecords | None = None,
 ) -> Read:
     """``records`` (the ring's, asked for at the first ``R`` record; None: copy them) and
     ``places`` (each payload's logical offset in it): the ``R`` records are kept as their place
-    in the ring, not copied (``RequestBlock.in_ring``)."""
+    in the ring, not copied (``RequestBlock.in_ring``). ``requests``: the ring's ``R`` decoder,
+    which holds its running set from one read to the next (None: a new one, for a read of a
+    whole ring)."""
     out = Read()
     ring: RingRecords | None = None
     left = records is not None and places is not None and len(places) == len(payloads)
     plain: list[bytes | memoryview] = []
     rich: list[StepRecord] = []  # S records with extras, decoded alone
     rest: list[bytes | memoryview] = []
-    prev: StepRequests | None = None
+    if requests is None:
+        requests = RequestRecords()
     for i, p in enumerate(payloads):
         tag = p[0] if len(p) else -1
         if tag == _STEP:
@@ -107,12 +111,12 @@ def decode_read(
                 ring = records()  # type: ignore[misc]
                 left = ring is not None
             try:
-                block = RequestBlock.in_ring(p, ring, places[i]) if left else RequestBlock.from_payload(p, prev)  # type: ignore[arg-type,index]
+                block = requests.block(p, ring, places[i]) if left else requests.block(p)  # type: ignore[index]
             except CodecError as exc:
                 out.other.append((None, None, exc))
                 continue
-            out.blocks.append(block)
-            prev = block
+            if block is not None:  # (None: it kept a running set this reader has not read)
+                out.blocks.append(block)
             continue
         rest.append(p)
     if rest:

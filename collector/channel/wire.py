@@ -24,6 +24,10 @@ WORK_ID_MAX = 1024  # bytes of a request id (a longer one is cut, the same way i
 WORK_FINISH_MAX = 64  # bytes of a finish reason
 FLAG_MIRROR = 1
 FLAG_HOST_BLOCKS = 2
+# An R record that leaves out its running set's columns (prompt lengths, preemptions, statuses,
+# ids): they are the last full R record's of the same ring (``collector.channel.codec``).
+FLAG_KEPT = 4
+KEPT_MAX = 32  # records in a row that keep the columns, at most: a reader that starts anywhere finds a full one soon
 # Request status codes on the wire. Ours, not vLLM's enum values, which may be renumbered.
 STATUSES = (
     "running",

@@ -16,6 +16,10 @@ over ``attrgetter``, no per-row objects) or as any iterable of ints::
 ``mirror_rows`` (host-mirror rows the HiSparse connector scheduled for the request this step)
 and ``host_blocks`` (host blocks the HiSparse coordinator holds for it) are optional columns:
 None leaves the column out (the engine has no such connector), -1 marks one unknown row.
+
+Only what changed is written: while the running set holds (the same ids, prompt lengths,
+preemptions and statuses as the last full record), a record carries the step's computed and
+output counts and the optional columns, and keeps the rest (``collector.channel.codec``, ``R``).
 """
 
 from __future__ import annotations
@@ -28,21 +32,21 @@ from typing import Any, TypeAlias
 from collector.channel.crc import SuffixCrc
 from collector.channel.wire import (
     FLAG_HOST_BLOCKS,
+    FLAG_KEPT,
     FLAG_MIRROR,
+    KEPT_MAX,
     REQS_HEAD,
     STATUS_CODE,
     TAG_REQS,
     UNKNOWN_STATUS,
     encode_arrival,
     encode_end,
-    encode_request_columns,
 )
 from collector.recorder.base import RecorderBase
 from collector.recorder.channel import SCHED_RING_BYTES
 
 __all__ = ["SCHED_RING_BYTES", "Column", "RequestRecorder", "status_code"]
 
-_COUNTS_END = 3  # the record's parts before its output column: the head, the prompt lengths, the computed counts
 _EXTEND_AFTER = 8  # records ending the same way before their longer unchanged end is summed
 _HEAD = struct.Struct("<c" + REQS_HEAD.format.lstrip("<"))  # the tag and the head in one pack
 Column: TypeAlias = "bytes | array[int] | Iterable[int]"  # array[int] is not subscriptable at runtime
@@ -66,10 +70,7 @@ def _ids(ids: bytes | Iterable[str]) -> bytes:
     return ids if isinstance(ids, bytes) else "\0".join(ids).encode()
 
 
-def _encode_columns(
-    step: int,
-    ts: float,
-    n: int,
+def _wire_columns(
     ids: bytes | Iterable[str],
     prompt_len: Column,
     computed: Column,
@@ -78,13 +79,9 @@ def _encode_columns(
     status: Column,
     mirror_rows: Column | None,
     host_blocks: Column | None,
-) -> bytes:
-    """One ``R`` payload from columns in any accepted form (converted here, under the write's
-    guard: a column that is not ints disables the recorder, it never raises into the engine)."""
-    return encode_request_columns(
-        step,
-        ts,
-        n,
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None, bytes | None]:
+    """The columns in any accepted form as ``write_encoded`` takes them."""
+    return (
         _ids(ids),
         _col(prompt_len, "I"),
         _col(computed, "I"),
@@ -94,6 +91,10 @@ def _encode_columns(
         None if mirror_rows is None else _col(mirror_rows, "i"),
         None if host_blocks is None else _col(host_blocks, "i"),
     )
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    return a is b or a == b
 
 
 class _StableTail:
@@ -148,9 +149,10 @@ class RequestRecorder(RecorderBase):
     def __init__(self, *args: Any, capacity: int = SCHED_RING_BYTES, **kwargs: Any) -> None:
         super().__init__(*args, capacity=capacity, **kwargs)
         self._tail = _StableTail()
-        # the columns after the counts in the last record, and their held CRC, when its unchanged
-        # end started right after the counts (``write_encoded``'s common step)
-        self._same: tuple[Any, ...] | None = None
+        # the running set's columns of the last full record (ids, prompt lengths, preemptions,
+        # statuses, n), and how many records since kept them
+        self._set: tuple[bytes, bytes, bytes, bytes, int] | None = None
+        self._kept = 0
 
     def write_requests(
         self,
@@ -170,21 +172,15 @@ class RequestRecorder(RecorderBase):
         """The ``n`` running requests of ``step``, column by column (the same order in every
         column). ``ids``: the request ids, or their UTF-8 joined by NUL; ``status``: wire codes
         (``status_code``), or their bytes; ``computed`` includes this step's scheduled tokens."""
-        self._emit(
-            "write_requests",
-            _encode_columns,
-            step,
-            self.clock() if ts is None else ts,
-            n,
-            ids,
-            prompt_len,
-            computed,
-            output,
-            preemptions,
-            status,
-            mirror_rows,
-            host_blocks,
-        )
+        channel = self.channel
+        if not channel.active:
+            return
+        try:  # (a column that is not ints disables the recorder, it never raises into the engine)
+            cols = _wire_columns(ids, prompt_len, computed, output, preemptions, status, mirror_rows, host_blocks)
+        except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
+            channel.fail(f"write_requests raised {exc!r}")
+            return
+        self.write_encoded(step, self.clock() if ts is None else ts, n, *cols)
 
     def write_encoded(
         self,
@@ -207,43 +203,56 @@ class RequestRecorder(RecorderBase):
         computed and output columns lie side by side in the record: a caller holding both in one
         buffer passes it as ``computed`` and ``b""`` as ``output``.
 
-        A column passed again as the same ``bytes`` object as in the last call is known not to
-        have changed: the unchanged columns at the record's end (the ids, and mostly the
-        statuses and preemptions) are joined and summed for the ring's CRC once, not per step
-        (``collector.channel.crc``)."""
+        While the running set's columns (ids, prompt lengths, preemptions, statuses) are those
+        of the last full record, the same objects (compared by identity, else by value), the
+        record keeps them (``FLAG_KEPT``: only the head, computed, output and the optional
+        columns are written, a sixth of a full record at 256 running), for at most ``KEPT_MAX``
+        records in a row; a reader in ring order takes them from the full record
+        (``collector.channel.blocks.RequestRecords``). In a full record, the unchanged columns at
+        its end are summed for the ring's CRC once, not per record (``collector.channel.crc``)."""
         channel = self.channel
         if not channel.active:
             return
         try:
             flags = (0 if mirror_rows is None else FLAG_MIRROR) | (0 if host_blocks is None else FLAG_HOST_BLOCKS)
-            head = _HEAD.pack(TAG_REQS, step, ts, n, flags)
-            # The common step: every column after the counts is the same object as in the last
-            # record, whose unchanged end started right there: its CRC is held, nothing is compared
-            # column by column (``_StableTail.cut``, 0.75 us at 256 running).
-            same = self._same
-            if same is not None and same[0] is output and same[1] is preemptions and same[2] is status and same[3] is mirror_rows and same[4] is host_blocks and same[5] is ids:
-                prefix = b"".join((head, prompt_len, computed))
-                tail = same[6]
+            held = self._set
+            if (
+                held is not None
+                and n
+                and self._kept < KEPT_MAX
+                and held[4] == n
+                and _same(held[0], ids)
+                and _same(held[1], prompt_len)
+                and _same(held[2], preemptions)
+                and _same(held[3], status)
+            ):
+                # the running set did not change: only what a step changes is written
+                self._kept += 1
+                parts = [_HEAD.pack(TAG_REQS, step, ts, n, flags | FLAG_KEPT), computed, output]
+                if mirror_rows is not None:
+                    parts.append(mirror_rows)
+                if host_blocks is not None:
+                    parts.append(host_blocks)
+                payload = b"".join(parts)
             else:
-                self._same = None
-                parts = [head, prompt_len, computed, output, preemptions, status]
+                self._set, self._kept = (ids, prompt_len, preemptions, status, n), 0
+                parts = [_HEAD.pack(TAG_REQS, step, ts, n, flags), prompt_len, computed, output, preemptions, status]
                 if mirror_rows is not None:
                     parts.append(mirror_rows)
                 if host_blocks is not None:
                     parts.append(host_blocks)
                 parts.append(ids)
-                held = self._tail.cut(parts)
-                if held is None:
-                    channel.write(b"".join(parts))
+                cut = self._tail.cut(parts)
+                if cut is None:
+                    payload = b"".join(parts)
+                else:
+                    prefix = b"".join(parts[: cut[0]])
+                    channel.write(prefix, cut[1].crc(prefix), cut[1].suffix)
                     return
-                cut, tail = held
-                prefix = b"".join(parts[:cut])
-                if cut == _COUNTS_END:
-                    self._same = (output, preemptions, status, mirror_rows, host_blocks, ids, tail)
         except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
             channel.fail(f"write_requests raised {exc!r}")
             return
-        channel.write(prefix, tail.crc(prefix), tail.suffix)
+        channel.write(payload)
 
     def write_arrival(
         self,

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from collector.channel import RingCorrupt, RingReader
+from collector.channel.blocks import RequestRecords
 from collector.channel.codec import TAG_REQS, TAG_STEP
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.reads import decode_read
@@ -119,6 +120,8 @@ class _Tail:
     generation: int = 0  # rings this path held before this one (a writer started again under the same name)
     replace_checked: float = 0.0  # when the path was last checked for a replaced ring
     last_read: float = -math.inf  # (monotonic) when its records were last read
+    # its R records' decoder: the running set a record that keeps it refers to (collector.channel.codec)
+    requests: RequestRecords = field(default_factory=RequestRecords)
 
 
 class RecorderSource:
@@ -212,6 +215,8 @@ class RecorderSource:
             "coarse": int(self.coarse),
             "gaps": self.gaps,
             "gap_bytes": self.gap_bytes,
+            # R records that kept a running set not read (a ring read from its middle, or records lost)
+            "requests_set_aside": sum(t.requests.set_aside for t in self._tails.values()),
             "replaced": self.replaced,
             "engines": sorted({t.engine for t in self._tails.values() if t.engine}),
             "unconfigured": sorted({t.engine for t in self._tails.values() if t.engine and t.joined is not None and not t.joined.configured}),
@@ -476,7 +481,10 @@ class RecorderSource:
             # engine, must be in before the kernel log's first fault is)
             budget = _WHOLE if first else max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
             places: list[int] = []
+            lost = tail.reader.lost_bytes
             payloads = tail.reader.read_views(budget, places=places)
+            if tail.reader.lost_bytes != lost:  # the writer overwrote records not read: the set held may be stale
+                tail.requests.reset()
             unread = info.head - tail.reader.pos
             tail.short_last = unread > 0
             if payloads:
@@ -490,6 +498,7 @@ class RecorderSource:
         tail.pid = info.pid
         if tail.skipping:
             payloads, places = self._drop_steps(path, tail, payloads, places)
+            tail.requests.reset()  # (a full R record may be among those dropped)
             if unread <= self.coarse_at * info.capacity:
                 gap = self._gap_closed(path, tail, now)
         if tail.reader.pos >= info.head:
@@ -498,7 +507,7 @@ class RecorderSource:
             self._worst = max(self._worst, unread / info.capacity)
         out = tail.held
         # the per-request records are kept as their place in the ring (its bytes stay there)
-        read = decode_read(payloads, records=lambda: self._records_of(tail), places=places)
+        read = decode_read(payloads, records=lambda: self._records_of(tail), places=places, requests=tail.requests)
         if read.bad_steps:
             tail.bad_records += read.bad_steps
             self.bad_records += read.bad_steps

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 import pytest
 
-from collector.channel.blocks import RequestBlock, decode_columns, pack_blocks, unpack_blocks
+from collector.channel.blocks import RequestBlock, RequestRecords, decode_columns, pack_blocks, unpack_blocks
 from collector.channel.codec import CodecError
 from collector.channel.ringfile import RingReader, RingWriter
 from tests.request_columns import Row, make_block
@@ -90,3 +91,78 @@ def test_a_block_its_ring_overwrote_is_left_out_of_the_rows_and_said(tmp_path: P
 
     table = RequestTable.from_blocks([gone, copied[1]])
     assert len(table) == copied[1].n and table.columns["step"] == [1] * copied[1].n
+
+
+def _kept_ring(tmp_path: Path, steps: int = 40) -> tuple[Path, list[bytes]]:
+    """A scheduler ring as the recorder writes it for a running set that holds ``steps`` steps:
+    a full record, then records that keep its set (a full one again after KEPT_MAX); and the
+    full record of every step, as a reader in order must see them."""
+    from collector.channel.codec import encode_request_columns
+    from collector.recorder import EngineIdentity, RequestRecorder
+
+    rec = RequestRecorder(EngineIdentity(server_pid=1), directory=tmp_path, pid=1)
+    ids, prompt, preempt, status = ["cmpl-a-0", "cmpl-b-0"], [100, 50], [0, 1], [0, 1]
+    full = []
+    for step in range(1, steps + 1):
+        cols = {"prompt_len": prompt, "computed": [100 + step, 50], "output": [step, 0], "preemptions": preempt, "status": status}
+        rec.write_requests(step, ts=float(step), n=2, ids=ids, mirror_rows=[2, -1], **cols)
+        full.append(
+            encode_request_columns(
+                step,
+                float(step),
+                2,
+                "\0".join(ids).encode(),
+                *(array("I", cols[k]).tobytes() for k in cols if k != "status"),
+                bytes(status),
+                array("i", [2, -1]).tobytes(),
+            )
+        )
+    return rec.channel.path, full
+
+
+def test_records_that_keep_the_running_set_read_in_order_as_the_full_records(tmp_path: Path) -> None:
+    from collector.channel.codec import FLAG_KEPT
+    from collector.channel.reads import decode_read
+
+    path, full = _kept_ring(tmp_path)
+    r = RingReader(path)
+    places: list[int] = []
+    views = r.read_views(places=places)
+    kept = [bool(v[21] & FLAG_KEPT) for v in views[1:]]
+    assert kept[0] is False and kept[33] is False and sum(kept) == 38  # full at the 1st and the 34th
+    requests = RequestRecords()
+    read = decode_read(views, records=r.records, places=places, requests=requests)
+    assert [b.payload() for b in read.blocks] == full  # left in the ring, each reads whole
+    assert [(b.running, b.mirror_rows) for b in read.blocks] == [(1, 2)] * 40
+    assert all(b.nbytes == read.blocks[0].nbytes for b in read.blocks)  # a kept record counts as the full one
+    held = RequestBlock.resident_many(read.blocks)  # a capture's copies
+    assert [b.payload() for b in held] == full and all(b.held for b in held)
+    assert decode_columns(held) == decode_columns(unpack_blocks(pack_blocks(read.blocks)))
+    assert requests.set_aside == 0
+
+
+def test_a_reader_that_starts_inside_the_ring_or_lost_records_sets_kept_ones_aside(tmp_path: Path) -> None:
+    from collector.channel.reads import decode_read
+
+    path, full = _kept_ring(tmp_path)
+    views = RingReader(path).read()
+    requests = RequestRecords()
+    late = decode_read(views[5:], requests=requests)  # started at the 5th step's record
+    assert [b.step for b in late.blocks] == list(range(34, 41))  # from the next full record on
+    assert requests.set_aside == 29 and not late.other  # steps 5 to 33
+    requests.reset()  # records lost: the next kept ones wait for a full one
+    with pytest.raises(CodecError):
+        RequestBlock.from_payload(views[3])  # alone, a kept record cannot be read
+    again = decode_read(views[36:], requests=requests)
+    assert again.blocks == [] and requests.set_aside == 34  # steps 36 to 40 too
+
+
+def test_a_kept_record_of_another_row_count_is_our_error(tmp_path: Path) -> None:
+    from collector.channel.reads import decode_read
+
+    _, full = _kept_ring(tmp_path, steps=2)
+    views = RingReader(tmp_path / next(p.name for p in tmp_path.glob("*.ring"))).read()
+    other = bytearray(views[2])
+    other[17:21] = (3).to_bytes(4, "little")  # n = 3 against a set of 2
+    read = decode_read([views[1], bytes(other)])
+    assert len(read.blocks) == 1 and isinstance(read.other[0][2], CodecError)

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from collector.channel.blocks import RequestRecords
 from collector.channel.codec import TAG_REQS, decode, decode_many
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
@@ -92,6 +93,7 @@ class SchedRing:
     def __init__(self, recorder_dir: Path) -> None:
         self.recorder_dir = recorder_dir
         self.reader: RingReader | None = None
+        self.requests = RequestRecords()  # (its R records are read in order)
         self.steps: list[StepRecord] = []
 
     def poll(self) -> list[StepRecord]:
@@ -103,7 +105,7 @@ class SchedRing:
         if self.reader is not None:
             for payload in self.reader.read():
                 if payload[:1] == TAG_REQS:
-                    step = decode(payload, engine=ENGINE)[1]
+                    step = decode(payload, engine=ENGINE, requests=self.requests)[1]
                     assert isinstance(step, StepRecord)
                     self.steps.append(step)
         return self.steps

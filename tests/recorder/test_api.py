@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from collector.channel.codec import STEP_HEAD, decode
+from collector.channel.blocks import RequestRecords
+from collector.channel.codec import FLAG_KEPT, REQS_HEAD, STEP_HEAD, decode
 from collector.channel.ringfile import RingReader
 from collector.model import Event, Fingerprint, StepRecord, WorkloadArrival, WorkloadBatch, WorkloadEnd
 from collector.recorder import EngineIdentity, RequestRecorder, StatsRecorder, engine_name, status_code
@@ -30,7 +31,8 @@ STEP = {
 
 
 def records(path: Path) -> list[tuple[dict[str, Any] | None, Any]]:
-    return [decode(p) for p in RingReader(path).read()]
+    requests = RequestRecords()
+    return [decode(p, requests=requests) for p in RingReader(path).read()]
 
 
 def test_engine_names() -> None:
@@ -93,7 +95,11 @@ def test_request_columns_from_lists_and_from_bytes_are_the_same_record(tmp_path:
     as_bytes = {k: array("i" if k == "mirror_rows" else "I", v).tobytes() for k, v in cols.items() if k not in ("ids", "status")}
     rec.write_requests(77, ts=3.5, n=2, ids="\0".join(cols["ids"]).encode(), status=bytes(cols["status"]), **as_bytes)
     raw = RingReader(rec.channel.path).read()
-    assert raw[1] == raw[2]
+    # the second keeps the first's running set (equal columns): read in order, the same record
+    assert raw[2][21] == raw[1][21] | FLAG_KEPT and len(raw[2]) == 1 + REQS_HEAD.size + 2 * 12
+    requests = RequestRecords()
+    first, second = requests.block(raw[1]), requests.block(raw[2])
+    assert first is not None and second is not None and first.payload() == second.payload() == raw[1]
     assert [(r.request_id, r.prompt_len, r.computed_tokens, r.preemptions, r.status, r.mirror_rows) for r in rows_of(raw[1])] == [
         ("cmpl-a-0", 32000, 32512, 0, "running", 8),
         ("cmpl-é-1", 300, 0, 2, "preempted", None),
@@ -101,17 +107,19 @@ def test_request_columns_from_lists_and_from_bytes_are_the_same_record(tmp_path:
 
 
 def test_host_blocks_column_sets_its_flag(tmp_path: Path) -> None:
-    from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR, REQS_HEAD
+    from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR
 
     rec = RequestRecorder(EngineIdentity(server_pid=1), directory=tmp_path)
     one = {"n": 1, "ids": ["a"], "prompt_len": [1], "computed": [1], "output": [0], "preemptions": [0], "status": [0]}
     rec.write_requests(1, **one)
     rec.write_requests(2, **one, host_blocks=[5])
     rec.write_requests(3, **one, mirror_rows=[4], host_blocks=[-1])
+    rec.write_requests(4, **{**one, "ids": ["b"]}, mirror_rows=[4], host_blocks=[-1])
     flags = [REQS_HEAD.unpack_from(p, 1)[3] for p in RingReader(rec.channel.path).read()[1:]]
-    assert flags == [0, FLAG_HOST_BLOCKS, FLAG_MIRROR | FLAG_HOST_BLOCKS]
-    last = RingReader(rec.channel.path).read()[-1]
-    assert last.endswith(b"\x04\x00\x00\x00\xff\xff\xff\xffa")  # mirror, then host blocks, then ids
+    assert flags == [0, FLAG_HOST_BLOCKS | FLAG_KEPT, FLAG_MIRROR | FLAG_HOST_BLOCKS | FLAG_KEPT, FLAG_MIRROR | FLAG_HOST_BLOCKS]
+    kept, full = RingReader(rec.channel.path).read()[-2:]
+    assert kept.endswith(b"\x01\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00\xff\xff\xff\xff")  # computed, output, mirror, host: no ids
+    assert full.endswith(b"\x04\x00\x00\x00\xff\xff\xff\xffb")  # mirror, then host blocks, then ids
 
 
 def test_workload_and_event_records(tmp_path: Path) -> None:
@@ -171,12 +179,13 @@ def test_the_pod_uid_comes_from_the_downward_api_else_the_own_cgroup(tmp_path: P
 def test_the_meta_record_follows_every_wrap_of_the_ring(tmp_path: Path) -> None:
     rec = RequestRecorder(EngineIdentity(server_pid=7), directory=tmp_path, capacity=4096)
     reader = RingReader(rec.channel.path)
+    requests = RequestRecords()
     metas, laps = 0, 0
     steps: list[int] = []
     for step in range(1, 600):
         rec.write_requests(step, ts=1.0, n=1, ids=["a"], prompt_len=[1], computed=[step], output=[0], preemptions=[0], status=[0])
         for payload in reader.read():  # a reader that keeps up sees every record
-            meta, _ = decode(payload)
+            meta, _ = decode(payload, requests=requests)
             if meta is not None and meta.get("t") == "meta":
                 metas += 1
                 assert not steps or steps[-1] == step  # first, then right after the record that crossed a lap

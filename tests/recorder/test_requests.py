@@ -1,6 +1,8 @@
 """``RequestRecorder.write_encoded``, the scheduler's hot path, writes the very records
-``write_requests`` writes (and ``encode_request_columns`` encodes), with the ring's CRC right,
-whichever columns it is handed again as the same objects."""
+``write_requests`` writes, with the ring's CRC right, whichever columns it is handed again as the
+same objects: a full record (``encode_request_columns``) when the running set changed or
+``KEPT_MAX`` records kept it, else one with only the step's own columns, which a reader in ring
+order turns back into that full record."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import zlib
 from array import array
 from pathlib import Path
 
-from collector.channel.codec import encode_request_columns
+from collector.channel.blocks import RequestRecords
+from collector.channel.codec import FLAG_KEPT, KEPT_MAX, REQS_HEAD, encode_request_columns
 from collector.channel.ringfile import HEADER_SIZE, REC, RingReader, _aligned
 from collector.recorder import EngineIdentity, RequestRecorder
 
@@ -40,7 +43,7 @@ def random_steps(seed: int, steps: int) -> list[tuple[object, ...]]:
     mirror: bytes | None = None
     hisparse = seed % 2 == 1
     for step in range(1, steps + 1):
-        if step == 1 or rng.random() < 0.25:  # the running set changes
+        if step == 1 or rng.random() < (0.25 if seed < 4 else 0.01):  # the running set changes (rarely: runs past KEPT_MAX)
             n = rng.choice([0, 1, 3, 17, 64])
             ids = "\0".join(f"cmpl-{rng.getrandbits(64):x}-0" for _ in range(n)).encode()
             prompt = array("I", [rng.randrange(1, 4000) for _ in range(n)]).tobytes()
@@ -81,7 +84,19 @@ def test_write_encoded_writes_the_records_write_requests_writes(tmp_path: Path) 
         assert fast.active and plain.active
         got, want = raw_records(fast.channel.path), raw_records(plain.channel.path)
         assert got == want  # length, CRC and payload of every record, the meta record's too
-        assert [p for _, _, p in got[1:]] == [encode_request_columns(*s) for s in steps]  # type: ignore[arg-type]
+        # each record, read in order, is the full record of its step: a kept one with its set
+        requests = RequestRecords()
+        blocks = [requests.block(p) for _, _, p in got[1:]]
+        assert [b.payload() for b in blocks if b is not None] == [encode_request_columns(*s) for s in steps]  # type: ignore[arg-type]
+        kept = [bool(p[21] & FLAG_KEPT) for _, _, p in got[1:]]
+        assert any(kept) and not kept[0]
+        runs = "".join("k" if k else "." for k in kept).split(".")
+        assert max(map(len, runs)) <= KEPT_MAX  # a full record at least every KEPT_MAX + 1
+        if seed >= 4:
+            assert max(map(len, runs)) == KEPT_MAX
+        for (_, _, p), s, k in zip(got[1:], steps, kept, strict=True):
+            own = 8 + 4 * (s[9] is not None) + 4 * (s[10] is not None)  # a kept record's bytes a row
+            assert len(p) == (1 + REQS_HEAD.size + s[2] * own if k else len(encode_request_columns(*s)))  # type: ignore[arg-type,operator]
         assert all(crc == zlib.crc32(p) for _, crc, p in got)
         assert len(RingReader(fast.channel.path).read()) == len(steps) + 1  # the reader takes them all
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from collector.channel import RingReader
+from collector.channel.blocks import RequestRecords
 from collector.channel.codec import decode
 from collector.ingest.workload import WorkloadLog
 from collector.model import WorkloadBatch
@@ -24,12 +25,12 @@ STEPS_PER_S = 3000.0  # twice the demo's: the same ramp in ~10 s
 async def record(pair: SimPair, engine: str) -> WorkloadLog:
     """Run the pair to its crash, tailing the decode engine's rings as the sidecar does."""
     log = WorkloadLog()
-    readers = [RingReader(p) for p in sorted(pair.cfg.recorder_dir.glob(f"{engine}*.ring"))]
+    readers = [(RingReader(p), RequestRecords()) for p in sorted(pair.cfg.recorder_dir.glob(f"{engine}*.ring"))]
 
     def drain() -> None:
-        for rd in readers:
+        for rd, requests in readers:
             for payload in rd.read():
-                _, obs = decode(payload, engine=engine)
+                _, obs = decode(payload, engine=engine, requests=requests)
                 if isinstance(obs, WorkloadBatch):
                     log.add(obs)
 
@@ -39,7 +40,7 @@ async def record(pair: SimPair, engine: str) -> WorkloadLog:
         await asyncio.sleep(0.05)
     drain()
     await run
-    for rd in readers:
+    for rd, _ in readers:
         rd.close()
     return log
 

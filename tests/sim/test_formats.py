@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
-from collector.channel.blocks import decode_columns
+from collector.channel.blocks import RequestRecords, decode_columns
 from collector.channel.codec import decode
 from collector.model import HALF_REQUESTS, HALF_STATS, Fingerprint, StepRecord
 from collector.sim.engine import SimEngine
@@ -133,8 +133,9 @@ def test_step_records_travel_through_the_recorder_channel(tmp_path: Path) -> Non
         eng.step()
     got: list[object] = []
     for ring in sorted(tmp_path.glob("decode-0.*.ring")):
+        requests = RequestRecords()  # (a ring's R records are read in order)
         for payload in RingReader(ring).read():
-            meta, obs = decode(payload)
+            meta, obs = decode(payload, requests=requests)
             got.append(meta or obs)
     # the stat logger's half and the scheduler's half of each step, each with only its figures
     steps = [o for o in got if isinstance(o, StepRecord) and o.halves == HALF_STATS]

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.channel import RingReader
-from collector.channel.blocks import decode_columns
+from collector.channel.blocks import RequestRecords, decode_columns
 from collector.channel.codec import decode
 from collector.channel.naming import parse_ring_file_name
 from collector.cli import build_parser
@@ -28,8 +28,9 @@ VLLM_ID = re.compile(r"^cmpl-[0-9a-f]{32}-0$")
 
 def read_ring(path: Path) -> tuple[list[dict[str, object]], list[object]]:
     metas, obs = [], []
+    requests = RequestRecords()
     for payload in RingReader(path).read():
-        meta, o = decode(payload)
+        meta, o = decode(payload, requests=requests)
         if meta is not None:
             metas.append(meta)
         else:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collector.channel.blocks import RequestRecords
 from collector.channel.codec import TAG_REQS, decode
 from collector.channel.naming import parse_ring_file_name
 from collector.channel.ringfile import RingReader
@@ -83,6 +84,7 @@ class CoreRing:
     def __init__(self, recorder_dir: Path) -> None:
         self.recorder_dir = recorder_dir
         self.reader: RingReader | None = None
+        self.requests = RequestRecords()  # (its R records are read in order)
         self.last: StepRecord | None = None
 
     def poll(self) -> StepRecord | None:
@@ -93,7 +95,7 @@ class CoreRing:
         if self.reader is not None:
             for payload in self.reader.read():
                 if payload[:1] == TAG_REQS:
-                    step = decode(payload, engine="core")[1]
+                    step = decode(payload, engine="core", requests=self.requests)[1]
                     if isinstance(step, StepRecord):
                         self.last = step
         return self.last

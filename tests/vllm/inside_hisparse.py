@@ -47,7 +47,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR, REQS_HEAD, STEP_HEAD, decode_many  # noqa: E402
+from collector.channel.blocks import RequestBlock, RequestRecords  # noqa: E402
+from collector.channel.codec import FLAG_HOST_BLOCKS, FLAG_MIRROR, STEP_HEAD, decode_many  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import StepRecord  # noqa: E402
 from collector.vllm.hisparse import find_hisparse  # noqa: E402
@@ -123,27 +124,33 @@ host.allocate_new_blocks(reqs[2].request_id, 20, 20)  # the third request gets i
 rec.scheduled(reqs, so)
 
 
-def sched_payloads() -> list[bytes]:
-    return [p for path in (work / "rec").glob("hs.sched.*.ring") for p in RingReader(path).read() if p[:1] == b"R"]
-
-
-def columns(payload: bytes) -> dict[str, Any]:
-    from array import array
-
-    step, _, n, flags = REQS_HEAD.unpack_from(payload, 1)
-    pos = 1 + REQS_HEAD.size + n * 17
-    out: dict[str, Any] = {"step": step, "flags": flags}
-    for name, bit in (("mirror_rows", FLAG_MIRROR), ("host_blocks", FLAG_HOST_BLOCKS)):
-        if flags & bit:
-            col = array("i")
-            col.frombytes(payload[pos : pos + 4 * n])
-            out[name] = list(col)
-            pos += 4 * n
-    out["ids"] = payload[pos:].decode().split("\0")
+def sched_blocks() -> list[RequestBlock]:
+    """The scheduler ring's R records in order, each with its columns whole (a record that kept
+    its running set's columns gets them from the full record before it)."""
+    out = []
+    for path in (work / "rec").glob("hs.sched.*.ring"):
+        requests = RequestRecords()
+        out += [b for p in RingReader(path).read() if p[:1] == b"R" and (b := requests.block(p)) is not None]
     return out
 
 
-result["steps"] = [columns(p) for p in sched_payloads()]
+def columns(block: RequestBlock) -> dict[str, Any]:
+    from array import array
+
+    n, flags, cols = block.n, block.flags, block.cols
+    pos = n * 17
+    out: dict[str, Any] = {"step": block.step, "flags": flags}
+    for name, bit in (("mirror_rows", FLAG_MIRROR), ("host_blocks", FLAG_HOST_BLOCKS)):
+        if flags & bit:
+            col = array("i")
+            col.frombytes(cols[pos : pos + 4 * n])
+            out[name] = list(col)
+            pos += 4 * n
+    out["ids"] = block.ids.decode().split("\0")
+    return out
+
+
+result["steps"] = [columns(b) for b in sched_blocks()]
 result["flags"] = {"mirror": FLAG_MIRROR, "host_blocks": FLAG_HOST_BLOCKS}
 
 # -- connector stats as vLLM hands them to stat loggers --------------------------------------

@@ -27,6 +27,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from collector.channel.blocks import RequestRecords  # noqa: E402
 from collector.channel.codec import decode  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord, WorkloadArrival, WorkloadBatch  # noqa: E402
@@ -96,8 +97,9 @@ def block_rows(o: StepRecord) -> list[list[Any]]:
 def ring(tag: str, role: str) -> list[Any]:
     out = []
     for path in sorted((work / "rec").glob(f"{tag}.{role}.*.ring")):
+        requests = RequestRecords()
         for p in RingReader(path).read():
-            o = decode(p, engine=tag)[1]
+            o = decode(p, engine=tag, requests=requests)[1]
             if o is not None:
                 out.append(o)
     return out

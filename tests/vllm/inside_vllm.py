@@ -26,6 +26,7 @@ from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, PrefixCacheStats, SchedulerStats  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+from collector.channel.blocks import RequestRecords  # noqa: E402
 from collector.channel.codec import decode  # noqa: E402
 from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.model import Fingerprint, StepRecord  # noqa: E402
@@ -61,7 +62,8 @@ def block_rows(o: StepRecord) -> list[list[Any]]:
 def ring_records(role: str) -> list[object]:
     out = []
     for path in (work / "rec").glob(f"*.{role}.*.ring"):
-        out.extend(decode(p, engine="inside") for p in RingReader(path).read())
+        requests = RequestRecords()
+        out.extend(decode(p, engine="inside", requests=requests) for p in RingReader(path).read())
     return out
 
 
