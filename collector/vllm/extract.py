@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import Any
 
 from collector.channel.wire import STATUS_CODE, UNKNOWN_STATUS
@@ -152,11 +151,6 @@ class _StatusCodes(dict[Any, int]):
         return code
 
 
-_ID = attrgetter("request_id")
-_PROMPT = attrgetter("num_prompt_tokens")
-_OUTPUT_LIST = attrgetter("_output_token_ids")
-_PREEMPT = attrgetter("num_preemptions")
-_STATUS = attrgetter("status")
 REQUIRED = ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "status")
 
 
@@ -201,15 +195,35 @@ class RequestColumns:
             raise RecorderError(f"vLLM's Request has no {', '.join(missing)}")
 
     def _refresh(self, running: Sequence[Any]) -> None:
+        # One comprehension a column (the interpreter's specialised attribute load): half the
+        # time of ``map`` over an ``attrgetter`` into ``array``, which matters where the running
+        # set changes at every step (a request finishing or joining: bench_recorder.py's
+        # ``per_request_churn``).
         self._prev = list(running)
         if running:
             self._probe(running[0])
-        self.id_list = list(map(str, map(_ID, running)))
-        self.ids = "\0".join(self.id_list).encode()
-        self.prompt = array("I", map(_PROMPT, running)).tobytes()
-        self.preempt = array("I", map(_PREEMPT, running)).tobytes()
-        self.status = bytes(map(self._codes.__getitem__, map(_STATUS, running)))
-        self._outputs = list(map(_OUTPUT_LIST, running)) if self._output_len else []
+        ids = [r.request_id for r in running]
+        try:
+            joined = "\0".join(ids)
+        except TypeError:  # (vLLM's ids are str; any other kind is written as its str)
+            ids = list(map(str, ids))
+            joined = "\0".join(ids)
+        self.id_list = ids
+        self.ids = joined.encode()
+        prompt = array("I")
+        prompt.fromlist([r.num_prompt_tokens for r in running])
+        self.prompt = prompt.tobytes()
+        preempt = array("I")
+        preempt.fromlist([r.num_preemptions for r in running])
+        self.preempt = preempt.tobytes()
+        statuses = [r.status for r in running]
+        # a running list holds running requests: one code for all, without hashing each status
+        # (an Enum's hash is a Python call)
+        if statuses and statuses.count(statuses[0]) == len(statuses):
+            self.status = bytes((self._codes[statuses[0]],)) * len(statuses)
+        else:
+            self.status = bytes(map(self._codes.__getitem__, statuses))
+        self._outputs = [r._output_token_ids for r in running] if self._output_len else []
 
     def read(self, running: Sequence[Any], *, changed: bool = False) -> tuple[bytes, bytes]:
         """Refresh the cached columns when needed; return this step's (computed, output)."""
