@@ -55,19 +55,32 @@ def _known_sum(col: bytes | memoryview) -> int | None:
 
 class RunningSet:
     """The running set's columns of a full ``R`` record (prompt lengths, preemptions, statuses,
-    ids), which the records after it that keep them (``FLAG_KEPT``) share: one copy of them per
-    running set, not one per step."""
+    ids), which the records after it that keep them (``FLAG_KEPT``) share. The small columns are
+    copied once per set; the ids (most of a record's bytes) stay in the full record, read from
+    its ring the first time a row is read (a capture, the API), then held."""
 
-    __slots__ = ("ids", "n", "nbytes", "preempt", "prompt", "running", "status")
+    __slots__ = ("_full", "_ids", "n", "nbytes", "preempt", "prompt", "running", "status")
 
-    def __init__(self, n: int, cols: bytes | memoryview, ids: bytes | memoryview) -> None:
-        self.n = n
+    def __init__(self, full: RequestBlock, cols: bytes | memoryview, ids: bytes | memoryview) -> None:
+        n = self.n = full.n
         self.prompt = bytes(cols[: 4 * n])
         self.preempt = bytes(cols[12 * n : 16 * n])
         self.status = bytes(cols[16 * n : 17 * n])
-        self.ids = bytes(ids)
         self.running = self.status.count(RUNNING)
-        self.nbytes = 9 * n + len(self.ids)  # what a full record holds that a kept one does not
+        self.nbytes = 9 * n + len(ids)  # what a full record holds that a kept one does not
+        held = full.held
+        self._full: RequestBlock | None = None if held else full
+        self._ids: bytes | None = bytes(ids) if held else None
+
+    @property
+    def ids(self) -> bytes | None:
+        """The ids, NUL-joined; None once the ring overwrote the full record before they were read."""
+        if self._ids is None and self._full is not None:
+            parts = self._full.parts()
+            self._full = None
+            if parts is not None:
+                self._ids = bytes(parts[1])
+        return self._ids
 
 
 class RequestBlock:
@@ -132,7 +145,10 @@ class RequestBlock:
         step, ts, n, flags, end = _head(payload)
         if flags & FLAG_KEPT:
             own = _kept_set(kept, n)
-            return cls(step, ts, n, flags & ~FLAG_KEPT, _full_cols(own, payload[_HEAD:end], n), own.ids)
+            ids = own.ids
+            if ids is None:
+                raise CodecError("request record keeps the running set of a record its ring no longer holds")
+            return cls(step, ts, n, flags & ~FLAG_KEPT, _full_cols(own, payload[_HEAD:end], n), ids)
         ids = bytes(payload[end:])
         if prev is not None and prev.ids == ids:
             ids = prev.ids
@@ -176,7 +192,8 @@ class RequestBlock:
         if payload is None or payload[:1] != TAG_REQS or REQS_HEAD.unpack_from(payload, 1) != (self.step, self.ts, self.n, flags):
             return None
         if own is not None:
-            return _full_cols(own, payload[_HEAD:], self.n), own.ids
+            ids = own.ids
+            return None if ids is None else (_full_cols(own, payload[_HEAD:], self.n), ids)
         end = _HEAD + _width(flags) * self.n
         return payload[_HEAD:end], payload[end:]
 
@@ -329,7 +346,7 @@ class RequestRecords:
             if parts is None:  # (its ring overwrote it: never within the writer's KEPT_MAX records)
                 self._full = None
                 return None
-            self._set = RunningSet(self._full.n, *parts)
+            self._set = RunningSet(self._full, *parts)
         return self._set
 
 
