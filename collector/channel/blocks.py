@@ -38,6 +38,7 @@ RUNNING = STATUS_CODE["running"]
 # the export's request columns, in order (``collector.snapshot.document.REQUEST_COLUMNS``)
 COLUMNS = ("step", "request_id", "prompt_len", "computed_tokens", "output_tokens", "preemptions", "status", "mirror_rows", "host_blocks")
 _HEAD = 1 + REQS_HEAD.size
+_REC_HEADER = 8  # a ring record's length and CRC before its payload (collector.channel.ringfile)
 _TAG = TAG_REQS[0]
 _LAST_STATUS = len(STATUSES) - 1
 _STATUS_OF_BYTE = [STATUSES[min(c, _LAST_STATUS)] for c in range(256)]  # any wire byte -> a name
@@ -307,36 +308,55 @@ def _head(payload: bytes | memoryview) -> tuple[int, float, int, int, int]:
 
 class RequestRecords:
     """One ring's ``R`` records decoded in order: a record that keeps its running set's columns
-    (``FLAG_KEPT``) gets those of the last full record read. The set is copied out of that
-    record (from the ring, where it was left: ``RequestBlock.in_ring``) when the first record
-    keeping it is read, once per running set.
+    (``FLAG_KEPT``) gets those of the last full record read. The set's small columns are copied
+    out of that record when the first record keeping it is read, once per running set.
 
-    A kept record before any full one (a reader that started inside the ring), or after records
-    were lost (``reset``: the reader fell behind, or dropped steps unread), is set aside and
-    counted (``set_aside``): the writer writes a full record at least every ``KEPT_MAX`` + 1."""
+    A kept record before any full one (a reader that started inside the ring), or after a break
+    in the ring's records, is set aside and counted (``set_aside``): the writer writes a full
+    record at least every ``KEPT_MAX`` + 1. A break is seen by place: given each record's place
+    (``at``, every record of the ring, whatever its tag), one that does not start where the
+    last one ended (records lost to the writer, skipped as corrupt, dropped unread, or read and
+    thrown away) drops the set held, unless the writer padded the end of a lap there."""
 
-    __slots__ = ("_full", "_set", "set_aside")
+    __slots__ = ("_full", "_next", "_set", "capacity", "set_aside")
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
         self._full: RequestBlock | None = None
         self._set: RunningSet | None = None
+        self._next = -1  # where the next record of the ring starts (-1: not known)
+        self.capacity = capacity  # the ring's (0: not known; a lap's padding then reads as a break)
         self.set_aside = 0
 
     def reset(self) -> None:
         """Records were lost since the last one read: the set held may no longer be the writer's."""
         self._full = self._set = None
 
+    def at(self, place: int, length: int) -> None:
+        """The next record read starts at logical offset ``place`` and is ``length`` bytes."""
+        size = (_REC_HEADER + length + 7) & ~7
+        expected, self._next = self._next, place + size
+        if expected < 0 or place == expected:
+            return
+        cap = self.capacity
+        if cap and place % cap == 0 and 0 < place - expected < size:
+            return  # the record did not fit before the lap's end: the writer padded it
+        self.reset()
+
     def block(self, payload: bytes | memoryview, ring: RingRecords | None = None, place: int = 0) -> RequestBlock | None:
         """The block of an ``R`` payload (left in ``ring`` at ``place`` when a ring is given);
         None for a kept record whose set is not known. A record that does not add up is a
-        ``CodecError``, and does not change what is held."""
-        if len(payload) >= _HEAD and payload[_HEAD - 1] & FLAG_KEPT:
-            kept = self._running_set()
-            if kept is None:
-                self.set_aside += 1
-                return None
-            return RequestBlock.in_ring(payload, ring, place, kept) if ring is not None else RequestBlock.from_payload(payload, kept=kept)
-        block = RequestBlock.in_ring(payload, ring, place) if ring is not None else RequestBlock.from_payload(payload, self._full)
+        ``CodecError``, and the set held is dropped."""
+        try:
+            if len(payload) >= _HEAD and payload[_HEAD - 1] & FLAG_KEPT:
+                kept = self._running_set()
+                if kept is None:
+                    self.set_aside += 1
+                    return None
+                return RequestBlock.in_ring(payload, ring, place, kept) if ring is not None else RequestBlock.from_payload(payload, kept=kept)
+            block = RequestBlock.in_ring(payload, ring, place) if ring is not None else RequestBlock.from_payload(payload, self._full)
+        except CodecError:
+            self.reset()  # (a full record that does not add up may have been the set's)
+            raise
         self._full, self._set = block, None
         return block
 

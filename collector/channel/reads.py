@@ -83,7 +83,7 @@ def decode_read(
     ``places`` (each payload's logical offset in it): the ``R`` records are kept as their place
     in the ring, not copied (``RequestBlock.in_ring``). ``requests``: the ring's ``R`` decoder,
     which holds its running set from one read to the next (None: a new one, for a read of a
-    whole ring)."""
+    whole ring); given ``places``, it sees a break in the ring's records by them."""
     out = Read()
     ring: RingRecords | None = None
     left = records is not None and places is not None and len(places) == len(payloads)
@@ -92,7 +92,10 @@ def decode_read(
     rest: list[bytes | memoryview] = []
     if requests is None:
         requests = RequestRecords()
+    placed = places is not None and len(places) == len(payloads)
     for i, p in enumerate(payloads):
+        if placed:  # a break in the ring's records drops the running set held
+            requests.at(places[i], len(p))  # type: ignore[index]
         tag = p[0] if len(p) else -1
         if tag == _STEP:
             if len(p) == _PLAIN:

@@ -204,7 +204,8 @@ class RequestRecorder(RecorderBase):
         buffer passes it as ``computed`` and ``b""`` as ``output``.
 
         While the running set's columns (ids, prompt lengths, preemptions, statuses) are those
-        of the last full record, the same objects (compared by identity, else by value), the
+        of the last full record, the same objects (compared by identity, else by value: they
+        must be ``bytes``, never a buffer changed in place), the
         record keeps them (``FLAG_KEPT``: only the head, computed, output and the optional
         columns are written, a sixth of a full record at 256 running), for at most ``KEPT_MAX``
         records in a row; a reader in ring order takes them from the full record

@@ -481,10 +481,8 @@ class RecorderSource:
             # engine, must be in before the kernel log's first fault is)
             budget = _WHOLE if first else max(16, min(self.max_poll_records, int(self.poll_bytes / tail.record_bytes)))
             places: list[int] = []
-            lost = tail.reader.lost_bytes
             payloads = tail.reader.read_views(budget, places=places)
-            if tail.reader.lost_bytes != lost:  # the writer overwrote records not read: the set held may be stale
-                tail.requests.reset()
+            tail.requests.capacity = info.capacity  # (a break in the records, by their places, drops its running set)
             unread = info.head - tail.reader.pos
             tail.short_last = unread > 0
             if payloads:

@@ -166,3 +166,55 @@ def test_a_kept_record_of_another_row_count_is_our_error(tmp_path: Path) -> None
     other[17:21] = (3).to_bytes(4, "little")  # n = 3 against a set of 2
     read = decode_read([views[1], bytes(other)])
     assert len(read.blocks) == 1 and isinstance(read.other[0][2], CodecError)
+
+
+def _two_sets_ring(tmp_path: Path, capacity: int = 1 << 16, steps: int = 8, every: int = 4) -> Path:
+    """Full record of set A, kept ones, then set B (same row count), kept ones, and so on."""
+    from collector.recorder import EngineIdentity, RequestRecorder
+
+    rec = RequestRecorder(EngineIdentity(server_pid=1), directory=tmp_path, pid=1, capacity=capacity)
+    for step in range(1, steps + 1):
+        tag = "AB"[(step - 1) // every % 2]
+        ids = [f"req-{tag}0-{(step - 1) // every}", f"req-{tag}1-{(step - 1) // every}"]
+        rec.write_requests(
+            step, ts=float(step), n=2, ids=ids, prompt_len=[7, 9], computed=[step, step], output=[0, 0], preemptions=[0, 0], status=[0, 0]
+        )
+    return rec.channel.path
+
+
+def test_a_break_in_the_rings_records_drops_the_running_set_never_lends_it_to_the_next(tmp_path: Path) -> None:
+    from collector.channel.reads import decode_read
+
+    r = RingReader(_two_sets_ring(tmp_path))
+    places: list[int] = []
+    views = r.read_views(places=places)
+    # the 5th step's record (set B's full one) skipped, as a corrupt record is: its kept ones
+    # must not be read with set A's ids
+    keep = [i for i in range(len(views)) if i != 5]
+    requests = RequestRecords(capacity=1 << 16)
+    read = decode_read([views[i] for i in keep], records=r.records, places=[places[i] for i in keep], requests=requests)
+    got = {b.step: decode_columns([b])["request_id"] for b in read.blocks}
+    assert sorted(got) == [1, 2, 3, 4] and requests.set_aside == 3
+    assert all(ids[0].startswith("req-A0") for ids in got.values())
+
+
+def test_a_lap_the_writer_padded_is_no_break(tmp_path: Path) -> None:
+    from collector.channel.reads import decode_read
+
+    path = _two_sets_ring(tmp_path, capacity=4096, steps=400, every=50)  # many laps, padded ends
+    r = RingReader(path)
+    requests = RequestRecords(capacity=4096)
+    # the ring read once, from its tail: the first kept records wait for a full one, and no
+    # other is set aside, across the laps the writer padded
+    places: list[int] = []
+    views = r.read_views(places=places)
+    read = decode_read(views, records=r.records, places=places, requests=requests)
+    seen = len(read.blocks)
+    assert seen and all(decode_columns([b])["request_id"][0].endswith(str((b.step - 1) // 50)) for b in read.blocks)
+    laps = [q for p, q in zip(places, places[1:], strict=False) if p // 4096 != q // 4096]
+    assert laps and any(q % 4096 == 0 for q in laps)  # it read across laps, some of them padded
+    from collector.channel.codec import FLAG_KEPT
+
+    reqs = [v for v in views if v[:1] == b"R"]
+    first_full = next(i for i, v in enumerate(reqs) if not v[21] & FLAG_KEPT)
+    assert requests.set_aside == first_full  # only the kept records before the first full one
