@@ -33,9 +33,9 @@ the running set does not::
 its prompt lengths, preemptions, statuses and ids are those of the last full ``R`` record before
 it in the same ring, which has the same ``n``. The writer writes a full record when the running
 set changes and at least every ``KEPT_MAX`` + 1 records, so a reader that starts anywhere in
-the ring (or lost records: it fell behind its writer) sets aside at most ``KEPT_MAX`` records
-before it can decode again; a reader decodes such records in ring order
-(``collector.channel.blocks.RequestRecords``).
+the ring, or finds a break in its records (lost to the writer, skipped as corrupt), sets aside
+at most ``KEPT_MAX`` records before it can decode again; a reader decodes such records in ring
+order, following their places (``collector.channel.blocks.RequestRecords``).
 
 ``mirror_rows``: the host-mirror rows the HiSparse connector scheduled for the request this
 step (``HiSparseConnectorMetadata.row_mirrors``); ``host_blocks``: the host blocks the HiSparse
