@@ -318,10 +318,11 @@ class RequestRecords:
     last one ended (records lost to the writer, skipped as corrupt, dropped unread, or read and
     thrown away) drops the set held, unless the writer padded the end of a lap there."""
 
-    __slots__ = ("_full", "_next", "_set", "capacity", "set_aside")
+    __slots__ = ("_full", "_next", "_set", "_view", "capacity", "set_aside")
 
     def __init__(self, capacity: int = 0) -> None:
         self._full: RequestBlock | None = None
+        self._view: bytes | memoryview | None = None  # the full record's payload, while this read lasts
         self._set: RunningSet | None = None
         self._next = -1  # where the next record of the ring starts (-1: not known)
         self.capacity = capacity  # the ring's (0: not known; a lap's padding then reads as a break)
@@ -329,7 +330,12 @@ class RequestRecords:
 
     def reset(self) -> None:
         """Records were lost since the last one read: the set held may no longer be the writer's."""
-        self._full = self._set = None
+        self._full = self._set = self._view = None
+
+    def read_done(self) -> None:
+        """The read whose payloads were handed in is over: none of them is held past it (a view
+        would pin the read's buffer)."""
+        self._view = None
 
     def at(self, place: int, length: int) -> None:
         """The next record read starts at logical offset ``place`` and is ``length`` bytes."""
@@ -357,11 +363,16 @@ class RequestRecords:
         except CodecError:
             self.reset()  # (a full record that does not add up may have been the set's)
             raise
-        self._full, self._set = block, None
+        self._full, self._set, self._view = block, None, payload
         return block
 
     def _running_set(self) -> RunningSet | None:
         if self._set is None and self._full is not None:
+            view = self._view
+            if view is not None:  # the full record came in this read: its bytes are at hand
+                end = _HEAD + _width(self._full.flags) * self._full.n
+                self._set = RunningSet(self._full, view[_HEAD:end], view[end:])
+                return self._set
             parts = self._full.parts()
             if parts is None:  # (its ring overwrote it: never within the writer's KEPT_MAX records)
                 self._full = None

@@ -122,6 +122,7 @@ def decode_read(
                 out.blocks.append(block)
             continue
         rest.append(p)
+    requests.read_done()
     if rest:
         out.other = out.other + decode_many(rest, engine=engine)
     parts = []
