@@ -218,3 +218,17 @@ def test_a_lap_the_writer_padded_is_no_break(tmp_path: Path) -> None:
     reqs = [v for v in views if v[:1] == b"R"]
     first_full = next(i for i, v in enumerate(reqs) if not v[21] & FLAG_KEPT)
     assert requests.set_aside == first_full  # only the kept records before the first full one
+
+
+def test_a_running_set_is_read_from_its_ring_when_its_full_record_came_in_an_earlier_read(tmp_path: Path) -> None:
+    from collector.channel.reads import decode_read
+
+    path, full = _kept_ring(tmp_path)
+    r = RingReader(path)
+    requests = RequestRecords(capacity=1 << 16)
+    blocks = []
+    for n in (2, 5, 100):  # the first read ends right after the full record: the set comes from the ring
+        places: list[int] = []
+        views = r.read_views(n, places=places)
+        blocks += decode_read(views, records=r.records, places=places, requests=requests).blocks
+    assert [b.payload() for b in blocks] == full and requests.set_aside == 0
