@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from collector import heap
 from collector.ingest.hub import hub_for
 from collector.settings import Settings
 from collector.sim.load import EngineLoad, LoadConfig
@@ -60,6 +61,8 @@ def main() -> None:
                     raise
                 whole.popitem()
         source.poll(hub)  # the meta and fingerprint records
+        heap.freeze_startup()  # the collector as ``flightrec serve`` sets it
+        heap.tune()
         poll_us, rows_us = [], []
         for _ in range(args.rounds):
             for _ in range(args.steps):

@@ -19,6 +19,8 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from collector.channel.codec import (
     FLAG_HOST_BLOCKS,
     FLAG_KEPT,
@@ -41,17 +43,20 @@ _HEAD = 1 + REQS_HEAD.size
 _REC_HEADER = 8  # a ring record's length and CRC before its payload (collector.channel.ringfile)
 _TAG = TAG_REQS[0]
 _LAST_STATUS = len(STATUSES) - 1
+_I32 = np.dtype("<i4")
 _STATUS_OF_BYTE = [STATUSES[min(c, _LAST_STATUS)] for c in range(256)]  # any wire byte -> a name
 
 
 def _known_sum(col: bytes | memoryview) -> int | None:
-    """Sum of an i32 column whose -1 means unknown; None when every value is unknown."""
-    a = array("i")
-    a.frombytes(col)
-    unknown = a.count(-1)
-    if unknown == len(a):
-        return None
-    return sum(a) + unknown
+    """Sum of an i32 column whose -1 means unknown; None when every value is unknown. (numpy's
+    sum, 3 us at 256 rows: ``sum`` over an ``array`` boxes each value, and ``array.count``
+    compares boxed values too, 9 us together; twice a step with HiSparse.)"""
+    a = np.frombuffer(col, dtype=_I32)
+    total = int(a.sum(dtype=np.int64))
+    if a.min() >= 0:
+        return total
+    unknown = int(np.count_nonzero(a == -1))
+    return None if unknown == len(a) else total + unknown
 
 
 class RunningSet:
@@ -314,7 +319,7 @@ class RequestRecords:
     A kept record before any full one (a reader that started inside the ring), or after a break
     in the ring's records, is set aside and counted (``set_aside``): the writer writes a full
     record at least every ``KEPT_MAX`` + 1. A break is seen by place: given each record's place
-    (``at``, every record of the ring, whatever its tag), one that does not start where the
+    (``breaks``, every record of the ring, whatever its tag), one that does not start where the
     last one ended (records lost to the writer, skipped as corrupt, dropped unread, or read and
     thrown away) drops the set held, unless the writer padded the end of a lap there."""
 
@@ -337,16 +342,29 @@ class RequestRecords:
         would pin the read's buffer)."""
         self._view = None
 
-    def at(self, place: int, length: int) -> None:
-        """The next record read starts at logical offset ``place`` and is ``length`` bytes."""
-        size = (_REC_HEADER + length + 7) & ~7
-        expected, self._next = self._next, place + size
-        if expected < 0 or place == expected:
-            return
+    def breaks(self, places: Sequence[int], payloads: Sequence[bytes | memoryview]) -> list[int]:
+        """A read's records, in order (``places``: each one's logical offset in the ring,
+        ``payloads``: its bytes): the indices of those that do not start where the record
+        before them ended (the last read's last record, for the first), in order, for the
+        reader to ``reset`` at; a record after the writer's padding of a lap's end is no
+        break. One list comparison for a read without a break."""
+        n = len(places)
+        if not n:
+            return []
+        nexts = [at + ((_REC_HEADER + size + 7) & ~7) for at, size in zip(places, map(len, payloads), strict=True)]
+        out: list[int] = []
+        if self._next >= 0 and places[0] != self._next and not self._padded(places[0], self._next, nexts[0] - places[0]):
+            out.append(0)
+        if n > 1 and list(places[1:]) != nexts[:-1]:
+            out += [i for i in range(1, n) if places[i] != nexts[i - 1] and not self._padded(places[i], nexts[i - 1], nexts[i] - places[i])]
+        self._next = nexts[-1]
+        return out
+
+    def _padded(self, place: int, expected: int, size: int) -> bool:
+        """Whether a record at ``place``, where one at ``expected`` was due, follows the writer's
+        padding of a lap's end."""
         cap = self.capacity
-        if cap and place % cap == 0 and 0 < place - expected < size:
-            return  # the record did not fit before the lap's end: the writer padded it
-        self.reset()
+        return bool(cap) and place % cap == 0 and 0 < place - expected < size
 
     def block(self, payload: bytes | memoryview, ring: RingRecords | None = None, place: int = 0) -> RequestBlock | None:
         """The block of an ``R`` payload (left in ``ring`` at ``place`` when a ring is given);

@@ -4,6 +4,8 @@ from array import array
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collector.channel.blocks import RequestBlock, RequestRecords, decode_columns, pack_blocks, unpack_blocks
 from collector.channel.codec import CodecError
@@ -232,3 +234,37 @@ def test_a_running_set_is_read_from_its_ring_when_its_full_record_came_in_an_ear
         views = r.read_views(n, places=places)
         blocks += decode_read(views, records=r.records, places=places, requests=requests).blocks
     assert [b.payload() for b in blocks] == full and requests.set_aside == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 200), st.sampled_from(["next", "next", "next", "gap", "lap"])), max_size=40),
+    st.integers(0, 3),
+)
+def test_breaks_are_where_a_record_does_not_follow_the_last(records: list[tuple[int, str]], reads: int) -> None:
+    """``breaks`` over reads of any split finds the records that follow a gap, and not those
+    that follow a lap's padding: each record's place checked one by one against the last's end."""
+    cap = 4096
+    places, sizes, expected, want = [], [], -1, []
+    for i, (size, how) in enumerate(records):
+        place = 0 if expected < 0 else expected
+        if how == "gap":
+            place += 8 * (1 + size % 5)
+        elif how == "lap":
+            place = (place // cap + 1) * cap  # the writer padded the rest of the lap
+        size_on_ring = (8 + size + 7) & ~7
+        # the rule, record by record: a break unless it starts where the last ended, or at a
+        # lap's start that the record did not fit before
+        padded = place % cap == 0 and 0 < place - expected < size_on_ring
+        if expected >= 0 and place != expected and not padded:
+            want.append(i)
+        places.append(place)
+        sizes.append(size)
+        expected = place + size_on_ring
+    payloads = [b"x" * n for n in sizes]
+    rr = RequestRecords(cap)
+    got: list[int] = []
+    cuts = sorted({len(records) * k // (reads + 1) for k in range(1, reads + 1)})
+    for lo, hi in zip([0, *cuts], [*cuts, len(records)], strict=True):
+        got += [lo + i for i in rr.breaks(places[lo:hi], payloads[lo:hi])]
+    assert got == want
