@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Any, NamedTuple, Protocol
@@ -364,7 +365,9 @@ class WorkloadBatch:
 
     engine: str
     ts: float  # the newest record's time
-    records: list[WorkloadArrival | WorkloadEnd]
+    # (a ring read's records come as columns, ``collector.channel.work_columns.WorkColumns``,
+    # which read as this sequence of tuples)
+    records: Sequence[WorkloadArrival | WorkloadEnd]
 
 
 @dataclass(slots=True)

@@ -16,10 +16,11 @@ import numpy as np
 import numpy.typing as npt
 
 from collector.channel.blocks import RequestRecords
-from collector.channel.codec import STEP_HEAD, TAG_REQS, TAG_STEP, CodecError, Decoded, decode_many
+from collector.channel.codec import STEP_HEAD, TAG_REQS, TAG_STEP, TAG_WORK, CodecError, Decoded, decode_many
 from collector.channel.ringfile import RingRecords
+from collector.channel.work_columns import WorkColumns, decode_work_records
 from collector.columns import STATS_DTYPE, stats_of_records
-from collector.model import StepExtra, StepRecord, StepRequests
+from collector.model import StepExtra, StepRecord, StepRequests, WorkloadBatch
 
 __all__ = ["Read", "decode_read"]
 
@@ -55,7 +56,7 @@ _WIRE_FIELDS: np.dtype[np.void] = np.dtype(  # type: ignore[call-overload]
 )
 assert tuple(_WIRE_FIELDS.names or ()) == tuple(STATS_DTYPE.names or ())
 _PLAIN = WIRE_DTYPE.itemsize
-_STEP, _REQS = TAG_STEP[0], TAG_REQS[0]
+_STEP, _REQS, _WORK = TAG_STEP[0], TAG_REQS[0], TAG_WORK[0]
 _STEP_MAX = (1 << 62) - 1
 
 
@@ -90,12 +91,17 @@ def decode_read(
     plain: list[bytes | memoryview] = []
     rich: list[StepRecord] = []  # S records with extras, decoded alone
     rest: list[bytes | memoryview] = []
+    work: list[bytes | memoryview] = []  # W records: one batch, at the place of the first among the rest
+    work_at = -1
     if requests is None:
         requests = RequestRecords()
-    placed = places is not None and len(places) == len(payloads)
+    # a break in the ring's records drops the running set held, before the record after it
+    breaks = requests.breaks(places, payloads) if places is not None and len(places) == len(payloads) else []
+    next_break = breaks.pop(0) if breaks else -1
     for i, p in enumerate(payloads):
-        if placed:  # a break in the ring's records drops the running set held
-            requests.at(places[i], len(p))  # type: ignore[index]
+        if i == next_break:
+            requests.reset()
+            next_break = breaks.pop(0) if breaks else -1
         tag = p[0] if len(p) else -1
         if tag == _STEP:
             if len(p) == _PLAIN:
@@ -121,10 +127,17 @@ def decode_read(
             if block is not None:  # (None: it kept a running set this reader has not read)
                 out.blocks.append(block)
             continue
+        if tag == _WORK:
+            if work_at < 0:
+                work_at = len(rest)
+            work.append(p)
+            continue
         rest.append(p)
     requests.read_done()
     if rest:
         out.other = out.other + decode_many(rest, engine=engine)
+    if work:
+        out.other[len(out.other) - len(rest) + work_at : len(out.other) - len(rest) + work_at] = _work_batch(work, engine)
     parts = []
     if plain:
         parts.append(_plain_rows(np.frombuffer(b"".join(plain), dtype=WIRE_DTYPE)))
@@ -142,6 +155,18 @@ def decode_read(
             out.extras = {int(np.searchsorted(keep, i)): ex for i, ex in out.extras.items() if ok[i]}
             rows = rows[ok]
         out.stats = rows if len(rows) else None
+    return out
+
+
+def _work_batch(payloads: list[bytes | memoryview], engine: str | None) -> list[Decoded]:
+    """The read's ``W`` records as one ``WorkloadBatch`` (columns: ``work_columns``), then the
+    errors of any refused."""
+    records, errors = decode_work_records(payloads)
+    out: list[Decoded] = []
+    if records:
+        ts = float(records.ts.max()) if isinstance(records, WorkColumns) else max(r.ts for r in records)
+        out.append((None, WorkloadBatch(engine=engine or "unknown", ts=ts, records=records), None))
+    out.extend((None, None, exc) for exc in errors)
     return out
 
 

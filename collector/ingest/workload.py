@@ -40,11 +40,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from collector.channel.work_columns import WorkColumns
+from collector.columns import INT64_NULL
 from collector.model import WorkloadArrival, WorkloadBatch, WorkloadEnd
 
 SCHEMA = "flightrec.workload/v1"
@@ -77,7 +79,7 @@ COLUMNS = (
     "cached_tokens",
 )
 
-_NONE = -(1 << 63)  # an unknown integer in the integer columns
+_NONE = INT64_NULL  # an unknown integer in the integer columns
 _NAN = float("nan")  # an unknown time in the float columns
 _OUTCOME_CODE = {name: i for i, name in enumerate(OUTCOMES)}
 _OUTCOME_OF = np.array(OUTCOMES, dtype=object)
@@ -211,6 +213,9 @@ class WorkloadLog:
         engine = batch.engine
         if batch.ts > self._newest:
             self._newest = batch.ts
+        if type(batch.records) is WorkColumns and self._add_columns(engine, batch.records):
+            self._prune()
+            return
         arrivals: list[WorkloadArrival] = []
         ends: list[tuple[int, WorkloadEnd]] = []  # (seq, end) to file once the arrivals are
         first = self._base + self._tail
@@ -232,6 +237,75 @@ class WorkloadLog:
         if ends:
             self._file_ends(ends)
         self._prune()
+
+    def _add_columns(self, engine: str, cols: WorkColumns) -> bool:
+        """``add`` for a ring read's columns, filed column by column; False (nothing done) where
+        the records' order matters: a request id that arrives twice in the read, or whose end
+        comes before its arrival (``add`` files those one by one, in order)."""
+        is_end, ids = cols.is_end, cols.ids
+        end_at = np.flatnonzero(is_end).tolist()
+        if end_at:
+            arrive_at = np.flatnonzero(~is_end).tolist()
+            arriving = [ids[i] for i in arrive_at]
+            ending = [ids[i] for i in end_at]
+        else:
+            arrive_at, arriving, ending = [], ids, []
+        if len(set(arriving)) != len(arriving):
+            return False
+        if ending:
+            both = set(arriving).intersection(ending)
+            if both:
+                arrived = {rid: i for i, rid in zip(arrive_at, arriving, strict=True) if rid in both}
+                if any(rid in both and i < arrived[rid] for i, rid in zip(end_at, ending, strict=True)):
+                    return False
+        opened, early_ends = self._open, self._early_ends
+        k = len(arriving)
+        keys = [(engine, rid) for rid in arriving]
+        first = self._base + self._tail
+        opened.update(zip(keys, range(first, first + k), strict=True))
+        ends: list[tuple[int, WorkloadEnd]] = []
+        if early_ends:
+            for key in early_ends.keys() & set(keys):
+                self._end_of(key, early_ends.pop(key), ends)
+        if k:
+            self._reserve(k)
+            at = slice(self._tail, self._tail + k)
+            rows = np.flatnonzero(~is_end) if ending else slice(None)
+            self._id[at] = arriving
+            self._engine[at] = self._engines.code(engine)
+            self._arrival[at] = cols.ts[rows]
+            self._prompt_len[at] = cols.a[rows]
+            self._max_tokens[at] = cols.b[rows]
+            self._n[at] = cols.c[rows]
+            self._ignore_eos[at] = cols.f1[rows]
+            self._has_stop[at] = cols.f2[rows]
+            self._end[at] = _NAN
+            self._output_len[at] = _NONE
+            self._finish[at] = 0
+            self._cached[at] = _NONE
+            self._tail += k
+        if ends:
+            self._file_ends(ends)
+        if ending:
+            seqs: list[int] = []
+            rows_of: list[int] = []
+            base, head = self._base, self._head
+            for i, rid in zip(end_at, ending, strict=True):
+                key = (engine, rid)
+                seq = opened.pop(key, None)
+                if seq is None or seq - base < head:
+                    self._end_of(key, cast("WorkloadEnd", cols[i]), [])  # (held: its arrival may come later)
+                    continue
+                seqs.append(seq)
+                rows_of.append(i)
+            if seqs:
+                pos = np.array(seqs, dtype=np.int64) - base
+                self._end[pos] = cols.ts[rows_of]
+                self._output_len[pos] = cols.a[rows_of]
+                finish, codes, code = cols.finish, self._finishes.codes, self._finishes.code
+                self._finish[pos] = [codes.get(f) or code(f) for f in map(finish.__getitem__, rows_of)]  # type: ignore[arg-type]
+                self._cached[pos] = cols.b[rows_of]
+        return True
 
     def _end_of(self, key: tuple[str, str], rec: WorkloadEnd, ends: list[tuple[int, WorkloadEnd]]) -> None:
         seq = self._open.pop(key, None)
