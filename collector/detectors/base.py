@@ -8,6 +8,7 @@ serves as is. ``Hysteresis`` keeps a noisy raw state from flapping.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -93,7 +94,10 @@ T = TypeVar("T")
 
 
 def since(records: Sequence[T], start: float, ts: Callable[[T], float]) -> list[T]:
-    """Records with ts >= start, oldest first, walking back from the newest (rings are long)."""
+    """Records with ts >= start, oldest first (in time order: a bisection of a list; other
+    sequences are walked back from the newest, as rings are long)."""
+    if isinstance(records, list):
+        return records[bisect_left(records, start, key=ts) :]
     out: list[T] = []
     for record in reversed(records):
         if ts(record) < start:

@@ -6,9 +6,11 @@ into per-interval amounts here (a counter that went down was reset: its new valu
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
-from itertools import islice
+from itertools import accumulate, islice
+from operator import itemgetter
 
 from collector.model import MetricsScrape, StepRecord
 
@@ -62,12 +64,35 @@ def token_amounts(scrapes: Sequence[MetricsScrape]) -> list[Point]:
     return deltas(combined)
 
 
+_TS = itemgetter(0)
+
+
 def sum_between(points: Sequence[Point], start: float, end: float) -> float:
     """Sum of amounts stamped in (start, end]."""
     return sum(v for t, v in points if start < t <= end)
 
 
+class Sums:
+    """Sums of a series' amounts over many spans (``between``), each by two bisections of its
+    times and a difference of running totals: the throughput detector's baseline reads a dozen
+    windows of the same series every tick. The points must be in time order (every series the
+    detectors read is). The amounts are token counts: their running totals are exact in a
+    float."""
+
+    def __init__(self, points: Sequence[Point]) -> None:
+        self.times = [t for t, _ in points]
+        self.totals = list(accumulate((v for _, v in points), initial=0.0))
+
+    def between(self, start: float, end: float) -> float:
+        """Sum of amounts stamped in (start, end]: ``sum_between``'s."""
+        times = self.times
+        return self.totals[bisect_right(times, end)] - self.totals[bisect_right(times, start)] if end > start else 0.0
+
+
 def window(points: Sequence[Point], start: float) -> list[Point]:
+    """The points stamped at ``start`` or later (the series are in time order: a bisection)."""
+    if isinstance(points, list):
+        return points[bisect_left(points, start, key=_TS) :]
     out = []
     for p in reversed(points):
         if p[0] < start:
@@ -91,9 +116,10 @@ def connector_level(steps: Sequence[StepRecord], stat: str) -> list[Point]:
     """A connector level per step (``<Connector>.<stat>`` in the step's connector stats; the
     recorder reduces a level's list to its last value)."""
     out: list[Point] = []
+    suffix = "." + stat  # (a key's last dotted part is ``stat``; ``stat`` holds no dot)
     for s in steps:
         for key, value in s.connector.items():
-            if key.rsplit(".", 1)[-1] == stat and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (key == stat or key.endswith(suffix)) and isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append((s.ts, float(value)))
                 break
     return out

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from collector.detectors.base import DetectorState, mean, median
 from collector.detectors.config import ThroughputThresholds
-from collector.detectors.series import Point, sum_between, window
+from collector.detectors.series import Point, Sums, window
 from collector.model import Severity
 
 NAME = "throughput_collapse"
@@ -20,12 +20,13 @@ def detect_throughput_collapse(
     recent_tokens = window(tokens, start)
     if not recent_tokens or recent_tokens[0][0] > now - thr.window_s - thr.baseline_s / 2:
         return DetectorState(NAME, Severity.OK, "not enough history for a baseline", labels=labels, ts=now)
-    current = sum_between(recent_tokens, now - thr.window_s, now) / thr.window_s
+    sums = Sums(recent_tokens)
+    current = sums.between(now - thr.window_s, now) / thr.window_s
     # the baseline: the median of the window-long rates before the current window
     rates = []
     end = now - thr.window_s
     while end - thr.window_s >= recent_tokens[0][0] - 1e-9:
-        rates.append(sum_between(recent_tokens, end - thr.window_s, end) / thr.window_s)
+        rates.append(sums.between(end - thr.window_s, end) / thr.window_s)
         end -= thr.window_s
     baseline = median(rates) or 0.0
     if baseline < thr.min_baseline_tokens_per_s:
