@@ -154,6 +154,27 @@ class _StatusCodes(dict[Any, int]):
 REQUIRED = ("request_id", "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "status")
 
 
+_SPLICE_MAX = 16  # requests taken out of the running list (or stretches kept) a splice follows; more: read again
+
+
+def _common(a: list[Any], at_a: int, b: list[Any], at_b: int, most: int) -> int:
+    """How many requests ``a`` from ``at_a`` and ``b`` from ``at_b`` have in common (the same
+    objects) before the first that differs, at most ``most``: a bisection of list-slice
+    comparisons (C loops that compare pointers first; a ``Request`` has no ``__eq__``)."""
+    if a[at_a] is not b[at_b]:
+        return 0
+    if a[at_a : at_a + most] == b[at_b : at_b + most]:
+        return most
+    lo, hi = 1, most  # lo requests are the same; hi are not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[at_a + lo : at_a + mid] == b[at_b + lo : at_b + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class RequestColumns:
     """Reads the running requests of a step column by column, for one ``R`` record.
 
@@ -162,6 +183,11 @@ class RequestColumns:
     request out of ``running`` when it preempts or finishes it, so while the list holds the same
     requests in the same order, their preemption counts and statuses cannot have changed. A
     caller that knows of a preemption anyway passes ``changed=True``.
+
+    When the list changes by requests taken out and others appended (requests finishing and
+    joining: most steps of a loaded engine), the rows of the requests still in it are kept
+    and only the appended ones are read (``_splice``): 19 us against 42 for reading all 256
+    again (``bench/bench_recorder.py``, ``per_request_churn``).
 
     The two per-step reads are one list comprehension each (the interpreter's specialised
     attribute load beats ``map`` over an ``attrgetter`` by a third) into an ``array``. The output
@@ -193,6 +219,60 @@ class RequestColumns:
             missing.append("num_output_tokens")
         if missing:
             raise RecorderError(f"vLLM's Request has no {', '.join(missing)}")
+
+    def _splice(self, running: Sequence[Any]) -> bool:
+        """Refresh the cached columns from the last ones where the new running list is the last
+        one with a few requests taken out and others appended (a step where requests finish and
+        join: most steps at load); False where it is not (a reorder, many taken out, the first
+        list), and nothing is changed. A request in both lists keeps its rows; the appended ones
+        are read. The lists are matched by the requests' identities: stretches in common are
+        found by bisecting with slice comparisons, not row by row."""
+        prev = self._prev
+        if not prev or not running:
+            return False
+        new = list(running)
+        n_old, n_new = len(prev), len(running)
+        spans: list[tuple[int, int]] = []  # stretches of the last list kept, in order: [start, end)
+        i = j = 0
+        while i < n_old and j < n_new:
+            length = _common(prev, i, new, j, min(n_old - i, n_new - j))
+            if length:
+                spans.append((i, i + length))
+                i += length
+                j += length
+            if i < n_old and j < n_new:  # the last list's request at i is not the new one's at j: gone
+                i += 1
+                if i - j > _SPLICE_MAX or len(spans) > _SPLICE_MAX:
+                    return False
+        added = running[j:]
+        self._prev = new
+        if added:
+            self._probe(added[0])
+        new_ids = [r.request_id for r in added]
+        id_list: list[str] = []
+        outputs: list[Any] = []
+        for a, b in spans:  # (list slices: C copies)
+            id_list += self.id_list[a:b]
+            if self._output_len:
+                outputs += self._outputs[a:b]
+        try:
+            joined = "\0".join(id_list + new_ids)
+        except TypeError:
+            new_ids = list(map(str, new_ids))
+            joined = "\0".join(id_list + new_ids)
+        self.id_list = id_list + new_ids
+        self.ids = joined.encode()
+        prompt = array("I")
+        prompt.fromlist([r.num_prompt_tokens for r in added])
+        preempt = array("I")
+        preempt.fromlist([r.num_preemptions for r in added])
+        status = bytes(map(self._codes.__getitem__, [r.status for r in added]))
+        self.prompt = b"".join([self.prompt[4 * a : 4 * b] for a, b in spans] + [prompt.tobytes()])
+        self.preempt = b"".join([self.preempt[4 * a : 4 * b] for a, b in spans] + [preempt.tobytes()])
+        self.status = b"".join([self.status[a:b] for a, b in spans] + [status])
+        if self._output_len:
+            self._outputs = outputs + [r._output_token_ids for r in added]
+        return True
 
     def _refresh(self, running: Sequence[Any]) -> None:
         # One comprehension a column (the interpreter's specialised attribute load): half the
@@ -236,7 +316,8 @@ class RequestColumns:
         columns the ``R`` record has side by side, built as one ``array`` (one ``bytes`` a step,
         not two)."""
         if changed or running != self._prev:
-            self._refresh(running)
+            if changed or not self._splice(running):
+                self._refresh(running)
         column = array("I")  # fromlist reads a list a quarter faster than the constructor
         column.fromlist([r.num_computed_tokens for r in running])
         if self._output_len:

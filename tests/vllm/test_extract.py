@@ -9,6 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collector.channel.codec import encode_request_columns
 from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, step_extras
@@ -159,3 +161,37 @@ def test_step_extras_carry_iteration_details_and_cudagraph_use() -> None:
         "cudagraph": {"num_unpadded_tokens": 15, "num_padded_tokens": 16, "num_paddings": 1, "runtime_mode": "FULL"},
     }
     assert step_extras(SimpleNamespace()) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["finish", "finish", "join", "join", "pop", "swap", "same", "clear"]), st.integers(0, 10**6)), max_size=30))
+def test_a_running_list_that_changes_reads_as_a_fresh_read_of_it(edits: list[tuple[str, int]]) -> None:
+    """Requests finishing anywhere, joining at the end, preempted off the end, reordered, all
+    gone: step after step the columns (kept from the last step where a request stayed) are those
+    a first read of the same list makes."""
+    made = [0]
+
+    def new() -> Req:
+        made[0] += 1
+        m = made[0]
+        status = Status.RUNNING if m % 4 else Status.WAITING
+        return Req(f"req-{m}", 10 + m % 7, m % 5, num_preemptions=m % 3, status=status, _output_token_ids=[1] * (m % 4))
+
+    running = [new() for _ in range(5)]
+    cols = RequestColumns()
+    for what, k in edits:
+        if what == "finish" and running:
+            running.pop(k % len(running))
+        elif what == "join":
+            running += [new() for _ in range(1 + k % 3)]
+        elif what == "pop" and running:
+            del running[-(1 + k % min(3, len(running))) :]
+        elif what == "swap" and len(running) > 1:
+            i, j = k % len(running), (k // 7) % len(running)
+            running[i], running[j] = running[j], running[i]
+        elif what == "clear":
+            running = []
+        for r in running:  # a decode step
+            r.num_computed_tokens += 1
+            r._output_token_ids.append(2)
+        assert rows_of(cols, list(running)) == rows_of(RequestColumns(), list(running))
