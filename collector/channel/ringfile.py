@@ -168,7 +168,7 @@ class RingWriter:
     def append(self, payload: bytes, crc: int | None = None, tail: bytes = b"") -> int:
         """Publish one record, ``payload`` followed by ``tail`` (two parts copied into the ring
         as they are, no joined copy made first). ``crc``: ``zlib.crc32(payload + tail)`` when
-        the caller has it already (``collector.channel.crc``), else it is computed here.
+        the caller has it already, else it is computed here.
         Returns the new ``head``."""
         first = len(payload)
         n = first + len(tail)

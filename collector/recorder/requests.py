@@ -29,7 +29,6 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-from collector.channel.crc import SuffixCrc
 from collector.channel.wire import (
     FLAG_HOST_BLOCKS,
     FLAG_KEPT,
@@ -47,7 +46,6 @@ from collector.recorder.channel import SCHED_RING_BYTES
 
 __all__ = ["SCHED_RING_BYTES", "Column", "RequestRecorder", "status_code"]
 
-_EXTEND_AFTER = 8  # records ending the same way before their longer unchanged end is summed
 _HEAD = struct.Struct("<c" + REQS_HEAD.format.lstrip("<"))  # the tag and the head in one pack
 Column: TypeAlias = "bytes | array[int] | Iterable[int]"  # array[int] is not subscriptable at runtime
 FINISHES = ("stopped", "length", "aborted", "error", "ignored", "repetition")
@@ -97,50 +95,6 @@ def _same(a: bytes, b: bytes) -> bool:
     return a is b or a == b
 
 
-class _StableTail:
-    """The columns at the end of a request record that did not change since the last one, with
-    their CRC (``SuffixCrc``), kept while they stay the same objects.
-
-    Where the unchanged end starts moves: the mirror rows in the middle are new in some steps
-    and the same column in others. A suffix held from a later column stays good while that end
-    does not change; a longer one is summed (one ``zlib.crc32`` over it) only once the record
-    has ended the same way ``_EXTEND_AFTER`` times in a row, so a column that changes every few
-    steps does not make every few steps pay for a new sum."""
-
-    __slots__ = ("_last", "_held", "_seen", "_streak")
-
-    def __init__(self) -> None:
-        self._last: list[bytes] = []
-        self._held: dict[int, SuffixCrc] = {}  # where a held suffix starts -> its CRC
-        self._seen = -1  # where the last record's unchanged end started
-        self._streak = 0
-
-    def cut(self, parts: list[bytes]) -> tuple[int, SuffixCrc] | None:
-        """Where this record's unchanged end starts, and the CRC of ``parts[cut:]``; None when no
-        column at its end is the same object as in the last record."""
-        last, self._last = self._last, parts
-        i = len(parts)
-        held = self._held
-        if len(last) != i:
-            held.clear()
-        else:
-            while i and parts[i - 1] is last[i - 1]:
-                i -= 1
-        if i == self._seen:  # ends where the last one did: the suffixes it kept are still good
-            self._streak += 1
-        else:
-            self._seen, self._streak = i, 1
-            for k in [k for k in held if k < i]:  # a column of that suffix changed
-                del held[k]
-        if i == len(parts):
-            return None
-        best = min(held) if held else None
-        if best is None or (best > i and self._streak >= _EXTEND_AFTER):
-            held[i] = SuffixCrc(b"".join(parts[i:]))
-            best = i
-        return best, held[best]
-
-
 class RequestRecorder(RecorderBase):
     """Writes the ``sched`` ring of one engine (the engine-core side in vLLM)."""
 
@@ -148,7 +102,6 @@ class RequestRecorder(RecorderBase):
 
     def __init__(self, *args: Any, capacity: int = SCHED_RING_BYTES, **kwargs: Any) -> None:
         super().__init__(*args, capacity=capacity, **kwargs)
-        self._tail = _StableTail()
         # the running set's columns of the last full record (ids, prompt lengths, preemptions,
         # statuses, n), and how many records since kept them
         self._set: tuple[bytes, bytes, bytes, bytes, int] | None = None
@@ -209,8 +162,7 @@ class RequestRecorder(RecorderBase):
         record keeps them (``FLAG_KEPT``: only the head, computed, output and the optional
         columns are written, a sixth of a full record at 256 running), for at most ``KEPT_MAX``
         records in a row; a reader in ring order takes them from the full record
-        (``collector.channel.blocks.RequestRecords``). In a full record, the unchanged columns at
-        its end are summed for the ring's CRC once, not per record (``collector.channel.crc``)."""
+        (``collector.channel.blocks.RequestRecords``)."""
         channel = self.channel
         if not channel.active:
             return
@@ -242,14 +194,9 @@ class RequestRecorder(RecorderBase):
                     parts.append(mirror_rows)
                 if host_blocks is not None:
                     parts.append(host_blocks)
-                parts.append(ids)
-                cut = self._tail.cut(parts)
-                if cut is None:
-                    payload = b"".join(parts)
-                else:
-                    prefix = b"".join(parts[: cut[0]])
-                    channel.write(prefix, cut[1].crc(prefix), cut[1].suffix)
-                    return
+                # the ids (most of a full record) go into the ring as they are, after the rest
+                channel.write(b"".join(parts), None, ids)
+                return
         except Exception as exc:  # noqa: BLE001 - an unencodable value is our fault, not the engine's
             channel.fail(f"write_requests raised {exc!r}")
             return
