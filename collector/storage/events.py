@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from collector.storage.database import Database, nul_free
@@ -21,12 +21,31 @@ def stored_event_times(conn: Connection, host: str, rows: list[dict[str, Any]]) 
     """Rows whose event id is stored already take the stored row's time, so the insert-or-ignore
     on (host, uid, ts) finds it: events' unique key holds ts (Postgres partitions them by it), and
     a kernel record read again after a restart is the same event (its id from its place) with
-    another reading time."""
+    another reading time.
+
+    Two transactions may store one event at once (the writer's batch and a snapshot's link of
+    the same event, read twice after a restart: two reading times). Each first holds its events'
+    ids until it ends (``_hold``), so the second looks only once the first's row is committed,
+    and takes its time: one row per id."""
     uids = [r["uid"] for r in rows if r.get("uid")]
     if not uids:
         return rows
+    _hold(conn, host, uids)
     have = dict(conn.execute(select(EventRow.uid, EventRow.ts).where(EventRow.host == host, EventRow.uid.in_(uids))).all())
     return [dict(r, ts=have[r["uid"]]) if r.get("uid") in have else r for r in rows]
+
+
+def _hold(conn: Connection, host: str, uids: list[str]) -> None:
+    """Hold these event ids for the rest of the transaction. Postgres: a transaction-scoped
+    advisory lock per id (in one order: two holders of overlapping ids cannot deadlock). SQLite:
+    the database's write lock, which an UPDATE takes even where it changes no row; a transaction
+    that has written holds it already, one that has only read would otherwise look before
+    taking it."""
+    if conn.dialect.name == "postgresql":
+        for key in sorted({f"{host}/{uid}" for uid in uids}):  # (a hash collision only serializes more)
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": key})
+    elif conn.dialect.name == "sqlite":
+        conn.execute(update(EventRow).where(EventRow.host == host, EventRow.uid == uids[0]).values(uid=EventRow.uid))
 
 
 class EventStore:

@@ -152,3 +152,43 @@ def test_linking_an_event_refreshes_the_witnesses_merged_after_it_was_written(mi
     assert r.link_event(dict(row, data={"sources": ["nvml", "kmsg"]}), sid) == 1  # the amendment's pass
     (stored,) = r.list_events(kind="xid")
     assert stored["snapshot_id"] == sid and stored["data"]["sources"] == ["nvml", "kmsg"]
+
+
+def test_one_event_stored_by_two_transactions_at_once_is_one_row(migrated_url: str) -> None:
+    """An Xid read again after a restart is the same event (its id from its place in the kernel
+    log) with another reading time: the writer's batch and a snapshot's link may store it at
+    once. The second waits for the first's row and takes its time: one row, linked."""
+    import threading
+
+    from collector.storage.database import nul_free
+    from collector.storage.events import stored_event_times
+    from collector.storage.models import EventRow
+
+    r = repo(migrated_url)
+    sid, _ = r.store_snapshot(doc(), incident_window_s=30, incident_key="k")
+    first = {
+        "uid": "xid-at-4711",
+        "ts": 1.0,
+        "kind": "xid",
+        "source": "kmsg",
+        "severity": "critical",
+        "engine": None,
+        "gpu": "0000:00:06.0",
+        "xid": 79,
+        "pid": None,
+        "process": None,
+        "message": "Xid 79",
+        "data": {"sources": ["kmsg"]},
+    }
+    again = dict(first, ts=2.0)
+    db = r.database
+    with db.tx() as conn:  # the writer's batch, between its look and its insert
+        rows = stored_event_times(conn, db.host, [nul_free(dict(first, host=db.host))])
+        link = threading.Thread(target=r.link_event, args=(again, sid))
+        link.start()
+        link.join(0.5)
+        assert link.is_alive(), "the link looked before the batch's row was in"
+        conn.execute(db.insert_ignore(EventRow, ["host", "uid", "ts"]), rows)
+    link.join(10)
+    stored = [e for e in r.list_events(kind="xid") if e["uid"] == first["uid"]]
+    assert [(e["ts"], e["snapshot_id"]) for e in stored] == [(1.0, sid)]
