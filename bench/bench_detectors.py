@@ -1,7 +1,7 @@
 """The detector task's tick at node scale: what the once-a-second evaluation of every detector
 costs on the event loop once the detectors' history (two minutes) is full.
 
-    .venv/bin/python bench/bench_detectors.py [--engines 8] [--seconds 130] [--ticks 60]
+    .venv/bin/python bench/bench_detectors.py [--engines 8] [--seconds 130] [--ticks 60] [--json FILE]
     PYTHONPATH=../other-checkout .venv/bin/python bench/bench_detectors.py   # that checkout's
 
 The simulator's load model writes ``--seconds`` of steps (100 a second, 256 running) of each
@@ -16,6 +16,7 @@ at one tick a second. The sidecar's collector settings are applied (``collector.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import tempfile
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--running", type=int, default=256)
     p.add_argument("--seconds", type=int, default=130, help="history before the timed ticks")
     p.add_argument("--ticks", type=int, default=60)
+    p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     t = [1_000_000.0]
     with tempfile.TemporaryDirectory(prefix="flightrec-bench-detectors-") as tmp:
@@ -85,6 +87,15 @@ def main() -> None:
     print(f"bench_detectors: {args.engines} engines x {args.running} running, {args.seconds} s of history, {args.ticks} ticks")
     print(f"tick                         median {statistics.median(ms):.2f} ms, best {min(ms):.2f} ms")
     print(f"at one tick a second         {statistics.median(ms) / 10:.2f}% of a core")
+    if args.json:
+        figures = {
+            "engines": args.engines,
+            "running": args.running,
+            "history_s": args.seconds,
+            "ticks": args.ticks,
+            "tick_ms": {"median": round(statistics.median(ms), 3), "best": round(min(ms), 3)},
+        }
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,17 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "detectors",
+        "The detectors' tick at node scale",
+        "bench/bench_detectors.py",
+        ("--engines", "8", "--ticks", "60"),
+        "Every detector over 8 engines' per-second step folds and scrapes with their two minutes of "
+        "history full, once a second on the event loop, in process: CPU per tick, median. A share of the "
+        "node's sidecar CPU above that the 60-second node bench does not reach in full (its history "
+        "fills over the run).",
+        (Metric("a tick, 8 engines, median", "tick_ms.median", "ms", "", None, 1.0, 2),),
+    ),
+    Section(
         "store-size",
         "The node-local store's size",
         "bench/bench_store_size.py",
