@@ -13,9 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.channel.codec import encode_request_columns
+from collector.vllm import extract
 from collector.vllm.extract import RecorderError, RequestColumns, connector_stats, step_extras
 from tests.request_columns import Row
 from tests.request_columns import rows_of as decoded_rows
+
+SPLICE_FROM = extract._SPLICE_FROM
 
 
 class Status(enum.IntEnum):  # vLLM's numbering differs; the wire code is by name
@@ -179,6 +182,14 @@ def test_a_running_list_that_changes_reads_as_a_fresh_read_of_it(edits: list[tup
 
     running = [new() for _ in range(5)]
     cols = RequestColumns()
+    extract._SPLICE_FROM = 0  # (short lists spliced too, here)
+    try:
+        check(cols, running, edits, new)
+    finally:
+        extract._SPLICE_FROM = SPLICE_FROM
+
+
+def check(cols: RequestColumns, running: list[Req], edits: list[tuple[str, int]], new: Any) -> None:
     for what, k in edits:
         if what == "finish" and running:
             running.pop(k % len(running))
