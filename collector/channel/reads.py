@@ -136,8 +136,9 @@ def decode_read(
     requests.read_done()
     if rest:
         out.other = out.other + decode_many(rest, engine=engine)
-    if work:
-        out.other[len(out.other) - len(rest) + work_at : len(out.other) - len(rest) + work_at] = _work_batch(work, engine)
+    if work:  # the batch goes where its first record stood among the others
+        at = len(out.other) - len(rest) + work_at
+        out.other[at:at] = _work_batch(work, engine)
     parts = []
     if plain:
         parts.append(_plain_rows(np.frombuffer(b"".join(plain), dtype=WIRE_DTYPE)))

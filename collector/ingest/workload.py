@@ -250,10 +250,11 @@ class WorkloadLog:
             ending = [ids[i] for i in end_at]
         else:
             arrive_at, arriving, ending = [], ids, []
-        if len(set(arriving)) != len(arriving):
+        unique = set(arriving)
+        if len(unique) != len(arriving):
             return False
         if ending:
-            both = set(arriving).intersection(ending)
+            both = unique.intersection(ending)
             if both:
                 arrived = {rid: i for i, rid in zip(arrive_at, arriving, strict=True) if rid in both}
                 if any(rid in both and i < arrived[rid] for i, rid in zip(end_at, ending, strict=True)):
@@ -270,7 +271,7 @@ class WorkloadLog:
         if k:
             self._reserve(k)
             at = slice(self._tail, self._tail + k)
-            rows = np.flatnonzero(~is_end) if ending else slice(None)
+            rows = arrive_at if ending else slice(None)
             self._id[at] = arriving
             self._engine[at] = self._engines.code(engine)
             self._arrival[at] = cols.ts[rows]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +110,17 @@ def test_the_log_files_columns_as_it_files_records(events: list[tuple[bool, int,
     assert _export(by_columns) == _export(by_records)
 
 
+def filed_as_columns(reads: list[list[bytes]]) -> dict[str, Any]:
+    """The export's request columns of a log filed read by read as columns."""
+    log = WorkloadLog()
+    for read in reads:
+        columns = work_columns._columns(read)
+        assert columns is not None
+        log.add(WorkloadBatch("e", 3.0, columns))
+    cols: dict[str, Any] = log.export(101.0, crashed=False)["requests"]["columns"]
+    return cols
+
+
 def test_an_id_that_ends_then_arrives_again_in_one_read_is_filed_in_its_order() -> None:
     """The first request ``x`` ends and a second one arrives under its id in the same read: the
     end is the first's, the second stays in flight."""
@@ -116,12 +128,7 @@ def test_an_id_that_ends_then_arrives_again_in_one_read_is_filed_in_its_order() 
         [encode_arrival("x", 1.0, 5, 16, 1, False, None)],
         [encode_end("x", 2.0, 3, "stop", None), encode_arrival("x", 3.0, 7, 16, 1, False, None)],
     ]
-    log = WorkloadLog()
-    for read in reads:
-        columns = work_columns._columns(read)
-        assert columns is not None
-        log.add(WorkloadBatch("e", 3.0, columns))
-    cols = log.export(101.0, crashed=False)["requests"]["columns"]
+    cols = filed_as_columns(reads)
     assert cols["prompt_len"] == [5, 7] and cols["outcome"] == ["finished", "in_flight"]
 
 
@@ -131,10 +138,5 @@ def test_an_id_arriving_twice_in_one_read_meets_its_early_end_once() -> None:
         [encode_end("x", 2.0, 3, "stop", None)],
         [encode_arrival("x", 1.0, 5, 16, 1, False, None), encode_arrival("x", 3.0, 7, 16, 1, False, None)],
     ]
-    log = WorkloadLog()
-    for read in reads:
-        columns = work_columns._columns(read)
-        assert columns is not None
-        log.add(WorkloadBatch("e", 3.0, columns))
-    cols = log.export(101.0, crashed=False)["requests"]["columns"]
+    cols = filed_as_columns(reads)
     assert cols["prompt_len"] == [5, 7] and cols["outcome"] == ["finished", "in_flight"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,24 @@ def doc(engine: str = "decode-0", *, host: str = "node-a", ts: float | None = No
         events=[{"kind": "xid", "xid": 43}],
         log_lines=[{"ts": ts, "line": "x"}],
     )
+
+
+def xid_row(**given: Any) -> dict[str, Any]:
+    """An Xid event's row as the writer stores it, with ``given`` fields replaced."""
+    row: dict[str, Any] = {
+        "ts": 1.0,
+        "kind": "xid",
+        "source": "kmsg",
+        "severity": "critical",
+        "engine": None,
+        "gpu": "0000:00:06.0",
+        "xid": 79,
+        "pid": None,
+        "process": None,
+        "message": "Xid 79",
+        "data": {},
+    }
+    return {**row, **given}
 
 
 def test_snapshot_round_trip(migrated_url: str) -> None:
@@ -94,21 +113,7 @@ def test_batch_write_and_engine_registry(migrated_url: str) -> None:
             "pcie_replay": 0,
         }
     ]
-    events = [
-        {
-            "ts": now,
-            "kind": "xid",
-            "source": "kmsg",
-            "severity": "critical",
-            "engine": None,
-            "gpu": "0000:00:06.0",
-            "xid": 79,
-            "pid": None,
-            "process": None,
-            "message": "fell off the bus",
-            "data": {"a": 1},
-        }
-    ]
+    events = [xid_row(ts=now, message="fell off the bus", data={"a": 1})]
     r.write_batch(steps, gpu, events, {"decode-0": now})
     assert len(r.recent_steps("decode-0", since=now)) == 1000
     assert r.list_events(kind="xid")[0]["xid"] == 79
@@ -166,20 +171,7 @@ def test_one_event_stored_by_two_transactions_at_once_is_one_row(migrated_url: s
 
     r = repo(migrated_url)
     sid, _ = r.store_snapshot(doc(), incident_window_s=30, incident_key="k")
-    first = {
-        "uid": "xid-at-4711",
-        "ts": 1.0,
-        "kind": "xid",
-        "source": "kmsg",
-        "severity": "critical",
-        "engine": None,
-        "gpu": "0000:00:06.0",
-        "xid": 79,
-        "pid": None,
-        "process": None,
-        "message": "Xid 79",
-        "data": {"sources": ["kmsg"]},
-    }
+    first = xid_row(uid="xid-at-4711", ts=1.0, message="Xid 79", data={"sources": ["kmsg"]})
     again = dict(first, ts=2.0)
     db = r.database
     with db.tx() as conn:  # the writer's batch, between its look and its insert
