@@ -349,6 +349,7 @@ class RunConfig:
     keep: bool = False
     busy: int = 0  # busy-loop processes beside the load (the fault path under CPU pressure)
     engine_logs: bool = False  # each engine's log followed, a vLLM stat line every 10 s in it
+    osl: int | None = None  # mean output tokens of the load (None: simulate's default, 256)
     start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
@@ -398,6 +399,8 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
     ]
     if not reads_workload_records(cfg.tree):
         sim_args.append("--no-workload-records")
+    if cfg.osl is not None:
+        sim_args += ["--osl", str(cfg.osl)]
     if has_simulate(cfg.tree):
         sim_cmd = [PY, "-m", "collector.cli", "simulate", *sim_args]
         driver = "flightrec simulate"
@@ -762,6 +765,7 @@ def config(args: argparse.Namespace, **over: Any) -> RunConfig:
         "keep": args.keep,
         "busy": args.busy,
         "engine_logs": args.engine_logs,
+        "osl": args.osl,
     }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -795,6 +799,11 @@ def main() -> int:
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, config, database)")
     p.add_argument("--busy", type=int, default=0, help="busy-loop processes running beside the load the whole run (e.g. 4 per core)")
+    p.add_argument(
+        "--osl",
+        type=int,
+        help="mean output tokens a request (the running set changes about running/osl times a step; default: simulate's 256)",
+    )
     p.add_argument(
         "--engine-logs",
         action="store_true",

@@ -26,7 +26,7 @@ from collector.detectors.stall import detect_stall
 from collector.detectors.throttling import NAME as THROTTLING
 from collector.detectors.throttling import detect_throttling
 from collector.detectors.throughput import detect_throughput_collapse
-from collector.model import HALF_STATS, GpuSample, MetricsScrape, Severity, StepRecord
+from collector.model import GpuSample, MetricsScrape, Severity, StepRecord
 
 T = TypeVar("T")
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -41,39 +41,22 @@ def _group(items: Mapping[str, Sequence[T]] | Iterable[T], key: Callable[[T], st
     return out
 
 
-def _step_series(steps: Sequence[StepRecord]) -> tuple[list[S.Point], list[S.Point], list[S.Point], list[S.Point], list[S.Point]]:
-    """waiting, tokens, kv usage, preemptions and demand (running + waiting) of the steps that
-    carry each figure, in one walk of the steps (an unread figure costs its series the point)."""
-    waiting: list[S.Point] = []
-    tokens: list[S.Point] = []
-    kv: list[S.Point] = []
-    preempt: list[S.Point] = []
-    demand: list[S.Point] = []
-    for s in steps:
-        ts, w, r, g, p = s.ts, s.waiting, s.running, s.generation_tokens, s.prompt_tokens
-        if w is not None:
-            waiting.append((ts, float(w)))
-            if r is not None:
-                demand.append((ts, float(r + w)))
-        if g is not None or p is not None:
-            tokens.append((ts, float((g or 0) + (p or 0))))
-        if s.kv_cache_usage is not None:
-            kv.append((ts, s.kv_cache_usage))
-        if s.preemptions is not None:
-            preempt.append((ts, float(s.preemptions)))
-    return waiting, tokens, kv, preempt, demand
-
-
 @dataclass(frozen=True, slots=True)
 class EngineSeries:
-    """One engine's series over the detectors' history, built once a tick for all of them."""
+    """One engine's series over the detectors' history, brought up to date once a tick for all
+    of them (``series.StepPoints``: the steps' series; ``series.ScrapeSeries``: the scrapes')."""
 
-    steps: list[StepRecord]  # every step in the window (the host-side figures ride on either half)
     waiting: list[S.Point]
     tokens: list[S.Point]
     kv: list[S.Point]
     preempt: list[S.Point]
     demand: list[S.Point]
+    # the host-side figures of every step (they ride on either half): HiSparse's host blocks,
+    # running requests, and the connector's pending page transfers and host cache usage levels
+    blocks: list[S.Point]
+    running: list[S.Point]
+    pending: list[S.Point]
+    usage: list[S.Point]
     scrapes: S.ScrapeSeries
     sc_waiting: list[S.Point]
     sc_tokens: list[S.Point]
@@ -99,13 +82,9 @@ def _stall(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorSta
 
 
 def _host_backlog(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState | None:
-    blocks = [(s.ts, float(b)) for s in x.steps if (b := s.host_blocks) is not None]
-    pending = S.connector_level(x.steps, "pending_page_transfers")
-    usage = S.connector_level(x.steps, "host_cache_usage_perc")
-    if not (blocks or pending or usage):
+    if not (x.blocks or x.pending or x.usage):
         return None  # no HiSparse here
-    running = [(s.ts, float(s.running)) for s in x.steps if s.running is not None]
-    return detect_host_backlog(blocks, running, pending, usage, now=now, labels=labels, thr=thr)
+    return detect_host_backlog(x.blocks, x.running, x.pending, x.usage, now=now, labels=labels, thr=thr)
 
 
 def _throughput(x: EngineSeries, thr: Any, now: float, labels: Labels) -> DetectorState:
@@ -152,6 +131,7 @@ class DetectorRunner:
         self._last_scrape: dict[str, float] = {}
         self._last_raw: dict[Key, dict[Severity, DetectorState]] = {}
         self._scrape_series: dict[str, S.ScrapeSeries] = {}
+        self._step_points: dict[str, S.StepPoints] = {}
 
     def states(self) -> list[DetectorState]:
         """The published state of every (detector, labels) seen, for the API."""
@@ -161,6 +141,7 @@ class DetectorRunner:
         """Drop a departed engine's series and states (``collector.ingest.departures``)."""
         self._last_scrape.pop(engine, None)
         self._scrape_series.pop(engine, None)
+        self._step_points.pop(engine, None)
         label = ("engine", engine)
         for table in (self._hysteresis, self._published, self._last_raw):
             for key in [k for k in table if label in k[1]]:
@@ -203,45 +184,50 @@ class DetectorRunner:
                 self._last_scrape[engine] = max(self._last_scrape.get(engine, 0.0), items[-1].ts)
         engines = set(engine_steps) | set(by_engine) | set(self._last_scrape)
         for engine in sorted(engines):
-            steps = since(engine_steps.get(engine, ()), start, lambda s: s.ts)
+            points = self._step_points.get(engine)
+            if points is None:
+                points = self._step_points[engine] = S.StepPoints()
+            points.update(since(engine_steps.get(engine, ()), start, lambda s: s.ts))
             series = self._scrape_series.get(engine)
             if series is None:
                 series = self._scrape_series[engine] = S.ScrapeSeries()
             series.feed(by_engine.get(engine, ()))
             series.trim(start)
-            raw += self._engine_states(engine, steps, series, now)
+            raw += self._engine_states(engine, points, series, now)
         gpu_start = now - self.history_s()
         for gpu, samples in _group(gpu_samples, lambda s: s.gpu).items():
             raw += self._gpu_states(gpu, since(samples, gpu_start, lambda s: s.ts), now)
         return self._publish(raw)
 
-    def _engine_states(self, engine: str, steps: list[StepRecord], scrapes: S.ScrapeSeries, now: float) -> list[DetectorState]:
+    def _engine_states(self, engine: str, points: S.StepPoints, scrapes: S.ScrapeSeries, now: float) -> list[DetectorState]:
         # Steps when the recorder runs; scrapes otherwise. Only steps whose stats half arrived
         # carry the figures (the others' are unknown, not 0), and each series takes the steps
         # that carry its figures: one unread field costs that series its points, not every
-        # detector the step.
-        stats_steps = [s for s in steps if s.halves & HALF_STATS]
+        # detector the step. The detectors get copies: the series are kept for the next tick.
         # the scrape series, kept up to date one scrape at a time (several detectors read them)
         sc_waiting = list(scrapes.waiting)
         sc_tokens = list(scrapes.tokens)
-        sc_demand = [(ts, r + w) for (ts, r), (_, w) in zip(scrapes.running, sc_waiting, strict=False)]
-        if stats_steps:
-            waiting, tokens, kv, preempt, demand = _step_series(stats_steps)
-        else:
+        sc_demand = list(scrapes.demand)
+        waiting, tokens, kv, preempt, demand, blocks, running, pending, usage = map(list, points.series)
+        from_steps = points.stats_steps > 0
+        if not from_steps:
             waiting, tokens, kv = sc_waiting, sc_tokens, list(scrapes.kv)
             preempt, demand = S.deltas(list(scrapes.preempt)), sc_demand
         series = EngineSeries(
-            steps=steps,
             waiting=waiting,
             tokens=tokens,
             kv=kv,
             preempt=preempt,
             demand=demand,
+            blocks=blocks,
+            running=running,
+            pending=pending,
+            usage=usage,
             scrapes=scrapes,
             sc_waiting=sc_waiting,
             sc_tokens=sc_tokens,
             sc_demand=sc_demand,
-            from_steps=bool(stats_steps),
+            from_steps=from_steps,
             last_scrape=self._last_scrape.get(engine),
         )
         return self._run(ENGINE_DETECTORS, series, now, {"engine": engine})

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import accumulate, islice
 from operator import itemgetter
 
-from collector.model import MetricsScrape, StepRecord
+from collector.model import HALF_STATS, MetricsScrape, StepRecord
 
 Point = tuple[float, float]
 
@@ -112,19 +112,6 @@ def value_at(points: Sequence[Point], ts: float) -> float | None:
     return found
 
 
-def connector_level(steps: Sequence[StepRecord], stat: str) -> list[Point]:
-    """A connector level per step (``<Connector>.<stat>`` in the step's connector stats; the
-    recorder reduces a level's list to its last value)."""
-    out: list[Point] = []
-    suffix = "." + stat  # (a key's last dotted part is ``stat``; ``stat`` holds no dot)
-    for s in steps:
-        for key, value in s.connector.items():
-            if (key == stat or key.endswith(suffix)) and isinstance(value, (int, float)) and not isinstance(value, bool):
-                out.append((s.ts, float(value)))
-                break
-    return out
-
-
 class ScrapeSeries:
     """One engine's scrape series, kept up to date one scrape at a time: each tick extracts the
     scrapes that arrived since the last one instead of every scrape held (361 s of them per
@@ -141,6 +128,7 @@ class ScrapeSeries:
         self.times: deque[float] = deque()  # every scrape's
         self.waiting: deque[Point] = deque()
         self.running: deque[Point] = deque()
+        self.demand: deque[Point] = deque()  # running + waiting, of the scrapes that have both
         self.kv: deque[Point] = deque()
         self.preempt: deque[Point] = deque()  # cumulative
         self.tokens: deque[Point] = deque()  # per-interval generation + prompt (token_amounts)
@@ -161,9 +149,14 @@ class ScrapeSeries:
         for s in islice(scrapes, start, None):
             ts = s.ts
             self.times.append(ts)
+            waiting, running = scrape_value(s, WAITING), scrape_value(s, RUNNING)
+            if waiting is not None:
+                self.waiting.append((ts, waiting))
+            if running is not None:
+                self.running.append((ts, running))
+                if waiting is not None:
+                    self.demand.append((ts, running + waiting))
             for series, names in (
-                (self.waiting, WAITING),
-                (self.running, RUNNING),
                 (self.kv, KV_USAGE),
                 (self.preempt, PREEMPTIONS),
                 (self.itl_sum, ITL_SUM),
@@ -186,6 +179,113 @@ class ScrapeSeries:
         """Forget points stamped before ``start``."""
         while self.times and self.times[0] < start:
             self.times.popleft()
-        for series in (self.waiting, self.running, self.kv, self.preempt, self.tokens, self.itl_sum, self.itl_count):
+        for series in (self.waiting, self.running, self.demand, self.kv, self.preempt, self.tokens, self.itl_sum, self.itl_count):
             while series and series[0][0] < start:
                 series.popleft()
+
+
+# The series ``StepPoints`` reads off an engine's steps, in the order a record's points are made.
+STEP_SERIES = ("waiting", "tokens", "kv", "preempt", "demand", "blocks", "running", "pending", "usage")
+_PENDING, _USAGE = "pending_page_transfers", "host_cache_usage_perc"
+
+
+def _connector_value(connector: dict[str, object], stat: str) -> float | None:
+    suffix = "." + stat
+    for key, value in connector.items():
+        if (key == stat or key.endswith(suffix)) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _step_points(s: StepRecord, out: tuple[list[Point], ...]) -> tuple[int, ...]:
+    """Append one step's points to ``out`` (``STEP_SERIES``' lists); how many each got. The
+    first five come from the stat logger's half only (the others' figures are unknown, not 0):
+    waiting, tokens (prompt + generation), KV usage, preemptions, demand (running + waiting).
+    Then host blocks, running and HiSparse's two connector levels, from either half."""
+    ts = s.ts
+    made = [0] * len(STEP_SERIES)
+    if s.halves & HALF_STATS:
+        w, r, g, p = s.waiting, s.running, s.generation_tokens, s.prompt_tokens
+        if w is not None:
+            out[0].append((ts, float(w)))
+            made[0] = 1
+            if r is not None:
+                out[4].append((ts, float(r + w)))
+                made[4] = 1
+        if g is not None or p is not None:
+            out[1].append((ts, float((g or 0) + (p or 0))))
+            made[1] = 1
+        if s.kv_cache_usage is not None:
+            out[2].append((ts, s.kv_cache_usage))
+            made[2] = 1
+        if s.preemptions is not None:
+            out[3].append((ts, float(s.preemptions)))
+            made[3] = 1
+    if (b := s.host_blocks) is not None:
+        out[5].append((ts, float(b)))
+        made[5] = 1
+    if s.running is not None:
+        out[6].append((ts, float(s.running)))
+        made[6] = 1
+    if s.connector:
+        for i, stat in ((7, _PENDING), (8, _USAGE)):
+            if (v := _connector_value(s.connector, stat)) is not None:
+                out[i].append((ts, v))
+                made[i] = 1
+    return tuple(made)
+
+
+class StepPoints:
+    """One engine's series read off its steps (``STEP_SERIES``), kept from one detector tick to
+    the next: each tick reads only the steps that are not the ones read before.
+
+    ``update`` takes the steps in the detectors' window, oldest first: the engine's per-second
+    records (``collector.ingest.window.SecondAggregates``), the same objects from tick to tick
+    but the last few (the open second's is new at each read, and a late half of a step rebuilds
+    its second's record). It finds the previous tick's steps that are still these, by identity
+    and in order from the oldest still in the window, keeps their points, and reads the rest. A
+    list that shares none (a test's fresh records) is read afresh: the series are those of
+    reading every step each tick (a hypothesis test holds it to that)."""
+
+    def __init__(self) -> None:
+        self._steps: list[StepRecord] = []
+        self._made: list[tuple[int, ...]] = []  # each step's points, per series
+        self.series: tuple[list[Point], ...] = tuple([] for _ in STEP_SERIES)
+        self.stats_steps = 0  # steps in the window with the stat logger's half
+
+    def update(self, steps: Sequence[StepRecord]) -> None:
+        steps = list(steps)
+        kept = self._keep(steps)
+        out, made = self.series, self._made
+        for s in islice(steps, kept, None):
+            made.append(_step_points(s, out))
+            if s.halves & HALF_STATS:
+                self.stats_steps += 1
+        self._steps = steps
+
+    def _keep(self, steps: list[StepRecord]) -> int:
+        """How many of ``steps`` (from the first) were read before, the series cut to them."""
+        prev, made = self._steps, self._made
+        first = steps[0] if steps else None
+        gone = next((i for i, s in enumerate(prev) if s is first), len(prev))  # left the window
+        kept = next(
+            (i for i, (a, b) in enumerate(zip(islice(prev, gone, None), steps, strict=False)) if a is not b), min(len(prev) - gone, len(steps))
+        )
+        if not kept:
+            self.series = tuple([] for _ in STEP_SERIES)
+            self._made = []
+            self.stats_steps = 0
+            return 0
+        if gone + kept < len(prev):  # read before, but no longer the records here: their points go
+            for pts, n in zip(self.series, map(sum, zip(*made[gone + kept :], strict=True)), strict=True):
+                if n:
+                    del pts[-n:]
+            self.stats_steps -= sum(1 for s in prev[gone + kept :] if s.halves & HALF_STATS)
+            del made[gone + kept :]
+        if gone:  # the steps that left the window, and their points
+            for pts, n in zip(self.series, map(sum, zip(*made[:gone], strict=True)), strict=True):
+                if n:
+                    del pts[:n]
+            self.stats_steps -= sum(1 for s in prev[:gone] if s.halves & HALF_STATS)
+            del made[:gone]
+        return kept

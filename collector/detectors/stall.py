@@ -20,9 +20,8 @@ def detect_stall(waiting: Sequence[Point], tokens: Sequence[Point], *, now: floa
     """``waiting``: the waiting-requests gauge; ``tokens``: tokens computed per step/interval."""
     if not waiting or waiting[-1][1] <= 0:
         return DetectorState(NAME, Severity.OK, "no request waiting", labels=labels, ts=now, value=0.0)
-    progress = [t for t, v in tokens if v > 0]
     first_seen = min(waiting[0][0], tokens[0][0] if tokens else waiting[0][0])
-    last_progress = progress[-1] if progress else first_seen
+    last_progress = next((t for t, v in reversed(tokens) if v > 0), first_seen)
     idle = now - last_progress
     pending = int(waiting[-1][1])
     if idle >= thr.critical_after_s:

@@ -135,11 +135,9 @@ def test_scrape_series_kept_one_scrape_at_a_time_equal_the_series_read_afresh() 
         gen += rng.randint(0, 50)
         prompt += rng.randint(0, 20)
         preempt += rng.randint(0, 1)
-        values = {
-            "num_requests_running": float(rng.randint(0, 9)),
-            "num_requests_waiting": float(rng.randint(0, 9)),
-            "kv_cache_usage_perc": rng.random(),
-        }
+        values = {"num_requests_running": float(rng.randint(0, 9)), "kv_cache_usage_perc": rng.random()}
+        if i % 7:  # some scrapes without the waiting gauge: no demand point there
+            values["num_requests_waiting"] = float(rng.randint(0, 9))
         if i != 50:  # one scrape without counters
             values |= {"generation_tokens_total": gen, "prompt_tokens_total": prompt, "num_preemptions_total": preempt}
         if i == 120:  # an engine restart: the counters begin again
@@ -151,6 +149,8 @@ def test_scrape_series_kept_one_scrape_at_a_time_equal_the_series_read_afresh() 
         kept.trim(start)
         assert list(kept.waiting) == S.gauge(window, S.WAITING)
         assert list(kept.running) == S.gauge(window, S.RUNNING)
+        both = [(s.ts, S.scrape_value(s, S.RUNNING), S.scrape_value(s, S.WAITING)) for s in window]
+        assert list(kept.demand) == [(ts, r + w) for ts, r, w in both if r is not None and w is not None]
         assert list(kept.kv) == S.gauge(window, S.KV_USAGE)
         assert list(kept.preempt) == S.counter(window, S.PREEMPTIONS)
         afresh = S.token_amounts(window)
