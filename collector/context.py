@@ -34,7 +34,7 @@ RECORDER_MISSING_AFTER_S = 60.0
 # The sidecar is behind (``behind`` in /healthz; the detectors hold their judgement meanwhile)
 # when its loop ran this late, or a live writer's newest record has waited this long to be read.
 LOOP_LATE_S = 1.0
-RING_LATE_S = 2.0
+RING_LATE_S = 3.0
 RECORDER_FIX = (
     "install vllm-flight-recorder into the engine's Python environment (the stat-logger plugin "
     "loads by itself) and give engine and sidecar the same FLIGHTREC_RECORDER_DIR; add "

@@ -116,13 +116,14 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     workload_seconds: float = Field(default=3600.0, gt=0, description="how far back the workload log reaches")
     recorder_join_wait: float = Field(default=120.0, ge=0, description="hold an unmatched ring this long for its engine's port")
     recorder_read_s: float = Field(
-        default=0.5,
+        default=1.0,
         gt=0,
         # A step's two halves come from two rings, read apart: its second half must be in within
-        # the writer's 1 s hold (collector.storage.writer), read_s + a 0.1 s poll + a margin, or
+        # the writer's 2 s hold (collector.storage.writer), read_s + a 0.1 s poll + a margin, or
         # the stored row lacks it (the request half's mirror_rows and host_blocks). (A ring
-        # unread past 2 s also reads as the sidecar behind: collector.context.RING_LATE_S.)
-        le=0.75,
+        # unread past 3 s also reads as the sidecar behind: collector.context.RING_LATE_S.)
+        # 1 s against 0.5: 6.6-6.9% of a core against 7.4-7.8% at node scale (docs/benchmarks-history.md).
+        le=1.5,
         description="a ring's records are read this often (sooner once many wait; at once for a snapshot): "
         "longer reads more steps at once for less CPU, and the live series lag by up to this much",
     )

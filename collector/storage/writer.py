@@ -112,7 +112,7 @@ class _Queue:
 
 class BatchWriter:
     def __init__(
-        self, repo: Repository, *, interval: float, hold_s: float = 1.0, clock: Any = time.monotonic, max_pending: int = MAX_PENDING
+        self, repo: Repository, *, interval: float, hold_s: float = 2.0, clock: Any = time.monotonic, max_pending: int = MAX_PENDING
     ) -> None:
         self.repo = repo
         self.interval = interval
