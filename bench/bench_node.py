@@ -350,6 +350,7 @@ class RunConfig:
     busy: int = 0  # busy-loop processes beside the load (the fault path under CPU pressure)
     engine_logs: bool = False  # each engine's log followed, a vLLM stat line every 10 s in it
     osl: int | None = None  # mean output tokens of the load (None: simulate's default, 256)
+    workload_records: bool = True  # the engines write their requests' arrivals and ends (W records)
     start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
@@ -397,7 +398,7 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
         "--progress-every",
         "30",
     ]
-    if not reads_workload_records(cfg.tree):
+    if not reads_workload_records(cfg.tree) or not cfg.workload_records:
         sim_args.append("--no-workload-records")
     if cfg.osl is not None:
         sim_args += ["--osl", str(cfg.osl)]
@@ -766,6 +767,7 @@ def config(args: argparse.Namespace, **over: Any) -> RunConfig:
         "busy": args.busy,
         "engine_logs": args.engine_logs,
         "osl": args.osl,
+        "workload_records": not args.no_workload_records,
     }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -804,6 +806,7 @@ def main() -> int:
         type=int,
         help="mean output tokens a request (the running set changes about running/osl times a step; default: simulate's 256)",
     )
+    p.add_argument("--no-workload-records", action="store_true", help="the engines write no W records (what they cost the sidecar)")
     p.add_argument(
         "--engine-logs",
         action="store_true",
