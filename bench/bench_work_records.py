@@ -8,7 +8,7 @@ The simulator's load model writes ``--steps`` steps of one engine at 256 running
 and ends, about 1.6 records a step); the records are cut into reads of each size and decoded
 (``decode_work_records``) and filed (``WorkloadLog.add``) into a fresh log, both ways, in turn.
 Prints CPU microseconds per record (best of 7), for decoding alone and with the filing. At node
-scale an engine's read holds about 80 (0.5 s of reads at 100 steps/s); a ring's first catch-up
+scale an engine's read holds about 200 (a read a second at 100 steps/s); a ring's first catch-up
 thousands. ``work_columns.COLUMNS_FROM`` is where the two cross.
 """
 

@@ -81,8 +81,8 @@ def test_environment_overrides_file_and_flags_override_environment(tmp_path: Pat
         ("engines:\n  - url: http://x\n", "engines.0.name"),
         ("scrape_intervall: 1\n", "scrape_intervall"),
         ("alertmanager: [127.0.0.1:9093]\n", "alertmanager"),
-        # a step's second half would come after the writer's 1 s hold: stored without it
-        ("recorder_read_s: 1.0\n", "recorder_read_s"),
+        # a step's second half would come after the writer's 2 s hold: stored without it
+        ("recorder_read_s: 2.0\n", "recorder_read_s"),
     ],
 )
 def test_invalid_settings_name_the_key(tmp_path: Path, text: str, key: str) -> None:

@@ -58,7 +58,7 @@ _NONE = INT64_NULL  # an unknown count
 # whatever its length, and the ~40 here outweigh the records' own Python work below about this
 # many (``bench/bench_work_records.py``, decoded and filed, us per record: at 30 a read 4.2 as
 # columns against 2.0 one by one; at 100, 1.8 against 1.75; at 300, 1.2 against 1.7; at 1,000,
-# 1.0 against 1.7, as in a ring's first catch-up). A node-scale read holds about 80.
+# 1.0 against 1.7, as in a ring's first catch-up). A node-scale read (one a second) holds about 200.
 COLUMNS_FROM = 128
 
 

@@ -183,6 +183,8 @@ class DetectorRunner:
             if items:
                 self._last_scrape[engine] = max(self._last_scrape.get(engine, 0.0), items[-1].ts)
         engines = set(engine_steps) | set(by_engine) | set(self._last_scrape)
+        for gone in self._step_points.keys() - engines:  # (not judged this tick: its steps not held)
+            del self._step_points[gone]
         for engine in sorted(engines):
             points = self._step_points.get(engine)
             if points is None:

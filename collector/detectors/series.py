@@ -257,6 +257,7 @@ class StepPoints:
         steps = list(steps)
         kept = self._keep(steps)
         out, made = self.series, self._made
+        self._steps = []  # (a step that fails to read leaves nothing to resume from: read afresh next tick)
         for s in islice(steps, kept, None):
             made.append(_step_points(s, out))
             if s.halves & HALF_STATS:

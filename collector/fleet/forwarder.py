@@ -32,11 +32,10 @@ from collector.redact import redact
 from collector.storage.connect import StorageError, translate
 from collector.storage.models import EngineSeriesRow, GpuRow, GpuSeriesRow
 from collector.storage.repo import Repository
-from collector.storage.writer import BatchWriter, event_row
+from collector.storage.writer import HOLD_S, BatchWriter, event_row  # (the hold with no node-local writer)
 
 log = logging.getLogger(__name__)
 
-HOLD_S = 1.0  # a step's second half comes within this: ingest holds a step this long (with no node-local writer)
 SHIP_BATCHES = 64  # outbox rows shipped a round (a round after an outage catches up this many)
 
 

@@ -682,8 +682,9 @@ class SecondAggregates:
         self._late.clear()
 
     def fold_stats(self, run: int, rows: npt.NDArray[np.void], extras: Mapping[int, StepExtra]) -> None:
-        """A read's stats halves folded in: a read of a few steps (a poll's, the usual) over its
-        rows' values in one pass; a longer one (a catch-up) with reductions per second."""
+        """A read's stats halves folded in: a read of a few steps over its rows' values in one
+        pass; a longer one (a second's read at 100 steps/s, a catch-up) with reductions per
+        second."""
         if len(rows) > FOLD_VECTOR_FROM:
             self._fold_columns(run, rows, extras)
             self._settle()

@@ -35,6 +35,9 @@ from collector.ticks import sleep_to_tick
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 200_000  # rows held per kind while the database is down
+# A step's second half comes within this after its first: a ring is read every recorder_read_s
+# (at most 1.5 s), plus a poll and a margin. Ingest holds a step this long before it is stored.
+HOLD_S = 2.0
 
 
 def gpu_row(s: GpuSample) -> dict[str, Any]:
@@ -112,7 +115,7 @@ class _Queue:
 
 class BatchWriter:
     def __init__(
-        self, repo: Repository, *, interval: float, hold_s: float = 2.0, clock: Any = time.monotonic, max_pending: int = MAX_PENDING
+        self, repo: Repository, *, interval: float, hold_s: float = HOLD_S, clock: Any = time.monotonic, max_pending: int = MAX_PENDING
     ) -> None:
         self.repo = repo
         self.interval = interval

@@ -120,5 +120,28 @@ def test_a_tick_reads_only_the_steps_since_the_last_one() -> None:
 
     newest = [Counted(engine="e", ts=float(t), step=t, waiting=1, running=2, halves=HALF_STATS) for t in (99, 100, 101)]
     points.update(steps[3:99] + newest)
-    assert seen == newest  # the previous newest again, and the two new ones
+    assert len(seen) == 3 and all(a is b for a, b in zip(seen, newest, strict=True))  # the previous newest again, the two new ones
     assert points.series[0] == [(float(t), 1.0) for t in range(3, 102)]
+
+
+def test_a_step_that_fails_to_read_leaves_the_next_tick_to_read_afresh() -> None:
+    steps = [StepRecord(engine="e", ts=float(t), step=t, waiting=1, running=2, halves=HALF_STATS) for t in range(10)]
+    points = StepPoints()
+    points.update(steps)
+
+    class Broken(StepRecord):
+        __slots__ = ()
+
+        @property
+        def host_blocks(self) -> int | None:
+            raise RuntimeError("unreadable")
+
+    bad = Broken(engine="e", ts=10.0, step=10, waiting=1, running=2, halves=HALF_STATS)
+    try:
+        points.update([*steps, bad])
+    except RuntimeError:
+        pass
+    later = [*steps[1:], StepRecord(engine="e", ts=11.0, step=11, waiting=3, running=2, halves=HALF_STATS)]
+    points.update(later)
+    assert dict(zip(STEP_SERIES, points.series, strict=True)) == reference(later)
+    assert points.stats_steps == len(later)

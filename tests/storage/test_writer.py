@@ -48,13 +48,13 @@ def test_rows_held_while_the_database_is_down_are_written_when_it_is_back(tmp_pa
         for i in range(300):
             hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1, halves=HALF_STATS))
         hub.emit(Event(kind=EventKind.LOG, ts=now, source="log", message="kept", engine="decode-0"))
-        clock.t += 2.0
+        clock.t += 3.0  # past the writer's 2 s hold
         await writer.flush()  # no tables yet: the write fails
         assert writer.db_up is False and writer.pending_rows == 301
         await asyncio.to_thread(upgrade, url)
         for i in range(300, 310):
             hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.001, step=i, running=1, halves=HALF_STATS))
-        clock.t += 2.0
+        clock.t += 3.0  # past the writer's 2 s hold
         await writer.flush()
         assert writer.db_up is True
 
@@ -242,17 +242,17 @@ def test_while_the_series_are_coarser_one_step_per_engine_per_tenth_of_a_second_
     async def scenario() -> None:
         for i in range(100):  # 1 s at 100 steps/s: every step
             hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
-        clock.t += 2.0
+        clock.t += 3.0  # past the writer's 2 s hold
         await writer.flush()
         for i in range(100, 200):  # the next second, handed over while coarser: 10 steps of 100
             hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
         coarse[0] = True
-        clock.t += 2.0
+        clock.t += 3.0  # past the writer's 2 s hold
         await writer.flush()
         coarse[0] = False
         for i in range(200, 210):
             hub.emit(StepRecord(engine="decode-0", ts=now + i * 0.01, step=i, running=1, halves=HALF_STATS))
-        clock.t += 2.0
+        clock.t += 3.0  # past the writer's 2 s hold
         await writer.flush()
 
     asyncio.run(scenario())
