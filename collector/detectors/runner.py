@@ -211,7 +211,7 @@ class DetectorRunner:
         sc_tokens = list(scrapes.tokens)
         sc_demand = list(scrapes.demand)
         waiting, tokens, kv, preempt, demand, blocks, running, pending, usage = map(list, points.series)
-        from_steps = points.stats_steps > 0
+        from_steps = points.from_steps
         if not from_steps:
             waiting, tokens, kv = sc_waiting, sc_tokens, list(scrapes.kv)
             preempt, demand = S.deltas(list(scrapes.preempt)), sc_demand

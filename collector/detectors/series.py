@@ -197,42 +197,32 @@ def _connector_value(connector: dict[str, object], stat: str) -> float | None:
     return None
 
 
-def _step_points(s: StepRecord, out: tuple[list[Point], ...]) -> tuple[int, ...]:
-    """Append one step's points to ``out`` (``STEP_SERIES``' lists); how many each got. The
-    first five come from the stat logger's half only (the others' figures are unknown, not 0):
-    waiting, tokens (prompt + generation), KV usage, preemptions, demand (running + waiting).
-    Then host blocks, running and HiSparse's two connector levels, from either half."""
+def _step_points(s: StepRecord, out: tuple[list[Point], ...]) -> None:
+    """Append one step's points to ``out`` (``STEP_SERIES``' lists). The first five come from
+    the stat logger's half only (the others' figures are unknown, not 0): waiting, tokens
+    (prompt + generation), KV usage, preemptions, demand (running + waiting). Then host blocks,
+    running and HiSparse's two connector levels, from either half."""
     ts = s.ts
-    made = [0] * len(STEP_SERIES)
     if s.halves & HALF_STATS:
         w, r, g, p = s.waiting, s.running, s.generation_tokens, s.prompt_tokens
         if w is not None:
             out[0].append((ts, float(w)))
-            made[0] = 1
             if r is not None:
                 out[4].append((ts, float(r + w)))
-                made[4] = 1
         if g is not None or p is not None:
             out[1].append((ts, float((g or 0) + (p or 0))))
-            made[1] = 1
         if s.kv_cache_usage is not None:
             out[2].append((ts, s.kv_cache_usage))
-            made[2] = 1
         if s.preemptions is not None:
             out[3].append((ts, float(s.preemptions)))
-            made[3] = 1
     if (b := s.host_blocks) is not None:
         out[5].append((ts, float(b)))
-        made[5] = 1
     if s.running is not None:
         out[6].append((ts, float(s.running)))
-        made[6] = 1
     if s.connector:
         for i, stat in ((7, _PENDING), (8, _USAGE)):
             if (v := _connector_value(s.connector, stat)) is not None:
                 out[i].append((ts, v))
-                made[i] = 1
-    return tuple(made)
 
 
 class StepPoints:
@@ -249,9 +239,18 @@ class StepPoints:
 
     def __init__(self) -> None:
         self._steps: list[StepRecord] = []
-        self._made: list[tuple[int, ...]] = []  # each step's points, per series
+        self._made: list[tuple[int, ...]] = []  # how many points each step gave each series
         self.series: tuple[list[Point], ...] = tuple([] for _ in STEP_SERIES)
-        self.stats_steps = 0  # steps in the window with the stat logger's half
+
+    @property
+    def from_steps(self) -> bool:
+        """Whether a step in the window has the stat logger's half (its figures)."""
+        return any(s.halves & HALF_STATS for s in self._steps)
+
+    @property
+    def stats_steps(self) -> int:
+        """The steps in the window with the stat logger's half."""
+        return sum(1 for s in self._steps if s.halves & HALF_STATS)
 
     def update(self, steps: Sequence[StepRecord]) -> None:
         steps = list(steps)
@@ -259,9 +258,9 @@ class StepPoints:
         out, made = self.series, self._made
         self._steps = []  # (a step that fails to read leaves nothing to resume from: read afresh next tick)
         for s in islice(steps, kept, None):
-            made.append(_step_points(s, out))
-            if s.halves & HALF_STATS:
-                self.stats_steps += 1
+            before = list(map(len, out))
+            _step_points(s, out)
+            made.append(tuple(len(pts) - n for pts, n in zip(out, before, strict=True)))
         self._steps = steps
 
     def _keep(self, steps: list[StepRecord]) -> int:
@@ -275,18 +274,18 @@ class StepPoints:
         if not kept:
             self.series = tuple([] for _ in STEP_SERIES)
             self._made = []
-            self.stats_steps = 0
             return 0
-        if gone + kept < len(prev):  # read before, but no longer the records here: their points go
-            for pts, n in zip(self.series, map(sum, zip(*made[gone + kept :], strict=True)), strict=True):
-                if n:
-                    del pts[-n:]
-            self.stats_steps -= sum(1 for s in prev[gone + kept :] if s.halves & HALF_STATS)
-            del made[gone + kept :]
-        if gone:  # the steps that left the window, and their points
-            for pts, n in zip(self.series, map(sum, zip(*made[:gone], strict=True)), strict=True):
-                if n:
-                    del pts[:n]
-            self.stats_steps -= sum(1 for s in prev[:gone] if s.halves & HALF_STATS)
-            del made[:gone]
+        # the points of the steps read before but no longer these records, then of those that left the window
+        self._cut(made[gone + kept :], from_end=True)
+        del made[gone + kept :]
+        self._cut(made[:gone], from_end=False)
+        del made[:gone]
         return kept
+
+    def _cut(self, made: list[tuple[int, ...]], *, from_end: bool) -> None:
+        """Drop the points of the steps whose counts are ``made``, at the series' end or start."""
+        if not made:
+            return
+        for pts, n in zip(self.series, map(sum, zip(*made, strict=True)), strict=True):
+            if n:
+                del pts[slice(len(pts) - n, None) if from_end else slice(n)]
