@@ -68,6 +68,9 @@ class FleetRows:
         self._gpus_told: set[str] = set()
         self._new_gpus: list[GpuSample] = []
         self._unput: list[tuple[str, list[dict[str, Any]]]] = []  # batches the outbox refused (local disk)
+        # one round at a time: the stop's last round waits for a periodic one in flight (the
+        # coarse series and the outbox are the thread's, and two rounds at once lose steps)
+        self._round_lock = asyncio.Lock()
         # figures (/healthz, the benchmark)
         self.shared_up: bool | None = None
         self.last_error = ""
@@ -148,6 +151,10 @@ class FleetRows:
 
     async def flush(self, *, everything: bool = False) -> None:
         """One round: what came in goes to the outbox, then the outbox to the shared store."""
+        async with self._round_lock:
+            await self._flush(everything)
+
+    async def _flush(self, everything: bool) -> None:
         if self._release is not None:
             self._release(everything)
         due_steps, self._steps = self._steps, []
