@@ -137,7 +137,7 @@ class Settings(KmsgSettings, NvmlSettings, DcgmSettings, EngineLogSettings, Base
     write_batch_interval: float = Field(
         default=1.0,
         gt=0,
-        description="the continuous series are written this often, one transaction (a step is held 1 s for its "
+        description="the continuous series are written this often, one transaction (a step is held 2 s for its "
         "second half anyway; the rings still hold what a killed sidecar had not written)",
     )
     snapshot_gpu_seconds: float = Field(default=300.0, gt=0)
