@@ -247,11 +247,6 @@ class StepPoints:
         """Whether a step in the window has the stat logger's half (its figures)."""
         return any(s.halves & HALF_STATS for s in self._steps)
 
-    @property
-    def stats_steps(self) -> int:
-        """The steps in the window with the stat logger's half."""
-        return sum(1 for s in self._steps if s.halves & HALF_STATS)
-
     def update(self, steps: Sequence[StepRecord]) -> None:
         steps = list(steps)
         kept = self._keep(steps)
