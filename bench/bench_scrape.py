@@ -3,21 +3,25 @@
     python bench/bench_scrape.py [--page tests/fixtures/vllm-metrics/load-running-waiting.txt] [--seconds 10]
 
 A real HTTP/1.1 keep-alive server in another process (the standard library's, as the load
-simulator's) serves the captured page at ``/metrics`` and an empty ``/health``. In this process:
+simulator's, sending with TCP_NODELAY as vLLM's uvicorn does) serves the captured page at
+``/metrics`` and an empty ``/health``. In this process:
 
 - whole scrape: ``VllmMetricsSource`` scraping that one engine 10 times a second for
-  ``--seconds``, with its default client (kept-alive ``http.client`` connections in a thread)
-  and with an ``httpx.AsyncClient`` on the loop (what it used before); CPU time of this process
-  (all threads) per scrape, less the same loop idling for the same time;
-- by part, CPU per call in a tight loop: the two GETs through ``http.client`` on a kept
-  connection, through httpx's ``Client`` and ``AsyncClient``, and our page parser alone, beside
-  ``prometheus_client``'s parser on the same page.
+  ``--seconds``, with its default client (kept-alive connections in a thread, answers parsed by
+  ``httptools``: ``collector.sources.http_get``) and with an ``httpx.AsyncClient`` on the loop
+  (what it used before); CPU time of this process (all threads) per scrape, less the same loop
+  idling for the same time;
+- by part, CPU per call in a tight loop: the two GETs through our client, through the standard
+  library's ``http.client`` on a kept connection (what it used before), through httpx's
+  ``Client`` and ``AsyncClient``, and our page parser alone, beside ``prometheus_client``'s
+  parser on the same page.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import subprocess
 import sys
 import time
@@ -39,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 page = open(sys.argv[1], "rb").read()
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     def do_GET(self):
         body = page if self.path == "/metrics" else b""
         self.send_response(200)
@@ -115,7 +120,7 @@ def main() -> None:
     print(f"page {args.page.name}: {len(page) / 1024:.1f} kB; load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     try:
         for label, use_httpx in (
-            ("whole scrape, default client (http.client in a thread)", False),
+            ("whole scrape, default client (httptools, in a thread)", False),
             ("whole scrape, httpx.AsyncClient on the loop", True),
         ):
             per, n = _whole(url, args.seconds, use_httpx)
@@ -123,9 +128,16 @@ def main() -> None:
 
         keep = KeepAliveGet(url)
 
-        def stdlib() -> None:
+        def ours() -> None:
             keep.get("/metrics", 2.0)
             keep.get("/health", 2.0)
+
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+
+        def stdlib() -> None:
+            for path in ("/metrics", "/health"):
+                conn.request("GET", path, headers={"Accept": "text/plain"})
+                conn.getresponse().read()
 
         sync = httpx.Client(trust_env=False)
 
@@ -148,6 +160,7 @@ def main() -> None:
 
         text = page.decode()
         rows = [
+            ("GET /metrics + /health, our client (httptools) kept alive", _cpu_per_call(ours, args.repeat)),
             ("GET /metrics + /health, http.client kept alive", _cpu_per_call(stdlib, args.repeat)),
             ("GET /metrics + /health, httpx.Client", _cpu_per_call(httpx_sync, args.repeat)),
             ("GET /metrics + /health, httpx.AsyncClient", asyncio.run(httpx_async(args.repeat))),

@@ -1,11 +1,15 @@
-"""Blocking HTTP/1.1 GETs of one engine on one kept-alive connection (``http.client``), for a
-scrape thread.
+"""Blocking HTTP/1.1 GETs of one engine on one kept-alive connection, for a scrape thread.
 
-Why not httpx on the event loop: per scrape, the standard library's client on a kept connection
-costs the sidecar's process a fraction of what httpx's clients do (``bench/bench_scrape.py``
-measures the three); nothing here is a hand-written HTTP parser.
+The answer is parsed by ``httptools`` (llhttp, the parser uvicorn serves vLLM with, installed
+with ``uvicorn[standard]``); this module only writes the request line and moves bytes. Why not
+the standard library's ``http.client``: it parses every answer's headers with the ``email``
+package, about 250 us of CPU a GET here, two GETs a scrape, 16 a second at 8 engines: half
+a point of a core at node scale. Per GET of a 59 kB vLLM page on a kept connection, CPU of the
+scraping process: this client 0.13 ms, ``http.client`` 0.40 ms, httpx's ``Client`` more again
+(``bench/bench_scrape.py``; BENCHMARKS.md, Scrape). Why not httpx on the event loop: the same
+bench, several times the CPU of either.
 
-Failures are ``ScrapeError``s with the reason (refused, timed out, reset, not HTTP). A kept
+Failures are ``HttpGetError``s with the reason (refused, timed out, reset, not HTTP). A kept
 connection the server closed while idle (vLLM's uvicorn drops idle ones after 5 s) fails on
 its next request before anything was read: that one request is retried once on a fresh
 connection. Bodies are bounded (``max_body``): a page larger than that is an error, not memory;
@@ -14,22 +18,67 @@ a body cut short of its ``Content-Length`` is an error, not a page.
 
 from __future__ import annotations
 
-import http.client
+import socket
 import ssl
 from urllib.parse import urlsplit
 
+import httptools
+
 from collector.sources.base import SourceError
 
+__all__ = ["MAX_BODY", "HttpGetError", "KeepAliveGet"]
+
 MAX_BODY = 16 * 1024 * 1024  # a vLLM page is ~50-85 kB; DP=8 with connectors stays far below
+_RECV = 256 * 1024  # bytes asked of the socket at a time (a whole page, most often)
 
 
 class HttpGetError(SourceError):
     """One GET failed: no answer, a broken one, or a body over the bound."""
 
 
-# Raised on a kept connection the server closed while it sat idle: nothing of the request was
-# answered, so sending it again on a fresh connection is safe (a GET has no side effects).
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+class _Stale(Exception):
+    """A kept connection answered nothing: the server closed it while it sat idle."""
+
+
+class _Answer:
+    """The parser's callbacks: the body's parts, and whether the answer is whole."""
+
+    __slots__ = ("done", "framed", "headed", "keep", "over", "parser", "parts", "size", "started", "the_max")
+
+    def __init__(self, the_max: int) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.the_max = the_max
+        self.started = False  # a byte of an answer came
+        self.headed = False  # its headers are whole
+        self.framed = False  # it has a Content-Length or chunks (else its body ends at the close)
+        self.done = False
+        self.over = False
+        self.keep = False  # the connection may carry the next request (asked of the parser with the headers whole)
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_message_begin(self) -> None:
+        self.started = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headed = True
+        if self.parser is not None:  # (llhttp forgets it once the message is complete)
+            self.keep = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.the_max:
+            self.over = True
+        elif not self.over:
+            self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
 
 
 class KeepAliveGet:
@@ -45,55 +94,96 @@ class KeepAliveGet:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
         self.max_body = max_body
-        self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
+        self._tls: ssl.SSLContext | None = None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = self.port == (443 if self.scheme == "https" else 80)
+        self._host_header = host if default else f"{host}:{self.port}"
         self.connects = 0  # connections opened (a kept-alive scraper opens one per engine)
 
-    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float) -> socket.socket:
         self.connects += 1
-        if self.scheme == "https":
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl.create_default_context())
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        try:
+            # a request is one send: no small segment to hold back (as curl and Prometheus do)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl.create_default_context()
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def get(self, path: str, timeout: float) -> tuple[int, bytes]:
         """``(status, body)`` of ``GET {base}{path}``; ``timeout`` bounds each wait on the socket."""
         url = f"{self.scheme}://{self.host}:{self.port}{self.prefix}{path}"
+        request = (
+            f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\nAccept: text/plain\r\nAccept-Encoding: identity\r\n\r\n"
+        ).encode("latin-1")
         for attempt in (0, 1):
-            reused = self._conn is not None
-            conn = self._conn or self._connect(timeout)
-            self._conn = conn
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-            conn.timeout = timeout
+            reused = self._sock is not None
             try:
-                conn.request("GET", self.prefix + path, headers={"Accept": "text/plain"})
-                response = conn.getresponse()
-                length = response.length  # Content-Length; None when chunked or until close
-                if length is not None and length > self.max_body:
-                    self.close()
-                    raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")
-                # read() of a known length raises IncompleteRead on a body cut short of it;
-                # read(amt) would hand back the part that came
-                body = response.read() if length is not None else response.read(self.max_body + 1)
-                if len(body) > self.max_body:
-                    self.close()
-                    raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")
-                if response.will_close:
-                    self.close()
-                return response.status, body
-            except _STALE as exc:
+                sock = self._sock
+                if sock is None:
+                    sock = self._sock = self._connect(timeout)
+                else:
+                    sock.settimeout(timeout)
+                return self._exchange(sock, request, url)
+            except _Stale as exc:
                 self.close()
                 if reused and attempt == 0:
                     continue
-                raise HttpGetError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+                raise HttpGetError(f"GET {url}: the server closed the connection without answering") from exc
+            except HttpGetError:
+                self.close()
+                raise
             except TimeoutError as exc:
                 self.close()
                 raise HttpGetError(f"GET {url}: timed out after {timeout:g} s") from exc
-            except (OSError, http.client.HTTPException) as exc:
+            except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
+                self.close()
+                if reused and attempt == 0:  # (the request met a connection closed while idle)
+                    continue
+                raise HttpGetError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+            except OSError as exc:
                 self.close()
                 raise HttpGetError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _exchange(self, sock: socket.socket, request: bytes, url: str) -> tuple[int, bytes]:
+        """One request and its whole answer on ``sock``; the connection is closed after an
+        answer that says so (or that ends with the connection)."""
+        sock.sendall(request)
+        answer = _Answer(self.max_body)
+        parser = answer.parser = httptools.HttpResponseParser(answer)
+        while not answer.done:
+            data = sock.recv(_RECV)
+            if not data:
+                if not answer.started:
+                    raise _Stale
+                if answer.headed and not answer.framed:  # (a body with neither a length nor chunks ends with its connection)
+                    break
+                raise HttpGetError(f"GET {url}: the body was cut short of its length (the connection closed after {answer.size} bytes)")
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                raise HttpGetError(f"GET {url}: the server switched protocols") from exc
+            except httptools.HttpParserError as exc:
+                raise HttpGetError(f"GET {url}: not an HTTP answer: {exc}") from exc
+            if answer.over:
+                raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")
+        status = parser.get_status_code()
+        answer.parser = None
+        if not answer.done or not answer.keep:
+            self.close()
+        return status, b"".join(answer.parts)
+
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None

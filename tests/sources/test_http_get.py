@@ -174,7 +174,76 @@ def test_a_body_cut_short_of_its_length_is_an_error_not_a_page() -> None:
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        with pytest.raises(HttpGetError, match="IncompleteRead"):
+        with pytest.raises(HttpGetError, match="cut short"):
             KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
     finally:
         listener.close()
+
+
+def _one_answer(raw: bytes) -> int:
+    """A raw server that answers each connection's first request with ``raw`` and closes it;
+    returns its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(raw)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+def test_a_body_with_neither_length_nor_chunks_runs_to_the_close() -> None:
+    port = _one_answer(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE)
+    get = KeepAliveGet(f"http://127.0.0.1:{port}")
+    assert get.get("/metrics", 2.0) == (200, PAGE)
+    assert get.get("/metrics", 2.0) == (200, PAGE)  # (a fresh connection each time)
+    assert get.connects == 2
+
+
+def test_an_http_1_0_body_cut_short_of_its_length_is_an_error() -> None:
+    port = _one_answer(b"HTTP/1.0 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50])
+    with pytest.raises(HttpGetError, match="cut short"):
+        KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
+
+
+def test_an_answer_that_is_not_http_is_an_error_that_says_so() -> None:
+    port = _one_answer(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\0" * 64)
+    with pytest.raises(HttpGetError, match="not an HTTP answer"):
+        KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
+
+
+def test_a_chunked_body_over_the_bound_is_an_error_not_memory() -> None:
+    s = Server(chunked=True)
+    try:
+        with pytest.raises(HttpGetError, match="larger than 1000 bytes"):
+            KeepAliveGet(s.url, max_body=1000).get("/metrics", 2.0)
+    finally:
+        s.close()
+
+
+def test_the_request_names_its_host_and_asks_for_text() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        seen.append(conn.recv(65536))
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert KeepAliveGet(f"http://127.0.0.1:{port}/p").get("/metrics", 2.0) == (200, b"ok")
+    finally:
+        listener.close()
+    head = seen[0].decode()
+    assert head.startswith("GET /p/metrics HTTP/1.1\r\n")
+    assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head and "\r\nAccept: text/plain\r\n" in head and head.endswith("\r\n\r\n")
