@@ -29,6 +29,7 @@ budget, not merely late after a pause).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -39,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from collector.channel import RingCorrupt, RingReader
 from collector.channel.blocks import RequestRecords
@@ -78,6 +79,12 @@ _STEP_HEAD_LEN = 17
 # a ring no longer read (replaced, gone, forgotten) stays readable by its blocks this long: the
 # death of a replaced ring is captured from them, at once (the capture copies them out)
 RELEASE_AFTER_S = 60.0
+
+
+@functools.cache
+def _emits_many(kind: type) -> bool:
+    """Whether a sink of this type takes a batch (``BatchSink``)."""
+    return callable(getattr(kind, "emit_many", None))
 
 
 def pid_alive(pid: int) -> bool:
@@ -293,8 +300,12 @@ class RecorderSource:
         data: list[Observation] = []
         for obs in batch:
             (events if type(obs) is Event else data).append(obs)
-        if isinstance(sink, BatchSink):  # the hub: a poll's steps filed per engine, not one by one
-            sink.emit_many(data)
+        # the hub: a poll's steps filed per engine, not one by one. (Asked of the sink's type
+        # once: an isinstance of a runtime Protocol walks its members each time, a quarter of a
+        # poll that reads nothing.)
+        many = _emits_many(type(sink))
+        if many:
+            cast("BatchSink", sink).emit_many(data)
         else:
             for obs in data:
                 sink.emit(obs)
