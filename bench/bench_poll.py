@@ -9,7 +9,13 @@ process a ``RecorderSource`` over them (the sidecar's, with a sink that keeps no
 - at the sidecar's cadence (every 0.1 s on the shared ticks, each ring read once it holds a
   second of records): CPU (this thread's) of a poll that reads nothing (the 16 ring headers
   looked at) and of a poll that reads, medians, and the share of a core of each kind;
-- back to back, the same poll that reads nothing, 200 times: its median warm.
+- back to back, the same poll that reads nothing, 200 times: its median warm;
+- by part, at the cadence: the share of a core in the rings' reads (``RingReader.read_views``),
+  their decode (``decode_read``), and in that the ``W`` records' (``_work_batch``).
+
+``--sim-arg=--no-workload-records`` (no ``W`` records) and ``--sim-arg=--osl --sim-arg=100000``
+(no request ends within the run: no ``W`` records, and every ``R`` record keeps its running set)
+say what the running set's churn costs the reads.
 
 The first against the last is what running in short bursts ten times a second costs on this
 machine: the poll's code and data are no longer in the caches when it runs. A per-record cost
@@ -28,10 +34,30 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import collector.channel.reads as reads  # noqa: E402
+import collector.sources.recorder as recorder  # noqa: E402
+from collector.channel.ringfile import RingReader  # noqa: E402
 from collector.sources.recorder import RecorderSource  # noqa: E402
+
+PARTS: dict[str, float] = {}
+
+
+def _timed(owner: Any, name: str, label: str) -> None:
+    """Add the CPU time of each call of ``owner.name`` to ``PARTS[label]``."""
+    inner = getattr(owner, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            PARTS[label] = PARTS.get(label, 0.0) + time.thread_time() - t0
+
+    setattr(owner, name, timed)
 
 
 class _Sink:
@@ -45,6 +71,7 @@ def main() -> None:
     p.add_argument("--running", type=int, default=256)
     p.add_argument("--steps-per-second", type=float, default=100.0)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--sim-arg", action="append", default=[], help="more arguments for the load simulator (e.g. --sim-arg=--no-workload-records)")
     args = p.parse_args()
     logging.disable(logging.WARNING)  # (the rings join no configured engine: said once each)
     with tempfile.TemporaryDirectory(prefix="flightrec-bench-poll-") as tmp:
@@ -67,6 +94,7 @@ def main() -> None:
                 str(rings),
                 "--write-config",
                 str(Path(tmp) / "sim.yaml"),
+                *args.sim_arg,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -78,6 +106,9 @@ def main() -> None:
             src = RecorderSource(rings, read_every=1.0)
             sink = _Sink()
             src.poll(sink)  # the first catch-up, whole
+            _timed(RingReader, "read_views", "reads")
+            _timed(recorder, "decode_read", "decode")
+            _timed(reads, "_work_batch", "decode: W records")
             idle: list[float] = []
             reading: list[float] = []
             end = time.monotonic() + args.seconds
@@ -88,6 +119,7 @@ def main() -> None:
                 t0 = time.thread_time()
                 n = src.poll(sink)
                 (reading if n else idle).append(time.thread_time() - t0)
+            parts = dict(PARTS)
             warm_src = RecorderSource(rings, read_every=1e9)  # reads its first catch-up, then never again
             warm_src.poll(sink)
             warm: list[float] = []
@@ -108,6 +140,7 @@ def main() -> None:
         f"share of a core at the cadence         {100 * sum(idle) / args.seconds:.2f}% idle polls, "
         f"{100 * sum(reading) / args.seconds:.2f}% reading polls (decode, no filing)"
     )
+    print("by part, share of a core at the cadence " + ", ".join(f"{k} {100 * v / args.seconds:.2f}%" for k, v in parts.items()))
 
 
 if __name__ == "__main__":
