@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import socket
 import ssl
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 
@@ -43,7 +43,7 @@ class _Stale(Exception):
 class _Answer:
     """The parser's callbacks: the body's parts, and whether the answer is whole."""
 
-    __slots__ = ("done", "framed", "headed", "keep", "over", "parser", "parts", "size", "started", "the_max")
+    __slots__ = ("done", "extra", "framed", "headed", "keep", "over", "parser", "parts", "size", "started", "status", "the_max")
 
     def __init__(self, the_max: int) -> None:
         self.parts: list[bytes] = []
@@ -53,24 +53,34 @@ class _Answer:
         self.headed = False  # its headers are whole
         self.framed = False  # it has a Content-Length or chunks (else its body ends at the close)
         self.done = False
+        self.status = 0
+        self.extra = False  # bytes came after the answer: the connection is not reused
         self.over = False
         self.keep = False  # the connection may carry the next request (asked of the parser with the headers whole)
         self.parser: httptools.HttpResponseParser | None = None
 
     def on_message_begin(self) -> None:
+        if self.done:
+            self.extra = True
         self.started = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.done:
+            return
         name = name.lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
             self.framed = True
 
     def on_headers_complete(self) -> None:
+        if self.done:
+            return
         self.headed = True
         if self.parser is not None:  # (llhttp forgets it once the message is complete)
             self.keep = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
+        if self.done:
+            return
         self.size += len(body)
         if self.size > self.the_max:
             self.over = True
@@ -78,7 +88,13 @@ class _Answer:
             self.parts.append(body)
 
     def on_message_complete(self) -> None:
+        if self.done:
+            return
+        if self.parser is not None and 100 <= self.parser.get_status_code() < 200:
+            self.headed = self.framed = False  # an interim answer (100, 103): the final one follows
+            return
         self.done = True
+        self.status = self.parser.get_status_code() if self.parser is not None else 0
 
 
 class KeepAliveGet:
@@ -92,11 +108,18 @@ class KeepAliveGet:
         self.scheme = parts.scheme
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.prefix = parts.path.rstrip("/")
+        # The request line and Host header are ASCII: the path percent-quoted, a name's
+        # non-ASCII labels IDNA-encoded; a URL that cannot be written so is refused here, never
+        # at a scrape (where any error but HttpGetError would stop every engine's scrapes).
+        try:
+            self.prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=~-._")
+            host = self.host if self.host.isascii() else self.host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError(f"not a usable URL: {base_url!r}: {exc}") from exc
         self.max_body = max_body
         self._sock: socket.socket | None = None
         self._tls: ssl.SSLContext | None = None
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = f"[{host}]" if ":" in host else host
         default = self.port == (443 if self.scheme == "https" else 80)
         self._host_header = host if default else f"{host}:{self.port}"
         self.connects = 0  # connections opened (a kept-alive scraper opens one per engine)
@@ -119,9 +142,11 @@ class KeepAliveGet:
     def get(self, path: str, timeout: float) -> tuple[int, bytes]:
         """``(status, body)`` of ``GET {base}{path}``; ``timeout`` bounds each wait on the socket."""
         url = f"{self.scheme}://{self.host}:{self.port}{self.prefix}{path}"
+        if not path.startswith("/") or not path.isascii() or not path.isprintable() or " " in path:
+            raise ValueError(f"not a path to ask for: {path!r}")  # (the source's own constants)
         request = (
             f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {self._host_header}\r\nAccept: text/plain\r\nAccept-Encoding: identity\r\n\r\n"
-        ).encode("latin-1")
+        ).encode("ascii")
         for attempt in (0, 1):
             reused = self._sock is not None
             try:
@@ -147,7 +172,7 @@ class KeepAliveGet:
                 if reused and attempt == 0:  # (the request met a connection closed while idle)
                     continue
                 raise HttpGetError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:  # (UnicodeError: a host name the resolver cannot encode)
                 self.close()
                 raise HttpGetError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -159,24 +184,34 @@ class KeepAliveGet:
         answer = _Answer(self.max_body)
         parser = answer.parser = httptools.HttpResponseParser(answer)
         while not answer.done:
-            data = sock.recv(_RECV)
+            try:
+                data = sock.recv(_RECV)
+            except (ConnectionResetError, ConnectionAbortedError) as exc:
+                if not answer.started:
+                    raise _Stale from exc
+                raise HttpGetError(f"GET {url}: the connection was reset after part of the answer") from exc
             if not data:
                 if not answer.started:
                     raise _Stale
                 if answer.headed and not answer.framed:  # (a body with neither a length nor chunks ends with its connection)
                     break
+                if not answer.headed:
+                    raise HttpGetError(f"GET {url}: the headers were cut short (the connection closed)")
                 raise HttpGetError(f"GET {url}: the body was cut short of its length (the connection closed after {answer.size} bytes)")
             try:
                 parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
                 raise HttpGetError(f"GET {url}: the server switched protocols") from exc
             except httptools.HttpParserError as exc:
+                if answer.done:  # (bytes after a whole answer)
+                    answer.extra = True
+                    break
                 raise HttpGetError(f"GET {url}: not an HTTP answer: {exc}") from exc
             if answer.over:
                 raise HttpGetError(f"GET {url}: body larger than {self.max_body} bytes")
-        status = parser.get_status_code()
+        status = answer.status if answer.done else parser.get_status_code()
         answer.parser = None
-        if not answer.done or not answer.keep:
+        if not answer.done or not answer.keep or answer.extra:
             self.close()
         return status, b"".join(answer.parts)
 

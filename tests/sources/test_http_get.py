@@ -247,3 +247,128 @@ def test_the_request_names_its_host_and_asks_for_text() -> None:
     head = seen[0].decode()
     assert head.startswith("GET /p/metrics HTTP/1.1\r\n")
     assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head and "\r\nAccept: text/plain\r\n" in head and head.endswith("\r\n\r\n")
+
+
+def _answers(*answers: bytes) -> tuple[socket.socket, str, list[bytes]]:
+    """A raw server that answers the requests of each connection with ``answers`` in turn
+    (each sent whole, in one segment), then closes it; returns the listener, its URL and the
+    request lines it saw."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            for raw in answers:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                seen.append(buf.split(b"\r\n")[0])
+                conn.sendall(raw)
+            time.sleep(0.2)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}", seen
+
+
+def test_bytes_after_a_whole_answer_are_not_its_body_and_the_connection_is_not_reused() -> None:
+    # A server that sends more than it was asked for (a second answer, or junk) in the same
+    # segment: the answer is what its length says, and the connection, out of step, is dropped.
+    extra = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirstHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEXTRA"
+    listener, url, _ = _answers(extra, extra)
+    try:
+        get = KeepAliveGet(url)
+        assert get.get("/metrics", 2.0) == (200, b"first")
+        assert get.get("/metrics", 2.0) == (200, b"first")
+        assert get.connects == 2
+    finally:
+        listener.close()
+    junk = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok\0\0garbage"
+    listener, url, _ = _answers(junk)
+    try:
+        assert KeepAliveGet(url).get("/health", 2.0) == (200, b"ok")
+    finally:
+        listener.close()
+
+
+def test_an_interim_answer_is_skipped_for_the_final_one() -> None:
+    # 103 Early Hints (or 100 Continue) in its own segment before the answer: the next GET must
+    # not read this one's final answer (the connection would stay one answer behind for good).
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for i in range(2):
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+                time.sleep(0.05)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nanswer-%d" % i)
+            time.sleep(0.2)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        get = KeepAliveGet(f"http://127.0.0.1:{port}")
+        assert get.get("/metrics", 2.0) == (200, b"answer-0")
+        assert get.get("/health", 2.0) == (200, b"answer-1")
+        assert get.connects == 1
+    finally:
+        listener.close()
+
+
+def test_a_reset_after_part_of_the_answer_is_an_error_not_a_retry() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.recv(65536)
+            if len(accepted) == 1:  # the first connection answers whole and stays open
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                conn.recv(65536)
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                continue
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Le")  # part of the next answer, then a reset
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        get = KeepAliveGet(f"http://127.0.0.1:{port}")
+        assert get.get("/health", 2.0) == (200, b"ok")
+        with pytest.raises(HttpGetError, match="reset after part of the answer|cut short"):
+            get.get("/health", 2.0)
+        assert get.connects == 1  # not retried: the server had begun to answer
+    finally:
+        listener.close()
+
+
+def test_a_base_url_is_written_in_ascii_or_refused_when_made() -> None:
+    listener, url, seen = _answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    try:
+        assert KeepAliveGet(url + "/café engine").get("/metrics", 2.0) == (200, b"ok")
+        assert seen == [b"GET /caf%C3%A9%20engine/metrics HTTP/1.1"]
+    finally:
+        listener.close()
+    # a host name the resolver cannot encode (a label over 63 characters) is a failed GET, not
+    # an exception that would stop the source
+    with pytest.raises(HttpGetError, match="UnicodeError"):
+        KeepAliveGet("http://" + "x" * 70 + ".example:80").get("/metrics", 1.0)
