@@ -58,7 +58,7 @@ def register(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     demo.add_argument(
         "--exit-after-snapshot",
         action="store_true",
-        help="exit 0 once the crash snapshot is stored (with --hang: once the wedge's snapshot is stored and the engine moved again)",
+        help="exit 0 once the crash snapshot is stored (with --hang: once the wedge's snapshot is stored and the engine moved again, ok or idle)",
     )
     demo.add_argument(
         "--hang",
@@ -273,7 +273,9 @@ async def _demo(args: argparse.Namespace, base: Settings, workdir: Path, recorde
             if verdict is not None and verdict["state"] != told:
                 if told is not None or verdict["state"] != "idle":
                     print(f"  decode-0 is {verdict['state']}: {verdict['reason']}", flush=True)
-                if told == "wedged" and verdict["state"] == "ok":
+                # the wedge is over once the engine steps again: it holds requests and steps (ok),
+                # or it has already finished the ones it held (idle) by the time this looks
+                if told == "wedged" and verdict["state"] in ("ok", "idle"):
                     resumed.set()
                 told = verdict["state"]
 

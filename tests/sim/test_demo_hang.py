@@ -44,7 +44,9 @@ def test_demo_hang_shows_a_wedge_its_snapshot_and_its_end(tmp_path: Path) -> Non
     assert "the decode engine wedged after step" in out and "/health 200" in out
     assert re.search(r"decode-0 is wedged: \d+ requests held and no step for 1\d\.\d s", out), out
     assert re.search(r"wedge snapshot \d+ of decode-0 \(trigger engine_wedged", out), out
-    assert "the decode engine moved again after" in out and "decode-0 is ok" in out
+    # the wedge's end as the sidecar's verdict: stepping again, or already done with what it held
+    # (a loaded core can look only after the last of them finished)
+    assert "the decode engine moved again after" in out and re.search(r"decode-0 is wedged: .*\n(?:.*\n)*?\s*decode-0 is (ok|idle)", out), out
     assert "died" not in out  # a wedge, not the crash
     repo = Repository(make_engine(db), host="x")
     snaps, _ = repo.list_snapshots(SnapshotFilter(), limit=10)
