@@ -3,6 +3,7 @@ uvicorn behaves where it matters: HTTP/1.1 keep-alive, idle connections closed b
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -65,6 +66,41 @@ class Server:
         self.httpd.server_close()
 
 
+@contextlib.contextmanager
+def raw_server(*answers: bytes) -> Iterator[tuple[str, list[bytes]]]:
+    """A raw loopback server: each connection's requests are answered with ``answers`` in
+    turn (each sent whole, in one segment), then the connection is closed without a word (as
+    a server's idle timeout does). Yields its URL and every request it read, whole."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            for raw in answers:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                seen.append(buf)
+                conn.sendall(raw)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", seen
+    finally:
+        listener.close()
+
+
 @pytest.fixture
 def server() -> Iterator[Server]:
     s = Server()
@@ -103,33 +139,15 @@ def test_a_chunked_body_is_read_whole() -> None:
 
 
 def test_a_kept_connection_the_server_dropped_is_retried_once_on_a_fresh_one() -> None:
-    # A raw server: answers one request per connection with keep-alive headers, then closes
-    # the socket without saying so (an idle timeout): the client learns it on its next request.
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    accepted = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        get = KeepAliveGet(f"http://127.0.0.1:{port}")
+    # Answers one request per connection with keep-alive headers, then closes the socket
+    # without saying so (an idle timeout): the client learns it on its next request.
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok") as (url, seen):
+        get = KeepAliveGet(url)
         assert get.get("/health", 2.0) == (200, b"ok")
         time.sleep(0.1)  # the server has closed it by now
         assert get.get("/health", 2.0) == (200, b"ok")
         assert get.connects == 2
-        assert len(accepted) == 2
-    finally:
-        listener.close()
+        assert len(seen) == 2
 
 
 def test_refused_timed_out_and_oversized_are_errors_that_say_so() -> None:
@@ -163,60 +181,29 @@ def test_a_path_prefix_of_the_base_url_is_kept() -> None:
 
 
 def test_a_body_cut_short_of_its_length_is_an_error_not_a_page() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50])
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50]) as (url, _):
         with pytest.raises(HttpGetError, match="cut short"):
-            KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
-    finally:
-        listener.close()
-
-
-def _one_answer(raw: bytes) -> int:
-    """A raw server that answers each connection's first request with ``raw`` and closes it;
-    returns its port."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conn.recv(65536)
-            conn.sendall(raw)
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return int(listener.getsockname()[1])
+            KeepAliveGet(url).get("/metrics", 2.0)
 
 
 def test_a_body_with_neither_length_nor_chunks_runs_to_the_close() -> None:
-    port = _one_answer(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE)
-    get = KeepAliveGet(f"http://127.0.0.1:{port}")
-    assert get.get("/metrics", 2.0) == (200, PAGE)
-    assert get.get("/metrics", 2.0) == (200, PAGE)  # (a fresh connection each time)
-    assert get.connects == 2
+    with raw_server(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE) as (url, _):
+        get = KeepAliveGet(url)
+        assert get.get("/metrics", 2.0) == (200, PAGE)
+        assert get.get("/metrics", 2.0) == (200, PAGE)  # (a fresh connection each time)
+        assert get.connects == 2
 
 
 def test_an_http_1_0_body_cut_short_of_its_length_is_an_error() -> None:
-    port = _one_answer(b"HTTP/1.0 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50])
-    with pytest.raises(HttpGetError, match="cut short"):
-        KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
+    with raw_server(b"HTTP/1.0 200 OK\r\nContent-Length: 100\r\n\r\n" + PAGE[:50]) as (url, _):
+        with pytest.raises(HttpGetError, match="cut short"):
+            KeepAliveGet(url).get("/metrics", 2.0)
 
 
 def test_an_answer_that_is_not_http_is_an_error_that_says_so() -> None:
-    port = _one_answer(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\0" * 64)
-    with pytest.raises(HttpGetError, match="not an HTTP answer"):
-        KeepAliveGet(f"http://127.0.0.1:{port}").get("/metrics", 2.0)
+    with raw_server(b"SSH-2.0-OpenSSH_9.2\r\n" + b"\0" * 64) as (url, _):
+        with pytest.raises(HttpGetError, match="not an HTTP answer"):
+            KeepAliveGet(url).get("/metrics", 2.0)
 
 
 def test_a_chunked_body_over_the_bound_is_an_error_not_memory() -> None:
@@ -229,76 +216,25 @@ def test_a_chunked_body_over_the_bound_is_an_error_not_memory() -> None:
 
 
 def test_the_request_names_its_host_and_asks_for_text() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    seen: list[bytes] = []
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        seen.append(conn.recv(65536))
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        assert KeepAliveGet(f"http://127.0.0.1:{port}/p").get("/metrics", 2.0) == (200, b"ok")
-    finally:
-        listener.close()
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") as (url, seen):
+        assert KeepAliveGet(url + "/p").get("/metrics", 2.0) == (200, b"ok")
     head = seen[0].decode()
+    port = url.rsplit(":", 1)[1]
     assert head.startswith("GET /p/metrics HTTP/1.1\r\n")
     assert f"\r\nHost: 127.0.0.1:{port}\r\n" in head and "\r\nAccept: text/plain\r\n" in head and head.endswith("\r\n\r\n")
-
-
-def _answers(*answers: bytes) -> tuple[socket.socket, str, list[bytes]]:
-    """A raw server that answers the requests of each connection with ``answers`` in turn
-    (each sent whole, in one segment), then closes it; returns the listener, its URL and the
-    request lines it saw."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    seen: list[bytes] = []
-
-    def one(conn: socket.socket) -> None:
-        with conn:
-            for raw in answers:
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                seen.append(buf.split(b"\r\n")[0])
-                conn.sendall(raw)
-            time.sleep(0.2)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}", seen
 
 
 def test_bytes_after_a_whole_answer_are_not_its_body_and_the_connection_is_not_reused() -> None:
     # A server that sends more than it was asked for (a second answer, or junk) in the same
     # segment: the answer is what its length says, and the connection, out of step, is dropped.
     extra = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirstHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEXTRA"
-    listener, url, _ = _answers(extra, extra)
-    try:
+    with raw_server(extra, extra) as (url, _):
         get = KeepAliveGet(url)
         assert get.get("/metrics", 2.0) == (200, b"first")
         assert get.get("/metrics", 2.0) == (200, b"first")
         assert get.connects == 2
-    finally:
-        listener.close()
-    junk = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok\0\0garbage"
-    listener, url, _ = _answers(junk)
-    try:
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok\0\0garbage") as (url, _):
         assert KeepAliveGet(url).get("/health", 2.0) == (200, b"ok")
-    finally:
-        listener.close()
 
 
 def test_an_interim_answer_is_skipped_for_the_final_one() -> None:
@@ -362,12 +298,9 @@ def test_a_reset_after_part_of_the_answer_is_an_error_not_a_retry() -> None:
 
 
 def test_a_base_url_is_written_in_ascii_or_refused_when_made() -> None:
-    listener, url, seen = _answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-    try:
+    with raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") as (url, seen):
         assert KeepAliveGet(url + "/café engine").get("/metrics", 2.0) == (200, b"ok")
-        assert seen == [b"GET /caf%C3%A9%20engine/metrics HTTP/1.1"]
-    finally:
-        listener.close()
+    assert [r.split(b"\r\n")[0] for r in seen] == [b"GET /caf%C3%A9%20engine/metrics HTTP/1.1"]
     # a host name the resolver cannot encode (a label over 63 characters) is a failed GET, not
     # an exception that would stop the source
     with pytest.raises(HttpGetError, match="UnicodeError"):
