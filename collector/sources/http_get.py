@@ -3,11 +3,9 @@
 The answer is parsed by ``httptools`` (llhttp, the parser uvicorn serves vLLM with, installed
 with ``uvicorn[standard]``); this module only writes the request line and moves bytes. Why not
 the standard library's ``http.client``: it parses every answer's headers with the ``email``
-package, about 250 us of CPU a GET here, two GETs a scrape, 16 a second at 8 engines: half
-a point of a core at node scale. Per GET of a 59 kB vLLM page on a kept connection, CPU of the
-scraping process: this client 0.13 ms, ``http.client`` 0.40 ms, httpx's ``Client`` more again
-(``bench/bench_scrape.py``; BENCHMARKS.md, Scrape). Why not httpx on the event loop: the same
-bench, several times the CPU of either.
+package. CPU of the scraping process per scrape's two GETs (``/metrics``, a 52 kB vLLM page, and
+``/health``) on a kept connection: this client 0.062 ms, ``http.client`` 0.224 ms, httpx's
+``Client`` 1.147 ms (``bench/bench_scrape.py``, docs/metrics-source.md).
 
 Failures are ``HttpGetError``s with the reason (refused, timed out, reset, not HTTP). A kept
 connection the server closed while idle (vLLM's uvicorn drops idle ones after 5 s) fails on
