@@ -351,6 +351,7 @@ class RunConfig:
     engine_logs: bool = False  # each engine's log followed, a vLLM stat line every 10 s in it
     osl: int | None = None  # mean output tokens of the load (None: simulate's default, 256)
     workload_records: bool = True  # the engines write their requests' arrivals and ends (W records)
+    scrape_interval: float | None = None  # the sidecar's scrape_interval (None: its default, 1 s)
     start_timeout: float = 300.0  # a loaded machine and an old sidecar can take minutes
 
 
@@ -443,6 +444,8 @@ def run_once(cfg: RunConfig) -> dict[str, Any]:
             incident_window_s=max(1.0, cfg.fault_interval * cfg.engines / 2),
             host_name="bench-node",
         )
+        if cfg.scrape_interval is not None:
+            doc["scrape_interval"] = cfg.scrape_interval
         if logs is not None:
             for engine, path in zip(doc.get("engines") or [], logs.paths, strict=False):
                 engine["log"] = str(path)
@@ -768,6 +771,7 @@ def config(args: argparse.Namespace, **over: Any) -> RunConfig:
         "engine_logs": args.engine_logs,
         "osl": args.osl,
         "workload_records": not args.no_workload_records,
+        "scrape_interval": args.scrape_interval,
     }
     base.update(over)
     return RunConfig(**base)  # type: ignore[arg-type]
@@ -807,6 +811,7 @@ def main() -> int:
         help="mean output tokens a request (the running set changes about running/osl times a step; default: simulate's 256)",
     )
     p.add_argument("--no-workload-records", action="store_true", help="the engines write no W records (what they cost the sidecar)")
+    p.add_argument("--scrape-interval", type=float, help="the sidecar's scrape_interval in seconds (default: its own, 1 s; what the scrapes cost)")
     p.add_argument(
         "--engine-logs",
         action="store_true",
